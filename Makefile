@@ -1,0 +1,47 @@
+# Tideline: every target bootstraps what it needs, idempotently.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tideline-installed
+PG_BIN := /usr/lib/postgresql/15/bin
+WAL2JSON := /usr/lib/postgresql/15/lib/wal2json.so
+APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jdk-headless
+
+.PHONY: demo test bench soak lint typecheck system venv clean
+
+## system: Debian packages (Postgres 15 + wal2json, a JDK) -- only installed when missing.
+system:
+	@if [ ! -x $(PG_BIN)/postgres ] || [ ! -f $(WAL2JSON) ] || ! command -v java >/dev/null; then \
+		echo "installing system packages: $(APT_PACKAGES)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	fi
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+test: system venv lint typecheck
+	$(VENV)/bin/pytest -q tests
+
+soak: system venv
+	TIDELINE_SOAK=1 $(VENV)/bin/pytest -q tests
+
+bench: system venv
+	$(PY) -m bench
+
+demo: system venv
+	$(VENV)/bin/tideline demo
+
+clean:
+	rm -rf $(VENV) tideline-data .pytest_cache .mypy_cache .ruff_cache

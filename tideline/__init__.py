@@ -1,0 +1,1 @@
+"""tideline package."""

@@ -1,0 +1,61 @@
+"""The ``tideline`` command line: one entry point, one sub-command group per package."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tideline.config import DATA_DIR_ENV, resolve_data_dir
+
+app = typer.Typer(
+    name="tideline",
+    help="Change-data-capture and event sourcing on a partitioned, compacted log.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+class State:
+    """Options shared by every sub-command (set by the top-level callback)."""
+
+    data_dir: Path = resolve_data_dir(None)
+
+
+@app.callback()
+def _root(
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--data-dir",
+            envvar=DATA_DIR_ENV,
+            help="Log directory (default ./tideline-data).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    State.data_dir = resolve_data_dir(data_dir)
+
+
+def _register() -> None:
+    from tideline.demo import demo_command
+    from tideline.log_cli import app as log_app
+    from tideline.pg_cli import app as pg_app
+
+    app.add_typer(log_app, name="log")
+    app.add_typer(pg_app, name="pg")
+    app.command("demo", help="Run the main job end to end on the embedded defaults.")(demo_command)
+
+
+_register()
+
+
+def main() -> None:
+    """Console entry point: run the app, turning our errors into one-line messages."""
+    try:
+        app(standalone_mode=True)
+    except KeyboardInterrupt:
+        sys.exit(130)
