@@ -1,0 +1,65 @@
+"""One error hierarchy for the whole log, rooted in :class:`TidelineError`.
+
+Messages name what was wrong (file, byte position, topic, option) so that the
+CLI can print them as one line and an operator can act on them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TidelineError(Exception):
+    """Root of every error Tideline raises on purpose."""
+
+
+class ConfigError(TidelineError):
+    """A topic or log setting is missing, unknown or out of range."""
+
+
+class UnknownTopicError(TidelineError):
+    """The named topic does not exist in this log directory."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"unknown topic {topic!r}")
+        self.topic = topic
+
+
+class TopicExistsError(TidelineError):
+    """``create_topic`` was asked for a name that is already taken."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"topic {topic!r} already exists")
+        self.topic = topic
+
+
+class InvalidRecordError(TidelineError):
+    """A record cannot be appended (e.g. keyless record on a compacted topic, too large)."""
+
+
+class OffsetOutOfRangeError(TidelineError):
+    """A fetch asked for an offset below the log start or above the log end."""
+
+
+class CorruptLogError(TidelineError):
+    """Stored data failed validation where it cannot be a torn tail.
+
+    Nothing is modified when this is raised: the operator must inspect the file
+    (``path`` at byte ``position``), restore it, or remove the segment by hand.
+    """
+
+    def __init__(self, path: Path, position: int, reason: str) -> None:
+        super().__init__(f"corrupt log data in {path} at byte {position}: {reason}")
+        self.path = path
+        self.position = position
+        self.reason = reason
+
+
+class CorruptCheckpointError(TidelineError):
+    """A small persisted state file has a bad version or checksum."""
+
+    def __init__(self, path: Path, expected: object, found: object) -> None:
+        super().__init__(f"checkpoint {path} is invalid: expected {expected}, found {found}")
+        self.path = path
+        self.expected = expected
+        self.found = found

@@ -1,0 +1,575 @@
+"""One partition: an ordered list of segments, appended to at the end, read anywhere.
+
+Directory ``<log dir>/<topic>-<n>/``::
+
+    00000000000000000000.log        segments (see eventstore.segment), named by base offset
+    00000000000000000000.index      sparse offset index  (eventstore.index)
+    00000000000000000000.timeindex  sparse time index
+    recovery-point                  where validated data ends (below)
+    .lock                           flock: held by a writer for the length of one append
+    .clean.lock                     flock: held by compaction and retention (one cleaner at a time)
+
+``recovery-point`` layout (little-endian, 32 bytes)::
+
+    0  version       uint16  = 1
+    2  reserved      uint16  = 0
+    4  segment_base  int64   the active segment when written
+   12  position      int64   bytes [0, position) of that segment are whole, valid batches
+   20  next_offset   int64   the offset after the last batch before ``position``
+   28  crc32c        uint32  of bytes [0, 28)
+
+Written at segment roll and on close. A clean close records the end of the data, so
+the next open scans nothing (that is the clean-shutdown marker). A missing, torn or
+foreign checkpoint is not an error: recovery falls back to scanning the whole active
+segment.
+
+Recovery (on the first write-side use in a process, under the lock): validate batches of
+the active segment from the checkpoint to the end of the file; truncate a torn tail
+(see the crash policy in eventstore.segment); rebuild the active segment's indexes when
+it was scanned from byte 0; delete leftovers of interrupted compaction.
+
+Several processes may append to one partition. Each append takes the ``.lock`` flock,
+then *refreshes the tail*: if the active segment grew since this process last wrote,
+the new bytes were appended by another process, and are validated like recovery would
+(a torn tail left by a crashed writer is truncated: the lock proves nobody is writing
+it); if a segment named after the next offset exists, another process rolled, and the
+writer moves to it. Readers take no lock and never block writers: they read whole,
+checksummed batches up to the end of the file.
+
+Durability: with the ``every_batch`` fsync policy (the default) ``append`` returns only
+after ``fdatasync`` of the segment. Indexes are not fsynced except at roll (they are
+rebuildable). A new segment file is made durable (directory fsync) before use.
+
+Thread-safety: thread-safe. ``_write_lock`` (a ``threading.Lock``) plus the ``.lock``
+flock guard the write side; ``_read_lock`` guards the reader's segment list.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import fcntl
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import crc32c
+import pyarrow as pa
+
+from eventstore.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    InvalidRecordError,
+    OffsetOutOfRangeError,
+)
+from eventstore.index import OFFSET_ENTRY, TIME_ENTRY, truncate_index_files
+from eventstore.record_batch import BatchHeader, set_base_offset, unpack_header
+from eventstore.segment import (
+    SegmentReader,
+    index_path,
+    list_segment_bases,
+    log_path,
+    scan_batches,
+    segment_name,
+    time_index_path,
+)
+from eventstore.topic import TopicConfig
+
+log = logging.getLogger(__name__)
+
+RECOVERY_POINT_FILE = "recovery-point"
+LOCK_FILE = ".lock"
+CLEAN_LOCK_FILE = ".clean.lock"
+RECOVERY_POINT = struct.Struct("<HHqqqI")
+RECOVERY_POINT_VERSION = 1
+READER_REFRESH_SECONDS = 1.0
+
+
+class FsyncMode(enum.Enum):
+    EVERY_BATCH = "every_batch"
+    INTERVAL = "interval_ms"
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class FsyncPolicy:
+    """When appended data is made durable (and so when ``append`` may return).
+
+    ``every_batch``: fdatasync before each append returns (default).
+    ``interval_ms``: fdatasync when the last one is older than ``interval_ms`` (checked on
+    append), and on ``flush``/``close``: an OS crash may lose that much acknowledged data.
+    ``none``: only on ``flush``/``close`` and segment roll.
+    """
+
+    mode: FsyncMode = FsyncMode.EVERY_BATCH
+    interval_ms: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> FsyncPolicy:
+        text = text.strip().lower()
+        if text in ("every_batch", "always"):
+            return cls()
+        if text == "none":
+            return cls(FsyncMode.NONE)
+        if text.startswith("interval_ms="):
+            try:
+                return cls(FsyncMode.INTERVAL, int(text.split("=", 1)[1]))
+            except ValueError:
+                pass
+        raise ConfigError(f"unknown fsync policy {text!r} (every_batch, interval_ms=N or none)")
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedBatch:
+    """One stored batch as read: its header and its record columns (Arrow)."""
+
+    partition: int
+    header: BatchHeader
+    records: pa.RecordBatch
+
+
+@dataclass(slots=True)
+class _ActiveSegment:
+    """The writer's view of the segment it appends to."""
+
+    base_offset: int
+    fd: int
+    size: int
+    next_offset: int
+    first_timestamp: int  # of the first batch in the segment, -1 when empty
+    last_index_position: int  # position of the last offset-index entry, -1 if none
+    last_index_timestamp: int  # timestamp of the last time-index entry, -1 if none
+    index_fd: int
+    time_index_fd: int
+
+    def close(self) -> None:
+        for fd in (self.fd, self.index_fd, self.time_index_fd):
+            os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class PartitionLog:
+    """The segments of one partition, with append, read, roll, retention and recovery."""
+
+    def __init__(
+        self,
+        directory: Path,
+        topic: str,
+        partition: int,
+        config: TopicConfig,
+        fsync: FsyncPolicy | None = None,
+    ) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self.config = config
+        self.fsync = fsync or FsyncPolicy()
+        self._write_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._lock_fd: int | None = None
+        self._active: _ActiveSegment | None = None
+        self._last_fsync = time.monotonic()
+        self._dirty = False
+        self._readers: dict[int, SegmentReader] = {}
+        self._reader_bases: list[int] = []
+        self._reader_refreshed = 0.0
+
+    # ------------------------------------------------------------------ creation
+
+    @classmethod
+    def create(cls, directory: Path) -> None:
+        """Make an empty partition directory with its first segment (offset 0)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        if not list_segment_bases(directory):
+            fd = os.open(log_path(directory, 0), os.O_WRONLY | os.O_CREAT, 0o644)
+            os.fsync(fd)
+            os.close(fd)
+        _fsync_dir(directory)
+        _fsync_dir(directory.parent)
+
+    # ------------------------------------------------------------------ locking
+
+    @contextmanager
+    def locked(self) -> Iterator[_ActiveSegment]:
+        """Hold the write lock (thread + flock) with a fresh view of the tail."""
+        with self._write_lock:
+            if self._lock_fd is None:
+                self._lock_fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield self._refresh_tail()
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    @contextmanager
+    def cleaning(self) -> Iterator[None]:
+        """Hold the cleaner lock: one compaction or retention pass at a time, across processes."""
+        fd = os.open(self.directory / CLEAN_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ recovery
+
+    def _read_recovery_point(self) -> tuple[int, int, int] | None:
+        path = self.directory / RECOVERY_POINT_FILE
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            if len(raw) != RECOVERY_POINT.size:
+                raise CorruptCheckpointError(path, f"{RECOVERY_POINT.size} bytes", len(raw))
+            version, _, base, position, next_offset, crc = RECOVERY_POINT.unpack(raw)
+            if crc != crc32c.crc32c(raw[:-4]):
+                raise CorruptCheckpointError(path, f"crc32c {crc32c.crc32c(raw[:-4])}", crc)
+            if version != RECOVERY_POINT_VERSION:
+                raise CorruptCheckpointError(path, f"version {RECOVERY_POINT_VERSION}", version)
+        except CorruptCheckpointError as e:
+            log.warning("%s; recovering by scanning the whole active segment", e)
+            return None
+        return base, position, next_offset
+
+    def _write_recovery_point(self, active: _ActiveSegment) -> None:
+        body = struct.pack("<HHqqq", RECOVERY_POINT_VERSION, 0, active.base_offset, active.size, active.next_offset)
+        raw = body + struct.pack("<I", crc32c.crc32c(body))
+        path = self.directory / RECOVERY_POINT_FILE
+        tmp = path.with_name(f"{RECOVERY_POINT_FILE}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _remove_leftovers(self) -> None:
+        """Delete temporary files of interrupted checkpoint writes; settle compaction leftovers.
+
+        Compaction leftovers are settled only when no cleaner is running (a running one
+        owns its ``.cleaned`` files and settles them itself at the start of its pass).
+        """
+        from eventstore.cleaner import resolve_overlaps
+
+        for name in os.listdir(self.directory):
+            if name.endswith(".tmp"):
+                with suppress(FileNotFoundError):
+                    (self.directory / name).unlink()
+        fd = os.open(self.directory / CLEAN_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return
+            resolve_overlaps(self.directory)
+        finally:
+            os.close(fd)
+
+    def _open_active(self, base: int) -> _ActiveSegment:
+        fd = os.open(log_path(self.directory, base), os.O_RDWR | os.O_CREAT, 0o644)
+        index_fd = os.open(index_path(self.directory, base), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        time_fd = os.open(time_index_path(self.directory, base), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        return _ActiveSegment(base, fd, 0, base, -1, -1, -1, index_fd, time_fd)
+
+    def _load_active(self) -> _ActiveSegment:
+        """First write-side use in this process: find the active segment and recover it."""
+        self._remove_leftovers()
+        bases = list_segment_bases(self.directory)
+        if not bases:
+            PartitionLog.create(self.directory)
+            bases = [0]
+        active = self._open_active(bases[-1])
+        checkpoint = self._read_recovery_point()
+        if checkpoint is not None and checkpoint[0] == active.base_offset:
+            _, position, next_offset = checkpoint
+            if position <= os.fstat(active.fd).st_size:
+                header = self._header_at(active.fd, 0) if position else None
+                active.size = position
+                active.next_offset = next_offset if position else active.base_offset
+                active.first_timestamp = header.first_timestamp if header else -1
+                self._load_index_tail(active)
+                self._absorb_tail(active)
+                return active
+        self._absorb_tail(active, rebuild_indexes=True)
+        return active
+
+    @staticmethod
+    def _header_at(fd: int, position: int) -> BatchHeader | None:
+        raw = os.pread(fd, 72, position)
+        return unpack_header(raw) if len(raw) == 72 else None
+
+    def _load_index_tail(self, active: _ActiveSegment) -> None:
+        """Remember the last index entries (to space new ones), dropping any past the data."""
+        self._truncate_indexes(active, active.size)
+
+    def _truncate_indexes(self, active: _ActiveSegment, position: int) -> None:
+        tail = truncate_index_files(active.index_fd, active.time_index_fd, position)
+        active.last_index_position = tail.last_position
+        active.last_index_timestamp = tail.last_timestamp
+
+    def _absorb_tail(self, active: _ActiveSegment, *, rebuild_indexes: bool = False) -> None:
+        """Validate bytes past ``active.size`` (another process's appends, or a torn tail)."""
+        path = log_path(self.directory, active.base_offset)
+        start = 0 if rebuild_indexes else active.size
+        if rebuild_indexes:
+            active.size = 0
+            active.next_offset = active.base_offset
+            active.first_timestamp = -1
+            active.last_index_position = -1
+            active.last_index_timestamp = -1
+            os.ftruncate(active.index_fd, 0)
+            os.ftruncate(active.time_index_fd, 0)
+        result = scan_batches(active.fd, path, start, min_base_offset=active.next_offset)
+        for batch in result.batches:
+            self._note_batch(active, batch.position, batch.header)
+        if result.torn:
+            log.warning(
+                "truncating torn tail of %s at byte %d (%d bytes): %s",
+                path,
+                result.valid_end,
+                result.file_size - result.valid_end,
+                result.torn_reason,
+            )
+            os.ftruncate(active.fd, result.valid_end)
+            os.fsync(active.fd)
+            self._truncate_indexes(active, result.valid_end)
+
+    def _note_batch(self, active: _ActiveSegment, position: int, header: BatchHeader) -> None:
+        """Advance the writer's view past a batch at ``position`` and index it if due."""
+        if active.first_timestamp < 0:
+            active.first_timestamp = header.first_timestamp
+        interval = self.config.index_interval_bytes
+        if active.last_index_position < 0 or position - active.last_index_position >= interval:
+            rel = header.base_offset - active.base_offset
+            os.write(active.index_fd, OFFSET_ENTRY.pack(rel, position))
+            active.last_index_position = position
+            if header.max_timestamp > active.last_index_timestamp:
+                os.write(active.time_index_fd, TIME_ENTRY.pack(header.max_timestamp, rel))
+                active.last_index_timestamp = header.max_timestamp
+        active.size = position + header.size
+        active.next_offset = header.next_offset
+
+    def _refresh_tail(self) -> _ActiveSegment:
+        active = self._active
+        if active is None:
+            active = self._active = self._load_active()
+        while True:
+            if os.fstat(active.fd).st_size != active.size:
+                self._absorb_tail(active)
+            successor = log_path(self.directory, active.next_offset)
+            if active.next_offset == active.base_offset or not successor.exists():
+                return active
+            # another process rolled: continue in the segment it created
+            active.close()
+            active = self._active = self._open_active(active.next_offset)
+            self._absorb_tail(active, rebuild_indexes=True)
+
+    # ------------------------------------------------------------------ append
+
+    def append(self, batch: bytearray) -> AppendResult:
+        """Append one encoded batch (its base offset is assigned here) and make it durable.
+
+        Returns once the batch is durable under the fsync policy.
+        """
+        if len(batch) > self.config.max_batch_bytes:
+            raise InvalidRecordError(
+                f"batch of {len(batch)} bytes exceeds max_batch_bytes={self.config.max_batch_bytes} "
+                f"of topic {self.topic!r}"
+            )
+        header = unpack_header(batch)
+        with self.locked() as active:
+            now = time.time_ns() // 1_000_000
+            if self._should_roll(active, len(batch), now):
+                active = self._roll(active)
+            set_base_offset(batch, active.next_offset)
+            position = active.size
+            written = 0
+            view = memoryview(batch)
+            while written < len(batch):
+                written += os.pwrite(active.fd, view[written:], position + written)
+            self._dirty = True
+            self._maybe_fsync(active)
+            stored = unpack_header(batch)
+            self._note_batch(active, position, stored)
+            return AppendResult(stored.base_offset, stored.base_offset + header.last_offset_delta, now)
+
+    def _maybe_fsync(self, active: _ActiveSegment) -> None:
+        mode = self.fsync.mode
+        if mode is FsyncMode.EVERY_BATCH or (
+            mode is FsyncMode.INTERVAL and (time.monotonic() - self._last_fsync) * 1000 >= self.fsync.interval_ms
+        ):
+            os.fdatasync(active.fd)
+            self._last_fsync = time.monotonic()
+            self._dirty = False
+
+    def _should_roll(self, active: _ActiveSegment, incoming: int, now_ms: int) -> bool:
+        if active.size == 0:
+            return False
+        if active.size + incoming > self.config.segment_bytes:
+            return True
+        return active.first_timestamp >= 0 and now_ms - active.first_timestamp >= self.config.segment_ms
+
+    def _roll(self, active: _ActiveSegment) -> _ActiveSegment:
+        """Close the active segment durably and start a new one at the next offset."""
+        os.fdatasync(active.fd)
+        os.fsync(active.index_fd)
+        os.fsync(active.time_index_fd)
+        new_base = active.next_offset
+        fd = os.open(log_path(self.directory, new_base), os.O_RDWR | os.O_CREAT, 0o644)
+        os.close(fd)
+        _fsync_dir(self.directory)
+        active.close()
+        new_active = self._active = self._open_active(new_base)
+        self._write_recovery_point(new_active)
+        log.debug("rolled %s-%d to segment %s", self.topic, self.partition, segment_name(new_base))
+        return new_active
+
+    def roll(self) -> None:
+        """Force a roll (e.g. before compaction in tests), if the active segment has data."""
+        with self.locked() as active:
+            if active.size:
+                self._roll(active)
+
+    def flush(self) -> None:
+        """fdatasync the active segment now (whatever the policy)."""
+        with self._write_lock:
+            active = self._active
+            if active is not None and self._dirty:
+                os.fdatasync(active.fd)
+                self._dirty = False
+                self._last_fsync = time.monotonic()
+
+    def close(self) -> None:
+        """Flush, record the clean end of data (recovery point) and release files."""
+        if self._active is not None:
+            with self.locked() as active:
+                os.fdatasync(active.fd)
+                self._write_recovery_point(active)
+                active.close()
+                self._active = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        with self._read_lock:
+            for reader in self._readers.values():
+                reader.close()
+            self._readers.clear()
+            self._reader_bases = []
+
+    # ------------------------------------------------------------------ read
+
+    def _refresh_readers(self) -> None:
+        bases = list_segment_bases(self.directory)
+        for base, reader in list(self._readers.items()):
+            try:
+                replaced = os.stat(reader.path).st_ino != reader.inode
+            except FileNotFoundError:
+                replaced = True
+            if base not in bases or replaced:
+                reader.close()
+                del self._readers[base]
+        self._reader_bases = bases
+        self._reader_refreshed = time.monotonic()
+
+    def _segments(self, *, refresh: bool = False) -> list[int]:
+        with self._read_lock:
+            if refresh or time.monotonic() - self._reader_refreshed > READER_REFRESH_SECONDS:
+                self._refresh_readers()
+            return list(self._reader_bases)
+
+    def _reader(self, base: int) -> SegmentReader | None:
+        with self._read_lock:
+            reader = self._readers.get(base)
+            if reader is None:
+                try:
+                    reader = SegmentReader(self.directory, base)
+                except FileNotFoundError:
+                    return None
+                self._readers[base] = reader
+            return reader
+
+    def log_start_offset(self) -> int:
+        bases = self._segments()
+        if not bases:
+            bases = self._segments(refresh=True)
+        return bases[0] if bases else 0
+
+    def log_end_offset(self) -> int:
+        """The offset the next appended record will get (as far as the data on disk shows)."""
+        for attempt in range(2):
+            bases = self._segments(refresh=attempt > 0)
+            if not bases:
+                continue
+            reader = self._reader(bases[-1])
+            if reader is None:
+                continue
+            return reader.end_offset()
+        return 0
+
+    def read(self, offset: int, *, max_bytes: int = 1 << 20) -> list[FetchedBatch]:
+        """Whole batches holding offsets ≥ ``offset`` (the first may start before it).
+
+        Returns ``[]`` at the end of the log. Raises :class:`OffsetOutOfRangeError` below
+        the log start offset (removed by retention).
+        """
+        for refresh in (False, True):
+            bases = self._segments(refresh=refresh)
+            if not bases or offset < bases[0]:
+                continue
+            vanished = False
+            for base in bases[bisect.bisect_right(bases, offset) - 1 :]:
+                reader = self._reader(base)
+                if reader is None:
+                    vanished = True  # removed by retention or compaction: list again
+                    break
+                position = reader.position_of(max(offset, base))
+                batches = reader.read_batches(position, max_bytes)
+                if batches:
+                    return [FetchedBatch(self.partition, h, r) for h, r in batches]
+            if refresh and not vanished:
+                return []
+        start = self.log_start_offset()
+        if offset < start:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} of {self.topic}-{self.partition} is below the log start offset {start}"
+            )
+        return []
+
+    def offset_for_time(self, timestamp: int) -> int | None:
+        """Base offset of the first batch with a record at or after ``timestamp``, or None."""
+        for base in self._segments(refresh=True):
+            reader = self._reader(base)
+            if reader is None:
+                continue
+            pos = reader.position_of_time(timestamp)
+            header = reader.header_at(pos)
+            if header is not None:
+                return header.base_offset
+        return None
+
+    def size_bytes(self) -> int:
+        total = 0
+        for base in self._segments(refresh=True):
+            with suppress(FileNotFoundError):
+                total += log_path(self.directory, base).stat().st_size
+        return total
