@@ -9,14 +9,20 @@ Directory ``<log dir>/<topic>-<n>/``::
     .lock                           flock: held by a writer for the length of one append
     .clean.lock                     flock: held by compaction and retention (one cleaner at a time)
 
-``recovery-point`` layout (little-endian, 32 bytes)::
+``recovery-point`` layout (little-endian, 40 bytes)::
 
     0  version       uint16  = 1
     2  reserved      uint16  = 0
     4  segment_base  int64   the active segment when written
    12  position      int64   bytes [0, position) of that segment are whole, valid batches
    20  next_offset   int64   the offset after the last batch before ``position``
-   28  crc32c        uint32  of bytes [0, 28)
+   28  created_ms    int64   wall-clock creation time of that segment (drives ``segment_ms``)
+   36  crc32c        uint32  of bytes [0, 36)
+
+``segment_ms`` counts wall-clock time since the segment was created, not record
+timestamps (records with old timestamps would otherwise roll a segment per batch); a
+segment whose creation time is unknown (no checkpoint for it) counts from when this
+process first saw it.
 
 Written at segment roll and on close. A clean close records the end of the data, so
 the next open scans nothing (that is the clean-shutdown marker). A missing, torn or
@@ -86,7 +92,7 @@ log = logging.getLogger(__name__)
 RECOVERY_POINT_FILE = "recovery-point"
 LOCK_FILE = ".lock"
 CLEAN_LOCK_FILE = ".clean.lock"
-RECOVERY_POINT = struct.Struct("<HHqqqI")
+RECOVERY_POINT = struct.Struct("<HHqqqqI")
 RECOVERY_POINT_VERSION = 1
 READER_REFRESH_SECONDS = 1.0
 
@@ -149,7 +155,7 @@ class _ActiveSegment:
     fd: int
     size: int
     next_offset: int
-    first_timestamp: int  # of the first batch in the segment, -1 when empty
+    created_ms: int  # wall-clock creation time (segment_ms counts from here)
     last_index_position: int  # position of the last offset-index entry, -1 if none
     last_index_timestamp: int  # timestamp of the last time-index entry, -1 if none
     index_fd: int
@@ -233,7 +239,7 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ recovery
 
-    def _read_recovery_point(self) -> tuple[int, int, int] | None:
+    def _read_recovery_point(self) -> tuple[int, int, int, int] | None:
         path = self.directory / RECOVERY_POINT_FILE
         try:
             raw = path.read_bytes()
@@ -242,7 +248,7 @@ class PartitionLog:
         try:
             if len(raw) != RECOVERY_POINT.size:
                 raise CorruptCheckpointError(path, f"{RECOVERY_POINT.size} bytes", len(raw))
-            version, _, base, position, next_offset, crc = RECOVERY_POINT.unpack(raw)
+            version, _, base, position, next_offset, created_ms, crc = RECOVERY_POINT.unpack(raw)
             if crc != crc32c.crc32c(raw[:-4]):
                 raise CorruptCheckpointError(path, f"crc32c {crc32c.crc32c(raw[:-4])}", crc)
             if version != RECOVERY_POINT_VERSION:
@@ -250,10 +256,12 @@ class PartitionLog:
         except CorruptCheckpointError as e:
             log.warning("%s; recovering by scanning the whole active segment", e)
             return None
-        return base, position, next_offset
+        return base, position, next_offset, created_ms
 
     def _write_recovery_point(self, active: _ActiveSegment) -> None:
-        body = struct.pack("<HHqqq", RECOVERY_POINT_VERSION, 0, active.base_offset, active.size, active.next_offset)
+        body = RECOVERY_POINT.pack(
+            RECOVERY_POINT_VERSION, 0, active.base_offset, active.size, active.next_offset, active.created_ms, 0
+        )[:-4]
         raw = body + struct.pack("<I", crc32c.crc32c(body))
         path = self.directory / RECOVERY_POINT_FILE
         tmp = path.with_name(f"{RECOVERY_POINT_FILE}.{os.getpid()}.tmp")
@@ -289,7 +297,11 @@ class PartitionLog:
         fd = os.open(log_path(self.directory, base), os.O_RDWR | os.O_CREAT, 0o644)
         index_fd = os.open(index_path(self.directory, base), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         time_fd = os.open(time_index_path(self.directory, base), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        return _ActiveSegment(base, fd, 0, base, -1, -1, -1, index_fd, time_fd)
+        created = time.time_ns() // 1_000_000
+        checkpoint = self._read_recovery_point()
+        if checkpoint is not None and checkpoint[0] == base:
+            created = checkpoint[3]
+        return _ActiveSegment(base, fd, 0, base, created, -1, -1, index_fd, time_fd)
 
     def _load_active(self) -> _ActiveSegment:
         """First write-side use in this process: find the active segment and recover it."""
@@ -301,22 +313,15 @@ class PartitionLog:
         active = self._open_active(bases[-1])
         checkpoint = self._read_recovery_point()
         if checkpoint is not None and checkpoint[0] == active.base_offset:
-            _, position, next_offset = checkpoint
+            _, position, next_offset, _ = checkpoint
             if position <= os.fstat(active.fd).st_size:
-                header = self._header_at(active.fd, 0) if position else None
                 active.size = position
                 active.next_offset = next_offset if position else active.base_offset
-                active.first_timestamp = header.first_timestamp if header else -1
                 self._load_index_tail(active)
                 self._absorb_tail(active)
                 return active
         self._absorb_tail(active, rebuild_indexes=True)
         return active
-
-    @staticmethod
-    def _header_at(fd: int, position: int) -> BatchHeader | None:
-        raw = os.pread(fd, 72, position)
-        return unpack_header(raw) if len(raw) == 72 else None
 
     def _load_index_tail(self, active: _ActiveSegment) -> None:
         """Remember the last index entries (to space new ones), dropping any past the data."""
@@ -330,16 +335,15 @@ class PartitionLog:
     def _absorb_tail(self, active: _ActiveSegment, *, rebuild_indexes: bool = False) -> None:
         """Validate bytes past ``active.size`` (another process's appends, or a torn tail)."""
         path = log_path(self.directory, active.base_offset)
-        start = 0 if rebuild_indexes else active.size
+        start, min_base = (0, active.base_offset) if rebuild_indexes else (active.size, active.next_offset)
+        result = scan_batches(active.fd, path, start, min_base_offset=min_base)  # raises before any change
         if rebuild_indexes:
             active.size = 0
             active.next_offset = active.base_offset
-            active.first_timestamp = -1
             active.last_index_position = -1
             active.last_index_timestamp = -1
             os.ftruncate(active.index_fd, 0)
             os.ftruncate(active.time_index_fd, 0)
-        result = scan_batches(active.fd, path, start, min_base_offset=active.next_offset)
         for batch in result.batches:
             self._note_batch(active, batch.position, batch.header)
         if result.torn:
@@ -356,8 +360,6 @@ class PartitionLog:
 
     def _note_batch(self, active: _ActiveSegment, position: int, header: BatchHeader) -> None:
         """Advance the writer's view past a batch at ``position`` and index it if due."""
-        if active.first_timestamp < 0:
-            active.first_timestamp = header.first_timestamp
         interval = self.config.index_interval_bytes
         if active.last_index_position < 0 or position - active.last_index_position >= interval:
             rel = header.base_offset - active.base_offset
@@ -427,7 +429,7 @@ class PartitionLog:
             return False
         if active.size + incoming > self.config.segment_bytes:
             return True
-        return active.first_timestamp >= 0 and now_ms - active.first_timestamp >= self.config.segment_ms
+        return now_ms - active.created_ms >= self.config.segment_ms
 
     def _roll(self, active: _ActiveSegment) -> _ActiveSegment:
         """Close the active segment durably and start a new one at the next offset."""
@@ -440,6 +442,8 @@ class PartitionLog:
         _fsync_dir(self.directory)
         active.close()
         new_active = self._active = self._open_active(new_base)
+        new_active.created_ms = time.time_ns() // 1_000_000
+        self._reader_refreshed = 0.0  # readers in this process: list segments again
         self._write_recovery_point(new_active)
         log.debug("rolled %s-%d to segment %s", self.topic, self.partition, segment_name(new_base))
         return new_active
@@ -516,15 +520,19 @@ class PartitionLog:
 
     def log_end_offset(self) -> int:
         """The offset the next appended record will get (as far as the data on disk shows)."""
-        for attempt in range(2):
-            bases = self._segments(refresh=attempt > 0)
-            if not bases:
-                continue
-            reader = self._reader(bases[-1])
+        refresh = False
+        while True:
+            bases = self._segments(refresh=refresh)
+            reader = self._reader(bases[-1]) if bases else None
             if reader is None:
+                if refresh:
+                    return 0
+                refresh = True
                 continue
-            return reader.end_offset()
-        return 0
+            end = reader.end_offset()
+            if end == reader.base_offset or not log_path(self.directory, end).exists():
+                return end
+            refresh = True  # a writer rolled to a segment named after our end offset
 
     def read(self, offset: int, *, max_bytes: int = 1 << 20) -> list[FetchedBatch]:
         """Whole batches holding offsets ≥ ``offset`` (the first may start before it).

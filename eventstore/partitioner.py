@@ -21,19 +21,21 @@ API:
 * :func:`partition_for_key` -- one key.
 * :func:`murmur2_batch` / :func:`partitions_for_keys` -- many keys at once.
 
-Why vectorized: the log's append path partitions every record of a batch, and
-must sustain >= 500k keys/s; the pure-Python hash manages roughly 200-300k
-keys/s. The batch functions never loop in Python per key. They take the keys
-as an Arrow binary array (a Python sequence is converted first, in C), view the
-offsets and the data buffer with numpy without copying them, sort the rows by
-their number of 4-byte blocks (descending, radix sort), and then run murmur2
-column-wise: step ``j`` mixes block ``j`` of every key that has more than ``j``
-blocks -- always a prefix of the sorted rows -- with uint32 arithmetic (numpy
-arrays wrap on overflow, like Java ints). The work is proportional to the
-total key bytes, one Python-level step per block *position*, not per key, so it
-does not matter how many distinct key lengths a batch has. When only a handful
-of rows are left (a few unusually long keys, or a tiny batch) the rest is
-finished by the reference code, which is cheaper than per-step numpy overhead.
+Why vectorized: the log's append path partitions every record of a batch and
+must sustain >= 500k keys/s on a 2-vCPU machine; the pure-Python hash manages
+about 180k keys/s (10-40 byte keys). The batch functions never loop in Python
+per key. They take the keys as an Arrow binary array (a Python sequence is
+converted first, in C), read the offsets and the data buffer with numpy (one
+copy of the key bytes, plus zero padding), sort each run of 32k rows by number
+of 4-byte blocks (descending, radix sort), and then run murmur2 column-wise:
+step ``j`` mixes block ``j`` of every key with more than ``j`` blocks -- always a
+prefix of the sorted rows -- with uint32 arithmetic (numpy arrays wrap on
+overflow, like Java ints). Work is proportional to the total key bytes, with one
+Python-level step per block *position*, not per key, so the number of distinct
+key lengths in a batch does not matter. The few longest keys of a run (once at
+most 16 rows are left) and tiny batches go through the reference code, which
+is cheaper there than per-step numpy overhead. Measured: ~10-15M keys/s for
+10-40 byte keys, ~20M keys/s for uniform 16-byte keys.
 """
 
 from __future__ import annotations

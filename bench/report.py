@@ -1,0 +1,284 @@
+"""Benchmark results, the machine they ran on, and the rewriting of BENCHMARKS.md.
+
+Each benchmark module returns a list of :class:`Result` (one figure each: its value, the
+peer or ceiling measured in the same run, the ratio, the DESIGN.md target and whether
+it is met). :func:`update_benchmarks` rewrites only the sections of the modules that ran,
+between ``<!-- bench:KEY -->`` and ``<!-- /bench:KEY -->`` markers, and keeps the others,
+so modules can be run alone (``python -m bench --only log``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One measured figure against its same-run peer and its target.
+
+    ``target_met`` is None for informational figures (no target in DESIGN.md).
+    ``ratio`` is ``value / baseline_value`` when there is a baseline.
+    """
+
+    name: str
+    value: float
+    unit: str
+    baseline_name: str | None
+    baseline_value: float | None
+    ratio: float | None
+    target: str
+    target_met: bool | None
+    note: str = ""
+
+
+def measured(
+    name: str,
+    value: float,
+    unit: str,
+    *,
+    baseline_name: str | None = None,
+    baseline_value: float | None = None,
+    min_ratio: float | None = None,
+    min_value: float | None = None,
+    note: str = "",
+) -> Result:
+    """Build a :class:`Result`, computing the ratio and whether the target is met.
+
+    ``min_ratio``: target ``value / baseline_value ≥ min_ratio``; ``min_value``: target
+    ``value ≥ min_value`` (in ``unit``). Neither: an informational figure.
+    """
+    ratio = value / baseline_value if baseline_value else None
+    if min_ratio is not None:
+        target = f"≥ {min_ratio:g}× {baseline_name or 'baseline'}"
+        met: bool | None = ratio is not None and ratio >= min_ratio
+    elif min_value is not None:
+        target = f"≥ {fmt_value(min_value)} {unit}"
+        met = value >= min_value
+    else:
+        target, met = "— (informational)", None
+    return Result(name, value, unit, baseline_name, baseline_value, ratio, target, met, note)
+
+
+# ---------------------------------------------------------------------------- machine
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def cpu_model() -> str:
+    for line in _read("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def ram_gib() -> float:
+    m = re.search(r"^MemTotal:\s+(\d+) kB", _read("/proc/meminfo"), re.MULTILINE)
+    return int(m.group(1)) / (1 << 20) if m else 0.0
+
+
+def filesystem_of(path: Path) -> str:
+    """``mount point (fstype, device)`` holding ``path``, from /proc/self/mountinfo."""
+    best: tuple[str, str, str] = ("?", "?", "?")
+    target = str(path.resolve())
+    for line in _read("/proc/self/mountinfo").splitlines():
+        parts = line.split()
+        if " - " not in line or len(parts) < 5:
+            continue
+        mount = parts[4]
+        fstype, source = line.split(" - ", 1)[1].split()[:2]
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and (best[0] == "?" or len(mount) > len(best[0])):
+            best = (mount, fstype, source)
+    return f"{best[0]} ({best[1]} on {best[2]})"
+
+
+@dataclass(frozen=True, slots=True)
+class Machine:
+    nproc: int
+    cpu: str
+    ram_gib: float
+    python: str
+    pyarrow: str
+    kernel: str
+    date: str
+
+    @classmethod
+    def collect(cls) -> Machine:
+        import pyarrow
+
+        nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+        return cls(
+            nproc=nproc,
+            cpu=cpu_model(),
+            ram_gib=ram_gib(),
+            python=platform.python_version(),
+            pyarrow=pyarrow.__version__,
+            kernel=platform.release(),
+            date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        )
+
+    def line(self) -> str:
+        return (
+            f"{self.nproc} CPUs ({self.cpu}), {self.ram_gib:.1f} GiB RAM, Linux {self.kernel}, "
+            f"Python {self.python}, pyarrow {self.pyarrow}, {self.date}"
+        )
+
+
+@dataclass(slots=True)
+class Section:
+    """The outcome of one benchmark module in one run."""
+
+    key: str
+    title: str
+    machine: Machine
+    results: list[Result] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str | None = None
+
+
+# ---------------------------------------------------------------------------- formatting
+
+
+def fmt_value(v: float) -> str:
+    if v >= 100:
+        return f"{v:,.0f}"
+    if v >= 10:
+        return f"{v:,.1f}"
+    return f"{v:,.2f}"
+
+
+def fmt_ratio(r: float | None) -> str:
+    return "—" if r is None else f"{r:.2f}×"
+
+
+def fmt_met(met: bool | None) -> str:
+    return "—" if met is None else ("PASS" if met else "FAIL")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_section(section: Section) -> str:
+    lines = [f"<!-- bench:{section.key} -->", f"## {section.title}", ""]
+    lines.append(f"Machine: {section.machine.line()}. Took {section.seconds:.0f} s.")
+    lines.append("")
+    if section.error:
+        lines += [f"**The benchmark failed:** `{_cell(section.error)}`", ""]
+    targeted = [r for r in section.results if r.target_met is not None]
+    if targeted:
+        passed = sum(1 for r in targeted if r.target_met)
+        lines += [f"Targets met: **{passed} of {len(targeted)}**.", ""]
+    if section.results:
+        lines.append("| figure | value | peer / ceiling (same run) | peer value | ratio | target | met |")
+        lines.append("|---|--:|---|--:|--:|---|:-:|")
+        for r in section.results:
+            base = f"{fmt_value(r.baseline_value)} {r.unit}" if r.baseline_value is not None else "—"
+            lines.append(
+                "| "
+                + " | ".join(
+                    _cell(x)
+                    for x in (
+                        r.name,
+                        f"{fmt_value(r.value)} {r.unit}",
+                        r.baseline_name or "—",
+                        base,
+                        fmt_ratio(r.ratio),
+                        r.target,
+                        fmt_met(r.target_met),
+                    )
+                )
+                + " |"
+            )
+        lines.append("")
+        noted = [r for r in section.results if r.note]
+        if noted:
+            lines.append("Notes on figures:")
+            lines.append("")
+            lines += [f"- *{r.name}*: {r.note}" for r in noted]
+            lines.append("")
+    if section.notes:
+        lines.append("Method:")
+        lines.append("")
+        lines += [f"- {n}" for n in section.notes]
+        lines.append("")
+    lines.append(f"<!-- /bench:{section.key} -->")
+    return "\n".join(lines)
+
+
+HEADER = """# Tideline benchmarks
+
+Written by `make bench` (`python -m bench`); do not edit by hand: each section is
+rewritten by the benchmark module that owns it (`bench/<module>.py`), and sections of
+modules that did not run are kept as they were. Every figure is measured next to a peer
+or ceiling **in the same run on the same machine** and compared with the targets of
+DESIGN.md §3. MB/s are 10^6 bytes per second. `met` is PASS/FAIL against the target,
+`—` for informational figures.
+"""
+
+_BLOCK = re.compile(r"<!-- bench:(?P<key>[\w.-]+) -->.*?<!-- /bench:(?P=key) -->", re.DOTALL)
+
+
+def update_benchmarks(sections: list[Section], order: list[str], path: Path = BENCHMARKS_MD) -> None:
+    """Rewrite ``path``: the header, the latest machine, then one block per module in ``order``."""
+    existing: dict[str, str] = {}
+    if path.exists():
+        for m in _BLOCK.finditer(path.read_text()):
+            existing[m.group("key")] = m.group(0)
+    for s in sections:
+        existing[s.key] = render_section(s)
+    machine = sections[0].machine if sections else Machine.collect()
+    parts = [HEADER, f"Last run: {machine.line()}.", ""]
+    keys = [k for k in order if k in existing] + sorted(k for k in existing if k not in order)
+    for key in keys:
+        parts += [existing[key], ""]
+    path.write_text("\n".join(parts).rstrip() + "\n")
+
+
+def print_section(section: Section, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"{section.title} — {section.seconds:.0f} s", title_justify="left")
+    for col, justify in (
+        ("figure", "left"),
+        ("value", "right"),
+        ("peer / ceiling", "left"),
+        ("peer value", "right"),
+        ("ratio", "right"),
+        ("target", "left"),
+        ("met", "center"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in section.results:
+        met = fmt_met(r.target_met)
+        style = {"PASS": "green", "FAIL": "bold red"}.get(met, "dim")
+        table.add_row(
+            r.name,
+            f"{fmt_value(r.value)} {r.unit}",
+            r.baseline_name or "—",
+            f"{fmt_value(r.baseline_value)} {r.unit}" if r.baseline_value is not None else "—",
+            fmt_ratio(r.ratio),
+            r.target,
+            f"[{style}]{met}[/{style}]",
+        )
+    console.print(table)
+    if section.error:
+        console.print(f"[bold red]{section.title} failed:[/bold red] {section.error}")
+    console.print(f"machine: {section.machine.line()}", style="dim")
+    sys.stdout.flush()

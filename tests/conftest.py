@@ -1,0 +1,36 @@
+"""Session fixtures shared by every test package."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tideline.pgharness import LocalPostgres
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_ambient_postgres() -> Iterator[None]:
+    """Tests reach only servers they start: hide libpq's PG* variables and DATABASE_URL."""
+    with pytest.MonkeyPatch.context() as env:
+        for name in list(os.environ):
+            if name.startswith("PG") or name == "DATABASE_URL":
+                env.delenv(name)
+        yield
+
+
+@pytest.fixture(scope="session")
+def postgres(_no_ambient_postgres: None) -> Iterator[LocalPostgres]:
+    """A private PostgreSQL 15 (wal_level=logical, fsync off) for the whole session; `.dsn`."""
+    directory = Path(tempfile.mkdtemp(prefix="tideline-pg-"))
+    cluster = LocalPostgres(directory / "cluster", fast=True)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,574 @@
+"""``tideline log``: create, inspect, write, read and clean the topics of a log directory.
+
+The functions behind the commands (:func:`produce_lines`, :func:`compact_topic`,
+:func:`record_json`) are public so that the demo and tests drive the same code path
+as the command line, without a subprocess.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import select
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, BinaryIO
+
+import orjson
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from eventstore.cleaner import CleanStats, apply_retention, compact_partition
+from eventstore.consumer import Consumer, ConsumerRecord, TopicPartition
+from eventstore.errors import ConfigError, InvalidRecordError
+from eventstore.log import Log
+from eventstore.producer import Producer
+from eventstore.topic import CleanupPolicy, TopicConfig
+from tideline.cli_common import one_line_errors
+
+app = typer.Typer(
+    help="Inspect and operate the log: topics, partitions, records, compaction.",
+    no_args_is_help=True,
+)
+
+TOMBSTONE = b"\\N"  # as in Postgres COPY text format: the NULL marker
+PRODUCE_CHUNK_BYTES = 4 << 20  # stdin bytes gathered into one send_batch call
+POLL_TIMEOUT_MS = 500  # --follow: how long one poll waits at the head of the log
+
+BINARY_MARKER_HELP = (
+    'Keys, values and header values are JSON strings when they are valid UTF-8, otherwise {"base64": "…"} '
+    "objects; null means no key, or a tombstone for the value."
+)
+
+TopicArg = Annotated[str, typer.Argument(help="Topic name.", show_default=False)]
+JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
+
+
+def _data_dir() -> Path:
+    from tideline.cli import State  # imported late: tideline.cli imports this module
+
+    return State.data_dir
+
+
+def _open_log(*, create: bool = False) -> Log:
+    """The log at ``--data-dir``; only ``create`` may make a new log directory."""
+    return Log(_data_dir(), create=create)
+
+
+# ---------------------------------------------------------------------------- create
+
+
+def parse_config_options(options: list[str], *, compact: bool = False) -> dict[str, str]:
+    """``KEY=VALUE`` strings (``--config``) → overrides, checked against :class:`TopicConfig`.
+
+    ``compact`` adds ``cleanup_policy=compact`` unless the options choose a policy that
+    compacts (a policy that does not is a contradiction and raises).
+    """
+    overrides: dict[str, str] = {}
+    for option in options:
+        key, eq, value = option.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--config expects KEY=VALUE, got {option!r}")
+        overrides[key.strip()] = value.strip()
+    policy_keys = [k for k in overrides if k.replace("-", "_").replace(".", "_") == "cleanup_policy"]
+    if compact:
+        if not policy_keys:
+            overrides["cleanup_policy"] = CleanupPolicy.COMPACT.value
+        elif not CleanupPolicy.parse(overrides[policy_keys[-1]]).compacts:
+            raise ConfigError(f"--compact contradicts --config {policy_keys[-1]}={overrides[policy_keys[-1]]}")
+    TopicConfig().with_overrides(overrides)  # raises ConfigError naming a bad key or value
+    return overrides
+
+
+@app.command()
+def create(
+    topic: TopicArg,
+    partitions: Annotated[int, typer.Option("--partitions", "-p", help="Number of partitions (≥ 1).")] = 1,
+    compact: Annotated[bool, typer.Option("--compact", help="Compacted topic (cleanup_policy=compact).")] = False,
+    config: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--config",
+            "-c",
+            metavar="KEY=VALUE",
+            help="A topic setting, repeatable: cleanup_policy, retention_ms, retention_bytes, segment_bytes, "
+            "segment_ms, delete_retention_ms, min_compaction_lag_ms, compression (none, gzip, lz4, zstd), "
+            "index_interval_bytes, max_batch_bytes. Kafka's dotted names (segment.bytes) work too.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Create a topic (creates the log directory if needed)."""
+    with one_line_errors():
+        if partitions < 1:
+            raise ConfigError(f"--partitions must be ≥ 1, got {partitions}")
+        overrides = parse_config_options(config or [], compact=compact)
+        with _open_log(create=True) as log:
+            meta = log.create_topic(topic, partitions, overrides=overrides)
+    typer.echo(
+        f"created topic {meta.name} with {meta.partitions} partition{'s' if meta.partitions != 1 else ''} "
+        f"({meta.config.cleanup_policy.value}) in {_data_dir()}"
+    )
+
+
+# ---------------------------------------------------------------------------- topics / describe
+
+
+@app.command()
+def topics(json_output: JsonOption = False) -> None:
+    """List the topics of the log (with --json: name, partitions, cleanup policy)."""
+    with one_line_errors(), _open_log() as log:
+        names = log.topics()
+        if not json_output:
+            for name in names:
+                typer.echo(name)
+            return
+        out = []
+        for name in names:
+            meta = log.topic(name)
+            out.append(
+                {"topic": name, "partitions": meta.partitions, "cleanup_policy": meta.config.cleanup_policy.value}
+            )
+    typer.echo(orjson.dumps(out).decode())
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+@app.command()
+def describe(topic: TopicArg, json_output: JsonOption = False) -> None:
+    """Partitions (start/end offsets, size, segments) and configuration of a topic."""
+    with one_line_errors(), _open_log() as log:
+        info = log.describe_json(topic)
+    if json_output:
+        typer.echo(orjson.dumps(info).decode())
+        return
+    console = Console(highlight=False)
+    parts = Table(title=f"topic {info['topic']}  ({info['partitions']} partitions, config v{info['config_version']})")
+    for column in ("partition", "start offset", "end offset", "size", "segments"):
+        parts.add_column(column, justify="right")
+    for p in info["partition_info"]:
+        parts.add_row(
+            str(p["partition"]),
+            str(p["log_start_offset"]),
+            str(p["log_end_offset"]),
+            _human_bytes(p["size_bytes"]),
+            str(p["segments"]),
+        )
+    total_size = sum(p["size_bytes"] for p in info["partition_info"])
+    total_segments = sum(p["segments"] for p in info["partition_info"])
+    parts.add_section()
+    parts.add_row("all", "", "", _human_bytes(total_size), str(total_segments))
+    console.print(parts)
+    defaults = TopicConfig().to_json()
+    settings = Table(title="config")
+    settings.add_column("setting")
+    settings.add_column("value", justify="right")
+    settings.add_column("default", justify="right")
+    for key, value in info["config"].items():
+        settings.add_row(key, str(value), "" if defaults.get(key) == value else str(defaults.get(key)))
+    console.print(settings)
+
+
+# ---------------------------------------------------------------------------- produce
+
+
+@dataclass(slots=True)
+class ProduceSummary:
+    """What :func:`produce_lines` wrote."""
+
+    topic: str
+    records: int = 0
+    keyless: int = 0
+    tombstones: int = 0
+    per_partition: dict[int, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        rate = self.records / self.seconds if self.seconds > 0 else 0.0
+        parts = " ".join(f"{p}:{n}" for p, n in sorted(self.per_partition.items())) or "none"
+        return (
+            f"produced {self.records} records to {self.topic} ({self.keyless} keyless, {self.tombstones} tombstones) "
+            f"in {self.seconds:.2f} s ({rate:,.0f}/s); records per partition: {parts}"
+        )
+
+
+def parse_line(line: bytes) -> tuple[bytes | None, bytes | None]:
+    """``KEY<TAB>VALUE`` → (key, value). No tab: a keyless value. ``\\N`` as value: tombstone;
+    ``\\N`` as key: no key. Only the first tab separates (values may contain tabs)."""
+    key, tab, value = line.partition(b"\t")
+    if not tab:
+        return None, None if line == TOMBSTONE else line
+    return (None if key == TOMBSTONE else key), (None if value == TOMBSTONE else value)
+
+
+def _more_ready(stream: BinaryIO) -> bool:
+    """True if reading ``stream`` now would not block (in-memory streams never block)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def _read_available(stream: BinaryIO, target: int) -> bytes:
+    """Up to ``target`` bytes: whatever is ready, waiting only when nothing is (b"" at EOF).
+
+    Interactive input is therefore sent line by line as typed, and a pipe in big chunks.
+    """
+    read: Callable[[int], bytes] = getattr(stream, "read1", stream.read)
+    chunks: list[bytes] = []
+    size = 0
+    while size < target:
+        data = read(target - size)
+        if not data:
+            break
+        chunks.append(data)
+        size += len(data)
+        if not _more_ready(stream):
+            break
+    return b"".join(chunks)
+
+
+def iter_line_chunks(stream: BinaryIO, target_bytes: int = PRODUCE_CHUNK_BYTES) -> Iterator[list[bytes]]:
+    """Complete lines of ``stream`` in chunks of about ``target_bytes`` (``\\n`` or ``\\r\\n`` ends a line;
+    empty lines are dropped)."""
+    pending = b""
+    while True:
+        data = _read_available(stream, target_bytes)
+        if not data:
+            break
+        data = pending + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            pending = data
+            continue
+        pending = data[cut + 1 :]
+        lines = [ln[:-1] if ln.endswith(b"\r") else ln for ln in data[:cut].split(b"\n")]
+        yield [ln for ln in lines if ln]
+    if pending.endswith(b"\r"):
+        pending = pending[:-1]
+    if pending:
+        yield [pending]
+
+
+def produce_lines(
+    log: Log,
+    topic: str,
+    stream: BinaryIO,
+    *,
+    partition: int | None = None,
+    chunk_bytes: int = PRODUCE_CHUNK_BYTES,
+) -> ProduceSummary:
+    """Append the ``KEY<TAB>VALUE`` lines of ``stream`` to ``topic`` (see :func:`parse_line`).
+
+    Lines are grouped into chunks, each appended with one ``send_batch`` (records in one
+    chunk share a timestamp), so order per partition is input order and 100k lines cost a
+    handful of appends. Records of chunks before an error stay produced.
+    """
+    meta = log.topic(topic)
+    if partition is not None:
+        log.partition(topic, partition)  # raises ConfigError naming the valid range
+    summary = ProduceSummary(topic)
+    started = time.monotonic()
+    line_number = 0
+    with Producer(log) as producer:
+        for lines in iter_line_chunks(stream, chunk_bytes):
+            keys: list[bytes | None] = []
+            values: list[bytes | None] = []
+            for line in lines:
+                key, value = parse_line(line)
+                keys.append(key)
+                values.append(value)
+            keyless = keys.count(None)
+            if keyless and meta.config.cleanup_policy.compacts:
+                bad = line_number + keys.index(None) + 1
+                raise InvalidRecordError(
+                    f"line {bad} has no key but topic {topic!r} is compacted (write KEY<TAB>VALUE); "
+                    f"{summary.records} records before it were produced"
+                )
+            line_number += len(lines)
+            if not values:
+                continue
+            sent = producer.send_batch(topic, values, None if keyless == len(keys) else keys, partition=partition)
+            for p, (_, count) in sent.items():
+                summary.per_partition[p] = summary.per_partition.get(p, 0) + count
+            summary.records += len(values)
+            summary.keyless += keyless
+            summary.tombstones += values.count(None)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+@app.command()
+def produce(
+    topic: TopicArg,
+    partition: Annotated[
+        int | None,
+        typer.Option("--partition", help="Write every record to this partition (default: by key, murmur2)."),
+    ] = None,
+) -> None:
+    """Append records read from stdin, one per line: KEY<TAB>VALUE.
+
+    A line without a tab is a keyless value; the value \\N is a tombstone (null), as in
+    Postgres COPY; a \\N key means no key. Keys and values are the line's bytes (UTF-8).
+    Empty lines are skipped; a trailing \\r is dropped. A summary goes to stderr.
+    """
+    with one_line_errors(), _open_log() as log:
+        summary = produce_lines(log, topic, sys.stdin.buffer, partition=partition)
+    typer.echo(summary.line(), err=True)
+
+
+# ---------------------------------------------------------------------------- tail
+
+
+def _json_bytes(data: bytes | None) -> str | dict[str, str] | None:
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def record_json(record: ConsumerRecord) -> dict[str, Any]:
+    """The ``tail --json`` object of one record (see ``BINARY_MARKER_HELP``)."""
+    return {
+        "partition": record.partition,
+        "offset": record.offset,
+        "timestamp": record.timestamp,
+        "key": _json_bytes(record.key),
+        "value": _json_bytes(record.value),
+        "headers": [[k, _json_bytes(v)] for k, v in record.headers],
+    }
+
+
+_ESCAPES = ((b"\\", b"\\\\"), (b"\t", b"\\t"), (b"\n", b"\\n"), (b"\r", b"\\r"))
+
+
+def _text_field(data: bytes | None) -> bytes:
+    """COPY-style text: ``\\N`` for null, backslash escapes, invalid UTF-8 as ``\\xNN``."""
+    if data is None:
+        return TOMBSTONE
+    for raw, escaped in _ESCAPES:
+        if raw in data:
+            data = data.replace(raw, escaped)
+    try:
+        data.decode("utf-8")
+        return data
+    except UnicodeDecodeError:
+        return data.decode("utf-8", "backslashreplace").encode("utf-8")
+
+
+def record_line(record: ConsumerRecord) -> bytes:
+    """The human ``tail`` line: ``PARTITION:OFFSET<TAB>TIME<TAB>KEY<TAB>VALUE[<TAB>HEADERS]``."""
+    when = datetime.fromtimestamp(record.timestamp / 1000, UTC).isoformat(timespec="milliseconds")
+    fields = [
+        f"{record.partition}:{record.offset}".encode(),
+        when.replace("+00:00", "Z").encode(),
+        _text_field(record.key),
+        _text_field(record.value),
+    ]
+    if record.headers:
+        fields.append(b",".join(_text_field(k.encode()) + b"=" + _text_field(v) for k, v in record.headers))
+    return b"\t".join(fields)
+
+
+def _stdout_binary() -> BinaryIO:
+    sys.stdout.flush()  # anything echoed as text goes first
+    return sys.stdout.buffer
+
+
+@dataclass(frozen=True, slots=True)
+class _TailPlan:
+    partitions: list[TopicPartition]
+    stop_at: dict[TopicPartition, int] | None  # None: --follow
+
+
+def _tail_start(consumer: Consumer, plan: _TailPlan, *, from_beginning: bool, offset: int | None, follow: bool) -> None:
+    if offset is not None:
+        for tp in plan.partitions:
+            consumer.seek(tp, offset)
+    elif from_beginning or not follow:
+        consumer.seek_to_beginning()
+    else:
+        consumer.seek_to_end()
+
+
+def _tail_records(consumer: Consumer, plan: _TailPlan) -> Iterator[list[ConsumerRecord]]:
+    """Polled records, cut at ``plan.stop_at`` (then ends) or forever (--follow)."""
+    stop_at = plan.stop_at
+    while True:
+        if stop_at is not None:
+            active = [tp for tp in plan.partitions if consumer.position(tp) < stop_at[tp]]
+            if not active:
+                return
+            if active != consumer.assignment():
+                consumer.assign(active)  # positions are kept
+        records = consumer.poll(0 if stop_at is not None else POLL_TIMEOUT_MS)
+        if not records:
+            if stop_at is not None:
+                return  # nothing more is readable below the end offsets (compaction gap at the end)
+            continue
+        if stop_at is None:
+            yield list(records)
+        else:
+            yield [r for r in records if r.offset < stop_at[TopicPartition(r.topic, r.partition)]]
+
+
+@app.command()
+def tail(
+    topic: TopicArg,
+    from_beginning: Annotated[
+        bool, typer.Option("--from-beginning", help="Start at the log start offset of each partition.")
+    ] = False,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep waiting for new records until Ctrl-C.")] = False,
+    partition: Annotated[int | None, typer.Option("--partition", help="Read only this partition.")] = None,
+    offset: Annotated[
+        int | None,
+        typer.Option("--offset", help="Start at this offset (in each partition read; a removed offset → log start)."),
+    ] = None,
+    json_output: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="One JSON object per record: partition, offset, timestamp (ms), key, value, headers. "
+            + BINARY_MARKER_HELP,
+        ),
+    ] = False,
+) -> None:
+    """Print the records of a topic, in offset order per partition.
+
+    Where it starts: --offset, or --from-beginning, or else the end of each partition
+    with --follow (new records only, like kafka-console-consumer) and the beginning
+    without it. Without --follow it stops at the end offsets seen when it started.
+
+    Plain lines are PARTITION:OFFSET<TAB>TIME<TAB>KEY<TAB>VALUE (COPY text style:
+    \\N is null, tabs/newlines/backslashes are escaped, invalid UTF-8 shows as \\xNN).
+    """
+    with one_line_errors():
+        if offset is not None and from_beginning:
+            raise ConfigError("--offset and --from-beginning are mutually exclusive")
+        if offset is not None and offset < 0:
+            raise ConfigError(f"--offset must be ≥ 0, got {offset}")
+        count = _run_tail(topic, from_beginning, follow, partition, offset, json_output)
+    if follow:
+        typer.echo(f"processed {count} records", err=True)
+
+
+def _run_tail(
+    topic: str, from_beginning: bool, follow: bool, partition: int | None, offset: int | None, json_output: bool
+) -> int:
+    out = _stdout_binary()
+    count = 0
+    with _open_log() as log, Consumer(log) as consumer:
+        meta = log.topic(topic)
+        wanted = [partition] if partition is not None else list(range(meta.partitions))
+        tps = [TopicPartition(topic, p) for p in wanted]
+        consumer.assign(tps)  # raises ConfigError for a partition out of range
+        plan = _TailPlan(tps, None if follow else consumer.end_offsets(tps))
+        _tail_start(consumer, plan, from_beginning=from_beginning, offset=offset, follow=follow)
+        try:
+            for records in _tail_records(consumer, plan):
+                if json_output:
+                    out.write(b"".join(orjson.dumps(record_json(r)) + b"\n" for r in records))
+                else:
+                    out.write(b"".join(record_line(r) + b"\n" for r in records))
+                out.flush()
+                count += len(records)
+        except KeyboardInterrupt:  # the way to stop --follow
+            pass
+        except BrokenPipeError:  # `tideline log tail … | head`: the reader left, which is fine
+            with suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(0) from None
+    return count
+
+
+# ---------------------------------------------------------------------------- compact
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCleaning:
+    """One partition's compaction stats and how many segments retention deleted."""
+
+    partition: int
+    compaction: CleanStats
+    segments_deleted: int
+
+
+def compact_topic(log: Log, topic: str) -> list[PartitionCleaning]:
+    """One compaction pass then one retention pass over every partition of ``topic``.
+
+    Only closed segments are cleaned: the active (last) segment of a partition never is.
+    """
+    meta = log.topic(topic)
+    out = []
+    for n in range(meta.partitions):
+        plog = log.partition(topic, n)
+        stats = compact_partition(plog)
+        deleted = apply_retention(plog)
+        out.append(PartitionCleaning(n, stats, deleted))
+    return out
+
+
+def _cleaning_json(c: PartitionCleaning) -> dict[str, int]:
+    s = c.compaction
+    return {
+        "partition": c.partition,
+        "segments_cleaned": s.segments_cleaned,
+        "records_read": s.records_read,
+        "records_kept": s.records_kept,
+        "tombstones_dropped": s.tombstones_dropped,
+        "bytes_read": s.bytes_read,
+        "bytes_written": s.bytes_written,
+        "segments_deleted": c.segments_deleted,
+    }
+
+
+@app.command()
+def compact(topic: TopicArg, json_output: JsonOption = False) -> None:
+    """Run one compaction pass and one retention pass on every partition now, and print stats.
+
+    Compaction applies to compacted topics, retention to delete-policy topics; the active
+    (last) segment of a partition is never cleaned.
+    """
+    with one_line_errors(), _open_log() as log:
+        policy = log.topic(topic).config.cleanup_policy
+        results = compact_topic(log, topic)
+    rows = [_cleaning_json(c) for c in results]
+    if json_output:
+        typer.echo(orjson.dumps({"topic": topic, "cleanup_policy": policy.value, "partitions": rows}).decode())
+        return
+    table = Table(title=f"cleaning {topic} (cleanup_policy={policy.value})")
+    columns = ["partition", "segments cleaned", "records read", "records kept", "tombstones dropped"]
+    for column in [*columns, "bytes read", "bytes written", "segments deleted"]:
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r["partition"]),
+            str(r["segments_cleaned"]),
+            str(r["records_read"]),
+            str(r["records_kept"]),
+            str(r["tombstones_dropped"]),
+            _human_bytes(r["bytes_read"]),
+            _human_bytes(r["bytes_written"]),
+            str(r["segments_deleted"]),
+        )
+    Console(highlight=False).print(table)
