@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -84,6 +84,7 @@ class Producer:
         self._pending: dict[tuple[str, int], _PendingBatch] = {}
         self._sticky: dict[str, int] = {}
         self._closed = False
+        self._in_flight: set[Future[RecordMetadata]] = set()  # taken batches not yet durable
         self._wake = threading.Condition(self._lock)
         self._sender = threading.Thread(target=self._linger_loop, name="tideline-producer", daemon=True)
         self._sender.start()
@@ -143,6 +144,7 @@ class Producer:
     def _take(self, topic: str, partition: int) -> _PendingBatch:
         """Remove a pending batch (caller holds the lock); move a sticky partition on."""
         batch = self._pending.pop((topic, partition))
+        self._in_flight.update(batch.futures)
         if self._sticky.get(topic) == partition:
             self._sticky[topic] = (partition + 1) % self.log.topic(topic).partitions
         return batch
@@ -155,11 +157,17 @@ class Producer:
         except BaseException as e:
             for f in batch.futures:
                 f.set_exception(e)
+            self._settled(batch)
             if not isinstance(e, Exception):
                 raise
             return
         for i, f in enumerate(batch.futures):
             f.set_result(RecordMetadata(batch.topic, batch.partition, result + i, batch.timestamps[i]))
+        self._settled(batch)
+
+    def _settled(self, batch: _PendingBatch) -> None:
+        with self._lock:
+            self._in_flight.difference_update(batch.futures)
 
     def _append(self, topic: str, partition: int, records: pa.RecordBatch, first_ts: int, max_ts: int) -> int:
         codec = self.compression if self.compression is not None else self.log.topic(topic).config.compression
@@ -248,11 +256,13 @@ class Producer:
                 self._send_pending(batch)
 
     def flush(self) -> None:
-        """Send every queued record now and wait until all are durable."""
+        """Send every queued record now and wait until all are durable (or failed)."""
         with self._lock:
             batches = [self._take(t, p) for (t, p) in list(self._pending)]
+            waiting = list(self._in_flight)
         for batch in batches:
             self._send_pending(batch)
+        wait(waiting)
 
     def close(self) -> None:
         if self._closed:
