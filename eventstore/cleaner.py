@@ -15,13 +15,15 @@ Algorithm (one pass over a partition, under its ``.clean.lock``):
 
 1. The cleanable segments are the closed ones (all but the last) whose records are all
    older than ``min_compaction_lag_ms`` (a prefix of the closed segments).
-2. Offset map: the largest offset of every key in the cleanable segments, built with an
-   Arrow hash aggregation (no per-record Python).
+2. Offset map (pass 1): the largest offset of every key in the cleanable segments, built
+   with an Arrow hash aggregation (no per-record Python); held as a sorted array, so the
+   "is this record the latest of its key" test is a vectorized binary search.
    Record (K, O) is obsolete iff some (K, O') with O < O' exists in the cleanable part.
-3. Cleanable segments are grouped (consecutive, total size ≤ ``segment_bytes``); each
-   group is rewritten into one file named after the group's first base offset, keeping
-   per batch the records that are not obsolete. A batch keeps its base offset, offset
-   span, timestamps and producer fields; an emptied batch is dropped.
+3. Pass 2: cleanable segments are grouped (consecutive, total size ≤ ``segment_bytes``);
+   each group is re-read one segment at a time and rewritten into one file named after
+   the group's first base offset, keeping per batch the records that are not obsolete.
+   A batch keeps its base offset, offset span, timestamps and producer fields; an
+   emptied batch is dropped.
 4. Tombstones: a kept tombstone marks its output batch with a *delete horizon* (now +
    ``delete_retention_ms``) the first time it is cleaned; a later pass after the
    horizon drops it. Records without a key (from before the topic was compacted) and
@@ -54,8 +56,9 @@ import threading
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -81,7 +84,7 @@ if TYPE_CHECKING:
     from eventstore.partition_log import PartitionLog
 
 log = logging.getLogger(__name__)
-READ_CHUNK = 8 << 20
+READ_CHUNK = 1 << 20  # 1 MiB reads: larger fresh buffers cost page faults (measured 2x)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,15 +243,14 @@ def compact_partition(plog: PartitionLog, *, now: int | None = None) -> CleanSta
                 cleanable.append(b)
             if not cleanable:
                 return CleanStats()
-            contents = {b: _read_all_batches(readers[b]) for b in cleanable}
-            keep_offsets = _latest_offsets(contents)
+            keep_offsets = _latest_offsets(readers, cleanable)
             stats = CleanStats(segments_cleaned=len(cleanable))
             sizes = {b: readers[b].size() for b in cleanable}
             for group in _group(cleanable, sizes, config.segment_bytes):
                 stats = _clean_group(
                     directory,
                     group,
-                    contents,
+                    readers,
                     keep_offsets,
                     now,
                     config.delete_retention_ms,
@@ -263,27 +265,50 @@ def compact_partition(plog: PartitionLog, *, now: int | None = None) -> CleanSta
                 r.close()
 
 
-def _latest_offsets(contents: dict[int, list[tuple[BatchHeader, pa.RecordBatch]]]) -> pa.Array:
+def _record_offsets(header: BatchHeader, records: pa.RecordBatch) -> pa.Array:
+    return pc.add(records.column(0).cast(pa.int64()), pa.scalar(header.base_offset, pa.int64()))
+
+
+def _latest_offsets(readers: dict[int, SegmentReader], cleanable: list[int]) -> np.ndarray[Any, Any]:
+    """Pass 1: the largest offset of every key in the cleanable segments, sorted.
+
+    Memory: O(distinct keys + one segment's keys): keys are copied out of each segment's
+    read buffers (``concat_arrays`` copies), so values are never held beyond one segment.
+    """
     keys: list[pa.Array] = []
     offsets: list[pa.Array] = []
-    for batches in contents.values():
-        for header, records in batches:
-            if header.is_control:
-                continue
-            keys.append(records.column(2))
-            offsets.append(pc.add(records.column(0).cast(pa.int64()), pa.scalar(header.base_offset)))
+    for base in cleanable:
+        seg_keys, seg_offsets = [], []
+        for header, records in _read_all_batches(readers[base]):
+            if not header.is_control:
+                seg_keys.append(records.column(2))
+                seg_offsets.append(_record_offsets(header, records))
+        if seg_keys:
+            keys.append(pa.concat_arrays(seg_keys))
+            offsets.append(pa.concat_arrays(seg_offsets))
     if not keys:
-        return pa.array([], pa.int64())
-    table = pa.table({"key": pa.concat_arrays(keys), "offset": pa.concat_arrays(offsets)})
+        return np.empty(0, np.int64)
+    table = pa.table({"key": pa.chunked_array(keys), "offset": pa.chunked_array(offsets)})
     table = table.filter(pc.is_valid(table["key"]))
-    return table.group_by("key").aggregate([("offset", "max")])["offset_max"].combine_chunks()
+    latest = table.group_by("key").aggregate([("offset", "max")])["offset_max"].to_numpy()
+    return np.sort(latest)
+
+
+def _latest_mask(batches: list[tuple[BatchHeader, pa.RecordBatch]], keep_sorted: np.ndarray[Any, Any]) -> pa.Array:
+    """For every record of a segment, whether it is the latest of its key (binary search)."""
+    total = sum(r.num_rows for _, r in batches)
+    if total == 0 or len(keep_sorted) == 0:
+        return pa.array(np.zeros(total, dtype=bool))
+    offsets = np.concatenate([_record_offsets(h, r).to_numpy() for h, r in batches])
+    idx = np.minimum(np.searchsorted(keep_sorted, offsets), len(keep_sorted) - 1)
+    return pa.array(keep_sorted[idx] == offsets)
 
 
 def _clean_group(
     directory: Path,
     group: list[int],
-    contents: dict[int, list[tuple[BatchHeader, pa.RecordBatch]]],
-    keep_offsets: pa.Array,
+    readers: dict[int, SegmentReader],
+    keep_offsets: np.ndarray[Any, Any],
     now: int,
     delete_retention_ms: int,
     index_interval: int,
@@ -296,14 +321,18 @@ def _clean_group(
     position = 0
     read = kept = dropped_tombstones = 0
     for base in group:
-        for header, records in contents[base]:
+        batches = _read_all_batches(readers[base])  # pass 2: one segment in memory at a time
+        latest_all = _latest_mask(batches, keep_offsets)
+        row = 0
+        for header, records in batches:
             read += records.num_rows
+            latest_slice = latest_all.slice(row, records.num_rows)
+            row += records.num_rows
             if header.is_control:
                 out = _reencode(header, records, header.delete_horizon_ms)
             else:
-                offsets = pc.add(records.column(0).cast(pa.int64()), pa.scalar(header.base_offset))
                 key_col, value_col = records.column(2), records.column(3)
-                latest = pc.or_(pc.is_in(offsets, value_set=keep_offsets), pc.is_null(key_col))
+                latest = pc.or_(latest_slice, pc.is_null(key_col))
                 tombstone = pc.and_(pc.is_null(value_col), pc.is_valid(key_col))
                 horizon_passed = 0 <= header.delete_horizon_ms <= now
                 if horizon_passed:

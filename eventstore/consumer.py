@@ -66,10 +66,10 @@ class PolledBatch:
     records: pa.RecordBatch
 
     def offsets(self) -> pa.Array:
-        return pc.add(self.records.column(0).cast(pa.int64()), pa.scalar(self.batch.header.base_offset))
+        return pc.add(self.records.column(0).cast(pa.int64()), pa.scalar(self.batch.header.base_offset, pa.int64()))
 
     def timestamps(self) -> pa.Array:
-        return pc.add(self.records.column(1), pa.scalar(self.batch.header.first_timestamp))
+        return pc.add(self.records.column(1), pa.scalar(self.batch.header.first_timestamp, pa.int64()))
 
     def to_table(self) -> pa.Table:
         n = self.records.num_rows
@@ -201,8 +201,8 @@ class Consumer:
                 continue
             out[tp] = None
             for fetched in plog.read(base, max_bytes=1 << 20):
-                stamps = pc.add(fetched.records.column(1), pa.scalar(fetched.header.first_timestamp))
-                hits = pc.indices_nonzero(pc.greater_equal(stamps, pa.scalar(ts))).to_pylist()
+                stamps = pc.add(fetched.records.column(1), pa.scalar(fetched.header.first_timestamp, pa.int64()))
+                hits = pc.indices_nonzero(pc.greater_equal(stamps, pa.scalar(ts, pa.int64()))).to_pylist()
                 if hits:
                     out[tp] = fetched.header.base_offset + fetched.records.column(0)[hits[0]].as_py()
                     break

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -42,6 +43,7 @@ from eventstore.topic import (
 LOG_MARKER = "tideline-log.json"
 LOG_FORMAT_VERSION = 1
 MAX_PARTITIONS = 10_000
+METADATA_MAX_AGE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,7 @@ class Log:
         self.fsync = fsync or FsyncPolicy()
         self._lock = threading.Lock()
         self._meta: dict[str, tuple[float, TopicMetadata]] = {}
+        self._meta_checked: dict[str, float] = {}
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self._check_marker(create)
 
@@ -150,7 +153,16 @@ class Log:
         return list_topic_names(self.path)
 
     def topic(self, name: str) -> TopicMetadata:
-        """Metadata of ``name`` (re-read when the file changed); UnknownTopicError if absent."""
+        """Metadata of ``name``; UnknownTopicError if absent.
+
+        Cached, and checked against the file at most every ``METADATA_MAX_AGE_S`` seconds
+        (like Kafka's ``metadata.max.age.ms``): a config change made by another process is
+        seen within that time; one made through this object at once.
+        """
+        with self._lock:
+            cached = self._meta.get(name)
+            if cached is not None and time.monotonic() - self._meta_checked.get(name, 0.0) < METADATA_MAX_AGE_S:
+                return cached[1]
         path = metadata_path(self.path, name)
         try:
             mtime = path.stat().st_mtime
@@ -159,10 +171,12 @@ class Log:
         with self._lock:
             cached = self._meta.get(name)
             if cached is not None and cached[0] == mtime:
+                self._meta_checked[name] = time.monotonic()
                 return cached[1]
         meta = read_metadata(self.path, name)
         with self._lock:
             self._meta[name] = (mtime, meta)
+            self._meta_checked[name] = time.monotonic()
             for (topic, _), plog in self._partitions.items():
                 if topic == name:
                     plog.config = meta.config

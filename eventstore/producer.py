@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from eventstore.errors import InvalidRecordError, TidelineError
@@ -207,16 +208,22 @@ class Producer:
             return {partition: (self._append_split(topic, partition, key_arr, value_arr, ts), n)}
         if key_arr.null_count and meta.config.cleanup_policy.compacts:
             raise InvalidRecordError(f"compacted topic {topic!r} cannot accept records without keys")
-        parts = pa.array(partitions_for_keys(key_arr, meta.partitions), pa.int32())
+        parts = partitions_for_keys(key_arr, meta.partitions)
         if key_arr.null_count:
-            parts = pa.compute.if_else(pa.compute.is_null(key_arr), self._next_round_robin(topic), parts)
+            parts[parts < 0] = self._next_round_robin(topic)
+        first_part = int(parts[0])
+        if (parts == first_part).all():  # one partition: no reordering copy at all
+            return {first_part: (self._append_split(topic, first_part, key_arr, value_arr, ts), n)}
+        # One stable reorder by partition (a single copy), then zero-copy slices per partition.
+        order = np.argsort(parts, kind="stable")
+        sorted_parts = parts[order]
+        key_arr, value_arr = key_arr.take(order), value_arr.take(order)
+        uniques, starts = np.unique(sorted_parts, return_index=True)
+        ends = [*starts[1:].tolist(), n]
         out: dict[int, tuple[int, int]] = {}
-        table = pa.table({"p": parts, "k": key_arr, "v": value_arr})
-        for p in pa.compute.unique(parts).to_pylist():
-            sel = table.filter(pa.compute.equal(table["p"], p))
-            k = sel["k"].combine_chunks()
-            v = sel["v"].combine_chunks()
-            out[p] = (self._append_split(topic, p, k, v, ts), len(v))
+        for p, start, end in zip(uniques.tolist(), starts.tolist(), ends, strict=True):
+            k, v = key_arr.slice(start, end - start), value_arr.slice(start, end - start)
+            out[p] = (self._append_split(topic, p, k, v, ts), end - start)
         return out
 
     def _next_round_robin(self, topic: str) -> int:
