@@ -259,6 +259,7 @@ def compact_partition(plog: PartitionLog, *, now: int | None = None) -> CleanSta
                     stats,
                 )
             _fsync_dir(directory)
+            plog.invalidate_readers()
             return stats
         finally:
             for r in readers.values():
@@ -445,6 +446,7 @@ def apply_retention(plog: PartitionLog, *, now: int | None = None) -> int:
             deleted += 1
         if deleted:
             _fsync_dir(directory)
+            plog.invalidate_readers()
     return deleted
 
 

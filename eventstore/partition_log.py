@@ -443,7 +443,7 @@ class PartitionLog:
         active.close()
         new_active = self._active = self._open_active(new_base)
         new_active.created_ms = time.time_ns() // 1_000_000
-        self._reader_refreshed = 0.0  # readers in this process: list segments again
+        self.invalidate_readers()  # readers in this process: list segments again
         self._write_recovery_point(new_active)
         log.debug("rolled %s-%d to segment %s", self.topic, self.partition, segment_name(new_base))
         return new_active
@@ -494,6 +494,11 @@ class PartitionLog:
                 del self._readers[base]
         self._reader_bases = bases
         self._reader_refreshed = time.monotonic()
+
+    def invalidate_readers(self) -> None:
+        """Segments were deleted or replaced (retention, compaction): list them again on next read."""
+        with self._read_lock:
+            self._reader_refreshed = 0.0
 
     def _segments(self, *, refresh: bool = False) -> list[int]:
         with self._read_lock:
