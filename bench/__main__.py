@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shutil
 import sys
 import tempfile
@@ -28,6 +29,8 @@ from rich.console import Console
 from bench.report import BENCHMARKS_MD, Machine, Section, filesystem_of, print_section, update_benchmarks
 
 # In report order. Later modules plug in here: capture, schemas, commands, projections.
+REPO = BENCHMARKS_MD.parent
+
 MODULES: list[str] = [
     "bench.log_bench",
 ]
@@ -84,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     for module in selected:
         workdir = Path(tempfile.mkdtemp(prefix=f"tideline-bench-{module.KEY}-", dir=args.tmp_dir))
         section = Section(module.KEY, module.TITLE, Machine.collect())
-        section.notes.append(f"Data directory: `{workdir}` on {filesystem_of(workdir)}.")
+        same = os.stat(workdir).st_dev == os.stat(REPO).st_dev
+        section.notes.append(
+            f"Data directory: a fresh temporary directory under `{args.tmp_dir}`, on {filesystem_of(workdir)}: "
+            + ("the same filesystem as the repository." if same else f"not the filesystem of {REPO}.")
+        )
         console.rule(f"{module.TITLE}")
         ctx = Context(workdir, args.quick, console)
         start = time.perf_counter()

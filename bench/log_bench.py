@@ -28,24 +28,27 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
 from bench.report import Section, measured
-from eventstore.cleaner import compact_partition
+from eventstore.cleaner import CleanStats, compact_partition
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
 from eventstore.partition_log import FsyncMode, FsyncPolicy
 from eventstore.producer import Producer
-from eventstore.record_batch import HEADER_SIZE
+from eventstore.record_batch import HEADER_SIZE, build_records, encode_batch
 from eventstore.segment import list_segment_bases, log_path, scan_batches
 from eventstore.topic import CleanupPolicy, TopicConfig
 
 if TYPE_CHECKING:
     from bench.__main__ import Context
+
+T = TypeVar("T")
 
 KEY = "log"
 TITLE = "Log (eventstore): append, read, compaction"
@@ -60,6 +63,8 @@ TOPIC = "bench"
 @dataclass(frozen=True, slots=True)
 class Sizes:
     append_records: int
+    append_runs: int  # fsync-bound and noisy on a virtual disk: more runs than the others
+    read_runs: int  # cheap: more runs against page-cache noise
     runs: int
     send_records: int
     single_appends: int
@@ -70,6 +75,8 @@ class Sizes:
 
 FULL = Sizes(
     append_records=1_000_000,
+    append_runs=7,
+    read_runs=5,
     runs=3,
     send_records=100_000,
     single_appends=300,
@@ -79,6 +86,8 @@ FULL = Sizes(
 )
 QUICK = Sizes(
     append_records=100_000,
+    append_runs=2,
+    read_runs=2,
     runs=2,
     send_records=10_000,
     single_appends=30,
@@ -102,11 +111,16 @@ def make_keys(ids: Any) -> pa.Array:
     return pa.array([b"key-%d" % i for i in ids], pa.binary())
 
 
-def timed(fn: Callable[[], object]) -> float:
+def timed_call(fn: Callable[[], T]) -> tuple[float, T]:
+    """``os.sync()`` (no earlier dirty page is flushed on the clock), then time ``fn()``."""
     os.sync()
     start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def timed(fn: Callable[[], object]) -> float:
+    return timed_call(fn)[0]
 
 
 def batch_sizes(directory: Path) -> list[int]:
@@ -124,6 +138,11 @@ def batch_sizes(directory: Path) -> list[int]:
 
 def segment_files(directory: Path) -> list[Path]:
     return [log_path(directory, b) for b in list_segment_bases(directory)]
+
+
+def paired(engine_s: list[float], peer_s: list[float]) -> str:
+    """Median of the per-run ratios (engine and peer ran back to back): robust to slow disk drift."""
+    return f"median of paired run ratios {statistics.median(p / e for e, p in zip(engine_s, peer_s, strict=True)):.2f}×"
 
 
 def spread(xs: list[float]) -> str:
@@ -224,7 +243,7 @@ def bench_append(ctx: Context, section: Section, sizes: Sizes, values: pa.Array,
     runs: dict[str, list[AppendRun]] = {"keyless": [], "keyed": []}
     raws: dict[str, list[float]] = {"keyless": [], "keyed": []}
     keep: Path | None = None
-    for i in range(sizes.runs):
+    for i in range(sizes.append_runs):
         for variant, k in (("keyless", None), ("keyed", keys)):
             run = append_once(root / f"{variant}-{i}", values, k)
             raw = raw_write(root / f"{variant}-{i}.raw", run.sizes, chunk)
@@ -259,7 +278,8 @@ def bench_append(ctx: Context, section: Section, sizes: Sizes, values: pa.Array,
                     f"{len(best.sizes)} batches of ≈{stored / len(best.sizes) / (1 << 20):.2f} MiB, "
                     f"{per_record:.1f} stored B/record for {RECORD_BYTES} B values"
                     + (" + 'key-N' keys" if variant == "keyed" else "")
-                    + f"; runs {spread(mbps)} MB/s, raw {spread(raw_mbps)} MB/s"
+                    + f"; runs {spread(mbps)} MB/s, raw {spread(raw_mbps)} MB/s; "
+                    + paired([r.seconds for r in runs[variant]], raws[variant])  # each raw wrote its run's bytes
                 ),
             )
         )
@@ -311,32 +331,51 @@ def bench_append(ctx: Context, section: Section, sizes: Sizes, values: pa.Array,
 def bench_single_appends(
     ctx: Context, section: Section, sizes: Sizes, values: pa.Array, keys: pa.Array, chunk: bytes
 ) -> None:
-    """1-record batches: stored bytes per batch, durable appends/s vs raw 200-byte write + fdatasync."""
+    """1-record batches: stored bytes, and durable appends/s vs a raw 200-byte write + fdatasync.
+
+    Two engine paths: ``Producer.send_batch`` with one keyed record (partitioner, encoding,
+    append), and ``Log.append`` of an already encoded 1-record batch (the storage alone).
+    """
     m = sizes.single_appends
     root = ctx.workdir / "single"
     root.mkdir()
-    best_s = float("inf")
-    best_raw = float("inf")
+    one_values = [values.slice(j, 1) for j in range(m)]
+    one_keys = [keys.slice(j, 1) for j in range(m)]
+    encoded = encode_batch(build_records(one_keys[0], one_values[0]), first_timestamp=0, max_timestamp=0)
+    producer_s: list[float] = []
+    append_s: list[float] = []
+    raw_s: list[float] = []
     stored: list[int] = []
     for i in range(sizes.runs):
-        with Log(root / f"log-{i}") as log:
+        with Log(root / f"producer-{i}") as log:
             log.create_topic(TOPIC, 1)
             with Producer(log) as producer:
-                one_values = [values.slice(j, 1) for j in range(m)]
-                one_keys = [keys.slice(j, 1) for j in range(m)]
                 for j in range(10):  # warm-up
                     producer.send_batch(TOPIC, one_values[j], one_keys[j])
 
-                def go(p: Producer = producer, vs: list[pa.Array] = one_values, ks: list[pa.Array] = one_keys) -> None:
-                    for v, k in zip(vs, ks, strict=True):
+                def send_each(p: Producer = producer) -> None:
+                    for v, k in zip(one_values, one_keys, strict=True):
                         p.send_batch(TOPIC, v, k)
 
-                best_s = min(best_s, timed(go))
-        stored = batch_sizes(root / f"log-{i}" / f"{TOPIC}-0")
-        best_raw = min(best_raw, raw_write(root / f"raw-{i}", [RECORD_BYTES] * m, chunk))
-        shutil.rmtree(root / f"log-{i}")
+                producer_s.append(timed(send_each))
+        stored = batch_sizes(root / f"producer-{i}" / f"{TOPIC}-0")[10:]
+        shutil.rmtree(root / f"producer-{i}")
+        with Log(root / f"append-{i}") as log:
+            log.create_topic(TOPIC, 1)
+            for _ in range(10):
+                log.append(TOPIC, 0, bytearray(encoded))
+            copies = [bytearray(encoded) for _ in range(m)]
+
+            def append_each(lg: Log = log, batches: list[bytearray] = copies) -> None:
+                for batch in batches:
+                    lg.append(TOPIC, 0, batch)
+
+            append_s.append(timed(append_each))
+        shutil.rmtree(root / f"append-{i}")
+        raw_s.append(raw_write(root / f"raw-{i}", [RECORD_BYTES] * m, chunk))
     per_batch = statistics.mean(stored)
     key_bytes = statistics.mean(len(k) for k in keys.slice(0, m).to_pylist())
+    raw_rate = m / min(raw_s)
     section.results.append(
         measured(
             "1-record batch, stored bytes",
@@ -353,15 +392,28 @@ def bench_single_appends(
     )
     section.results.append(
         measured(
-            "1-record batches, durable appends/s",
-            m / best_s,
+            "1-record batches via send_batch, durable appends/s",
+            m / min(producer_s),
             "appends/s",
             baseline_name=f"raw {RECORD_BYTES} B write+fdatasync",
-            baseline_value=m / best_raw,
-            note=f"{m} keyed send_batch calls of one record each, fsync per batch; best of {sizes.runs}",
+            baseline_value=raw_rate,
+            note=f"{m} keyed `send_batch` calls of one record each, fsync per batch; best of {sizes.runs}",
         )
     )
-    ctx.say(f"1-record batches: {per_batch:.0f} B each, {m / best_s:,.0f}/s vs raw {m / best_raw:,.0f}/s")
+    section.results.append(
+        measured(
+            "1-record batches via Log.append (pre-encoded), durable appends/s",
+            m / min(append_s),
+            "appends/s",
+            baseline_name=f"raw {RECORD_BYTES} B write+fdatasync",
+            baseline_value=raw_rate,
+            note="the storage path alone: no partitioner, no encoding",
+        )
+    )
+    ctx.say(
+        f"1-record batches: {per_batch:.0f} B each; send_batch {m / min(producer_s):,.0f}/s, "
+        f"Log.append {m / min(append_s):,.0f}/s, raw {raw_rate:,.0f}/s"
+    )
 
 
 # ---------------------------------------------------------------------------- read
@@ -397,7 +449,7 @@ def bench_read(ctx: Context, section: Section, sizes: Sizes, pdir: Path, expecte
     consume(log_dir, "count")  # and the consumer's code paths
     raw_s: list[float] = []
     got: dict[str, list[float]] = {"count": [], "table": []}
-    for _ in range(sizes.runs):
+    for _ in range(sizes.read_runs):
         raw_s.append(timed(lambda: raw_read(files)))
         for mode in got:
             seconds, count = consume(log_dir, mode)
@@ -420,7 +472,10 @@ def bench_read(ctx: Context, section: Section, sizes: Sizes, pdir: Path, expecte
                 baseline_name="raw read",
                 baseline_value=raw_mbps,
                 min_ratio=0.5,
-                note=f"{expected:,} records, {total / MB:,.0f} MB of segments, page cache warm, best of {len(secs)}",
+                note=(
+                    f"{expected:,} records, {total / MB:,.0f} MB of segments, page cache warm, best of {len(secs)}; "
+                    + paired(secs, raw_s)
+                ),
             )
         )
         section.results.append(
@@ -469,19 +524,17 @@ def bench_compaction(ctx: Context, section: Section, sizes: Sizes, values: pa.Ar
 
     comp_s: list[float] = []
     copy_s: list[float] = []
-    stats = None
+    stats: CleanStats | None = None
     for i in range(sizes.runs):
         work = root / f"run-{i}"
         shutil.copytree(source, work)
         with Log(work, create=False) as log:
-            plog = log.partition(TOPIC, 0)
-            start_stats: list[Any] = []
-            comp_s.append(timed(lambda plog=plog, out=start_stats: out.append(compact_partition(plog))))
-            stats = start_stats[0]
+            seconds, stats = timed_call(partial(compact_partition, log.partition(TOPIC, 0)))
+            comp_s.append(seconds)
         shutil.rmtree(work)
         dest = root / f"copy-{i}"
         dest.mkdir()
-        copy_s.append(timed(lambda dest=dest: raw_copy(closed, dest)))
+        copy_s.append(timed(partial(raw_copy, closed, dest)))
         shutil.rmtree(dest)
         ctx.say(
             f"compaction run {i + 1}: {closed_bytes / comp_s[-1] / MB:,.0f} MB/s; "
@@ -504,7 +557,7 @@ def bench_compaction(ctx: Context, section: Section, sizes: Sizes, values: pa.Ar
                 f"({closed_bytes / MB:,.0f} MB, {stats.records_read:,} records over {k:,} random keys) → "
                 f"{stats.bytes_written / MB:,.1f} MB, {stats.records_kept:,} records kept; "
                 f"{stats.records_read / best:,.0f} records/s; runs {spread([closed_bytes / s / MB for s in comp_s])} "
-                f"MB/s, raw {spread([closed_bytes / s / MB for s in copy_s])} MB/s"
+                f"MB/s, raw {spread([closed_bytes / s / MB for s in copy_s])} MB/s; {paired(comp_s, copy_s)}"
             ),
         )
     )
@@ -520,7 +573,8 @@ def run(ctx: Context, section: Section) -> None:
     keys = make_keys(range(n))
     section.notes += [
         f"Records: {RECORD_BYTES}-byte random values; keys `b'key-%d'` where keyed; codec none; "
-        f"best of {sizes.runs} runs, engine and raw peer interleaved; `os.sync()` before every timed step.",
+        f"best of {sizes.runs} runs ({sizes.append_runs} for batched appends, {sizes.read_runs} for reads), "
+        "engine and raw peer interleaved run by run; `os.sync()` before every timed step.",
         f"Append: {sizes.append_records:,} records per run through `Producer.send_batch` (batch_size 1 MiB) into a "
         "1-partition topic, fsync policy every_batch (default); the raw peer writes the same total bytes with "
         "the same per-call sizes (the stored batch sizes) to a new file, `os.write` + `os.fdatasync` per call.",

@@ -13,6 +13,7 @@ import datetime as dt
 import os
 import platform
 import re
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +109,24 @@ def filesystem_of(path: Path) -> str:
     return f"{best[0]} ({best[1]} on {best[2]})"
 
 
+def code_version(repo: Path = BENCHMARKS_MD.parent) -> str:
+    """``<commit> (+ uncommitted changes in a, b)`` of the code measured (tracked sources only)."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--", "*.py"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    changed = sorted(line[3:] for line in dirty if line.strip() and not line[3:].startswith("bench/"))
+    return head + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
+
+
 @dataclass(frozen=True, slots=True)
 class Machine:
     nproc: int
@@ -151,6 +170,7 @@ class Section:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     error: str | None = None
+    code: str = field(default_factory=code_version)
 
 
 # ---------------------------------------------------------------------------- formatting
@@ -179,6 +199,8 @@ def _cell(text: str) -> str:
 def render_section(section: Section) -> str:
     lines = [f"<!-- bench:{section.key} -->", f"## {section.title}", ""]
     lines.append(f"Machine: {section.machine.line()}. Took {section.seconds:.0f} s.")
+    lines.append("")
+    lines.append(f"Code: {section.code}.")
     lines.append("")
     if section.error:
         lines += [f"**The benchmark failed:** `{_cell(section.error)}`", ""]
@@ -278,7 +300,10 @@ def print_section(section: Section, console: Console | None = None) -> None:
             f"[{style}]{met}[/{style}]",
         )
     console.print(table)
+    for r in section.results:
+        if r.note:
+            console.print(f"  {r.name}: {r.note}", style="dim", highlight=False)
     if section.error:
         console.print(f"[bold red]{section.title} failed:[/bold red] {section.error}")
-    console.print(f"machine: {section.machine.line()}", style="dim")
+    console.print(f"machine: {section.machine.line()}; code: {section.code}", style="dim", highlight=False)
     sys.stdout.flush()
