@@ -156,7 +156,7 @@ def _read_all_batches(reader: SegmentReader) -> list[tuple[BatchHeader, pa.Recor
     out: list[tuple[BatchHeader, pa.RecordBatch]] = []
     pos, size = 0, reader.size()
     while pos < size:
-        batches = reader.read_batches(pos, READ_CHUNK)
+        batches = reader.read_batches(pos, READ_CHUNK, active=False)
         if not batches:
             break
         out.extend(batches)

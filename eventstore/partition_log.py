@@ -556,7 +556,7 @@ class PartitionLog:
                     vanished = True  # removed by retention or compaction: list again
                     break
                 position = reader.position_of(max(offset, base))
-                batches = reader.read_batches(position, max_bytes)
+                batches = reader.read_batches(position, max_bytes, active=base == bases[-1])
                 if batches:
                     return [FetchedBatch(self.partition, h, r) for h, r in batches]
             if refresh and not vanished:

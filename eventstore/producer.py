@@ -86,6 +86,7 @@ class Producer:
         self._sticky: dict[str, int] = {}
         self._closed = False
         self._in_flight: set[Future[RecordMetadata]] = set()  # taken batches not yet durable
+        self._send_locks: dict[tuple[str, int], threading.Lock] = {}  # per partition: order of appends
         self._wake = threading.Condition(self._lock)
         self._sender = threading.Thread(target=self._linger_loop, name="tideline-producer", daemon=True)
         self._sender.start()
@@ -120,7 +121,7 @@ class Producer:
         elif not 0 <= partition < meta.partitions:
             raise InvalidRecordError(f"topic {topic!r} has partitions 0 … {meta.partitions - 1}, not {partition}")
         future: Future[RecordMetadata] = Future()
-        ready: _PendingBatch | None = None
+        full = False
         with self._lock:
             batch = self._pending.get((topic, partition))
             if batch is None:
@@ -132,11 +133,28 @@ class Producer:
             batch.has_headers = batch.has_headers or headers is not None
             batch.futures.append(future)
             batch.size += RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
-            if batch.size >= self.batch_size:
-                ready = self._take(topic, partition)
-        if ready is not None:
-            self._send_pending(ready)
+            full = batch.size >= self.batch_size
+        if full:
+            self._drain((topic, partition))
         return future
+
+    def _drain(self, tp: tuple[str, int], *, older_than_ms: float | None = None) -> None:
+        """Take the pending batch of ``tp`` and append it, holding ``tp``'s send lock.
+
+        The send lock makes take-and-append atomic per partition, so batches reach the log
+        in the order their records were sent, whichever thread sends them.
+        """
+        with self._lock:
+            send_lock = self._send_locks.setdefault(tp, threading.Lock())
+        with send_lock:
+            with self._lock:
+                batch = self._pending.get(tp)
+                if batch is None:
+                    return
+                if older_than_ms is not None and (time.monotonic() - batch.created) * 1000 < older_than_ms:
+                    return
+                self._take(*tp)
+            self._send_pending(batch)
 
     def _sticky_partition(self, topic: str) -> int:
         with self._lock:
@@ -204,10 +222,10 @@ class Producer:
             target = partition if partition is not None else self._next_round_robin(topic)
             return {target: (self._append_split(topic, target, key_arr, value_arr, ts), n)}
         key_arr = keys if isinstance(keys, pa.Array) else pa.array(keys, pa.binary())
-        if partition is not None:
-            return {partition: (self._append_split(topic, partition, key_arr, value_arr, ts), n)}
         if key_arr.null_count and meta.config.cleanup_policy.compacts:
             raise InvalidRecordError(f"compacted topic {topic!r} cannot accept records without keys")
+        if partition is not None:
+            return {partition: (self._append_split(topic, partition, key_arr, value_arr, ts), n)}
         parts = partitions_for_keys(key_arr, meta.partitions)
         if key_arr.null_count:
             parts[parts < 0] = self._next_round_robin(topic)
@@ -254,21 +272,17 @@ class Producer:
                     return
                 self._wake.wait(self.linger_ms / 1000)
                 now = time.monotonic()
-                due = [
-                    self._take(t, p)
-                    for (t, p), b in list(self._pending.items())
-                    if (now - b.created) * 1000 >= self.linger_ms
-                ]
-            for batch in due:
-                self._send_pending(batch)
+                due = [tp for tp, b in self._pending.items() if (now - b.created) * 1000 >= self.linger_ms]
+            for tp in due:
+                self._drain(tp, older_than_ms=self.linger_ms)
 
     def flush(self) -> None:
         """Send every queued record now and wait until all are durable (or failed)."""
         with self._lock:
-            batches = [self._take(t, p) for (t, p) in list(self._pending)]
+            tps = list(self._pending)
             waiting = list(self._in_flight)
-        for batch in batches:
-            self._send_pending(batch)
+        for tp in tps:
+            self._drain(tp)
         wait(waiting)
 
     def close(self) -> None:

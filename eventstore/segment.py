@@ -235,20 +235,25 @@ class SegmentReader:
                 return pos
             pos += header.size
 
-    def read_batches(self, position: int, max_bytes: int) -> list[tuple[BatchHeader, pa.RecordBatch]]:
+    def read_batches(
+        self, position: int, max_bytes: int, *, active: bool = True
+    ) -> list[tuple[BatchHeader, pa.RecordBatch]]:
         """Decode whole, valid batches from ``position``: at least one if one is complete.
 
-        Stops at the end of the data or at a batch still being written (or torn by a
-        crashed writer, which the next writer truncates). Damage anywhere else raises
+        Stops at the end of the data or, in the ``active`` (last) segment, at a batch still
+        being written or torn by a crashed writer (the next writer truncates it). Damage
+        anywhere else, including the end of a closed segment, raises
         :class:`CorruptLogError` naming the file and byte position.
         """
         try:
-            return self._read_batches(position, max_bytes)
+            return self._read_batches(position, max_bytes, active)
         except CorruptLogError:
             # A writer may have been truncating a torn tail under our read: look once more.
-            return self._read_batches(position, max_bytes)
+            return self._read_batches(position, max_bytes, active)
 
-    def _read_batches(self, position: int, max_bytes: int) -> list[tuple[BatchHeader, pa.RecordBatch]]:
+    def _read_batches(
+        self, position: int, max_bytes: int, active: bool
+    ) -> list[tuple[BatchHeader, pa.RecordBatch]]:
         raw = os.pread(self.fd, max(max_bytes, HEADER_SIZE), position)
         if len(raw) >= HEADER_SIZE:
             first = unpack_header(raw)
@@ -261,14 +266,14 @@ class SegmentReader:
             header = unpack_header(raw, pos)
             problem = header_problem(raw, pos, header)
             if problem is not None:
-                if _all_zero(self.fd, position + pos, self.size()):
+                if active and _all_zero(self.fd, position + pos, self.size()):
                     break  # a zero-filled tail: nothing written here yet
                 raise CorruptLogError(self.path, position + pos, problem)
             end = pos + header.size
             if end > len(raw):
                 break  # continues past this read (or is still being written)
             if not crc_matches(raw, pos, header):
-                if position + end >= self.size():
+                if active and position + end >= self.size():
                     break  # the last batch, torn by a crashed writer; recovery truncates it
                 raise CorruptLogError(self.path, position + pos, "checksum mismatch")
             out.append((header, decode_records(buf, pos, header)))

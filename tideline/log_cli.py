@@ -1,14 +1,17 @@
 """``tideline log``: create, inspect, write, read and clean the topics of a log directory.
 
 The functions behind the commands (:func:`produce_lines`, :func:`compact_topic`,
-:func:`record_json`) are public so that the demo and tests drive the same code path
-as the command line, without a subprocess.
+:func:`json_lines`, :func:`text_lines`) are public so that the demo and tests drive the
+same code path as the command line, without a subprocess.
 """
 
 from __future__ import annotations
 
 import base64
+import bisect
+import functools
 import os
+import re
 import select
 import sys
 import time
@@ -17,7 +20,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, BinaryIO
+from typing import Annotated, BinaryIO
 
 import orjson
 import typer
@@ -25,11 +28,11 @@ from rich.console import Console
 from rich.table import Table
 
 from eventstore.cleaner import CleanStats, apply_retention, compact_partition
-from eventstore.consumer import Consumer, ConsumerRecord, TopicPartition
+from eventstore.consumer import Consumer, ConsumerRecords, Headers, PolledBatch, TopicPartition
 from eventstore.errors import ConfigError, InvalidRecordError
-from eventstore.log import Log
+from eventstore.log import MAX_PARTITIONS, Log
 from eventstore.producer import Producer
-from eventstore.topic import CleanupPolicy, TopicConfig
+from eventstore.topic import CleanupPolicy, TopicConfig, validate_topic_name
 from tideline.cli_common import one_line_errors
 
 app = typer.Typer(
@@ -38,7 +41,9 @@ app = typer.Typer(
 )
 
 TOMBSTONE = b"\\N"  # as in Postgres COPY text format: the NULL marker
-PRODUCE_CHUNK_BYTES = 4 << 20  # stdin bytes gathered into one send_batch call
+PRODUCE_CHUNK_BYTES = 4 << 20  # stdin bytes gathered into one send_batch call, at most
+PRODUCE_LINGER_S = 0.01  # a pause in the input this long sends what was read
+PRODUCE_MAX_WAIT_S = 0.2  # ... and so does reading for this long
 POLL_TIMEOUT_MS = 500  # --follow: how long one poll waits at the head of the log
 
 BINARY_MARKER_HELP = (
@@ -106,8 +111,9 @@ def create(
 ) -> None:
     """Create a topic (creates the log directory if needed)."""
     with one_line_errors():
-        if partitions < 1:
-            raise ConfigError(f"--partitions must be ≥ 1, got {partitions}")
+        validate_topic_name(topic)
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ConfigError(f"--partitions must be within 1 … {MAX_PARTITIONS}, got {partitions}")
         overrides = parse_config_options(config or [], compact=compact)
         with _open_log(create=True) as log:
             meta = log.create_topic(topic, partitions, overrides=overrides)
@@ -214,41 +220,43 @@ def parse_line(line: bytes) -> tuple[bytes | None, bytes | None]:
     return (None if key == TOMBSTONE else key), (None if value == TOMBSTONE else value)
 
 
-def _more_ready(stream: BinaryIO) -> bool:
-    """True if reading ``stream`` now would not block (in-memory streams never block)."""
+def _more_ready(stream: BinaryIO, timeout: float) -> bool:
+    """True if reading ``stream`` would not block, waiting up to ``timeout`` s (in-memory streams never block)."""
     try:
         fd = stream.fileno()
     except (OSError, ValueError):
         return True
     try:
-        readable, _, _ = select.select([fd], [], [], 0)
+        readable, _, _ = select.select([fd], [], [], timeout)
     except (OSError, ValueError):
         return True
     return bool(readable)
 
 
 def _read_available(stream: BinaryIO, target: int) -> bytes:
-    """Up to ``target`` bytes: whatever is ready, waiting only when nothing is (b"" at EOF).
+    """Up to ``target`` bytes: what arrives without a pause of ``PRODUCE_LINGER_S`` (b"" at EOF).
 
-    Interactive input is therefore sent line by line as typed, and a pipe in big chunks.
+    A pipe is read in big chunks (few appends, few fsyncs), while interactive input is
+    sent as typed; a slow trickle is sent at least every ``PRODUCE_MAX_WAIT_S``.
     """
     read: Callable[[int], bytes] = getattr(stream, "read1", stream.read)
     chunks: list[bytes] = []
     size = 0
+    deadline = time.monotonic() + PRODUCE_MAX_WAIT_S
     while size < target:
         data = read(target - size)
         if not data:
             break
         chunks.append(data)
         size += len(data)
-        if not _more_ready(stream):
+        if time.monotonic() >= deadline or not _more_ready(stream, PRODUCE_LINGER_S):
             break
     return b"".join(chunks)
 
 
 def iter_line_chunks(stream: BinaryIO, target_bytes: int = PRODUCE_CHUNK_BYTES) -> Iterator[list[bytes]]:
-    """Complete lines of ``stream`` in chunks of about ``target_bytes`` (``\\n`` or ``\\r\\n`` ends a line;
-    empty lines are dropped)."""
+    """The lines of ``stream`` (``\\n`` or ``\\r\\n`` ends one, the last may lack it), in chunks of
+    about ``target_bytes``; empty lines are kept so that callers can count lines."""
     pending = b""
     while True:
         data = _read_available(stream, target_bytes)
@@ -260,12 +268,9 @@ def iter_line_chunks(stream: BinaryIO, target_bytes: int = PRODUCE_CHUNK_BYTES) 
             pending = data
             continue
         pending = data[cut + 1 :]
-        lines = [ln[:-1] if ln.endswith(b"\r") else ln for ln in data[:cut].split(b"\n")]
-        yield [ln for ln in lines if ln]
-    if pending.endswith(b"\r"):
-        pending = pending[:-1]
+        yield [ln[:-1] if ln.endswith(b"\r") else ln for ln in data[:cut].split(b"\n")]
     if pending:
-        yield [pending]
+        yield [pending[:-1] if pending.endswith(b"\r") else pending]
 
 
 def produce_lines(
@@ -280,9 +285,10 @@ def produce_lines(
 
     Lines are grouped into chunks, each appended with one ``send_batch`` (records in one
     chunk share a timestamp), so order per partition is input order and 100k lines cost a
-    handful of appends. Records of chunks before an error stay produced.
+    handful of appends. Empty lines are skipped. Records of chunks before an error stay
+    produced; the chunk holding a bad line is not.
     """
-    meta = log.topic(topic)
+    compacted = log.topic(topic).config.cleanup_policy.compacts
     if partition is not None:
         log.partition(topic, partition)  # raises ConfigError naming the valid range
     summary = ProduceSummary(topic)
@@ -293,19 +299,20 @@ def produce_lines(
             keys: list[bytes | None] = []
             values: list[bytes | None] = []
             for line in lines:
+                line_number += 1
+                if not line:
+                    continue
                 key, value = parse_line(line)
+                if key is None and compacted:
+                    raise InvalidRecordError(
+                        f"line {line_number} has no key but topic {topic!r} is compacted (write KEY<TAB>VALUE); "
+                        f"{summary.records} records before it were produced"
+                    )
                 keys.append(key)
                 values.append(value)
-            keyless = keys.count(None)
-            if keyless and meta.config.cleanup_policy.compacts:
-                bad = line_number + keys.index(None) + 1
-                raise InvalidRecordError(
-                    f"line {bad} has no key but topic {topic!r} is compacted (write KEY<TAB>VALUE); "
-                    f"{summary.records} records before it were produced"
-                )
-            line_number += len(lines)
             if not values:
                 continue
+            keyless = keys.count(None)
             sent = producer.send_batch(topic, values, None if keyless == len(keys) else keys, partition=partition)
             for p, (_, count) in sent.items():
                 summary.per_partition[p] = summary.per_partition.get(p, 0) + count
@@ -338,6 +345,39 @@ def produce(
 # ---------------------------------------------------------------------------- tail
 
 
+@dataclass(frozen=True, slots=True)
+class TailRows:
+    """The records of one polled batch, column by column (no object per record)."""
+
+    partition: int
+    offsets: list[int]
+    timestamps: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[Headers] | None  # None: the batch has no headers
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @classmethod
+    def of(cls, polled: PolledBatch, stop: int | None = None) -> TailRows:
+        """The rows of ``polled`` with offsets below ``stop`` (all when None)."""
+        offsets = ConsumerRecords.offsets_of(polled)
+        n = len(offsets) if stop is None else bisect.bisect_left(offsets, stop)
+        records = polled.records.slice(0, n)
+        headers: list[Headers] | None = None
+        if polled.batch.header.has_headers:
+            headers = [[(h["key"], h["value"]) for h in hs] if hs else [] for hs in records.column(4).to_pylist()]
+        return cls(
+            polled.batch.partition,
+            offsets[:n],
+            polled.timestamps().slice(0, n).to_pylist(),
+            records.column(2).to_pylist(),
+            records.column(3).to_pylist(),
+            headers,
+        )
+
+
 def _json_bytes(data: bytes | None) -> str | dict[str, str] | None:
     if data is None:
         return None
@@ -347,28 +387,38 @@ def _json_bytes(data: bytes | None) -> str | dict[str, str] | None:
         return {"base64": base64.b64encode(data).decode("ascii")}
 
 
-def record_json(record: ConsumerRecord) -> dict[str, Any]:
-    """The ``tail --json`` object of one record (see ``BINARY_MARKER_HELP``)."""
-    return {
-        "partition": record.partition,
-        "offset": record.offset,
-        "timestamp": record.timestamp,
-        "key": _json_bytes(record.key),
-        "value": _json_bytes(record.value),
-        "headers": [[k, _json_bytes(v)] for k, v in record.headers],
-    }
+def json_lines(rows: TailRows) -> bytes:
+    """``tail --json`` output: one JSON object per record and line (see ``BINARY_MARKER_HELP``)."""
+    dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
+    p, timestamps, keys, values, headers = rows.partition, rows.timestamps, rows.keys, rows.values, rows.headers
+    return b"".join(
+        dumps(
+            {
+                "partition": p,
+                "offset": offset,
+                "timestamp": timestamps[i],
+                "key": _json_bytes(keys[i]),
+                "value": _json_bytes(values[i]),
+                "headers": [[k, _json_bytes(v)] for k, v in headers[i]] if headers else [],
+            },
+            option=newline,
+        )
+        for i, offset in enumerate(rows.offsets)
+    )
 
 
-_ESCAPES = ((b"\\", b"\\\\"), (b"\t", b"\\t"), (b"\n", b"\\n"), (b"\r", b"\\r"))
+_ESCAPE = re.compile(rb"[\\\t\n\r]")
+_ESCAPED = {b"\\": b"\\\\", b"\t": b"\\t", b"\n": b"\\n", b"\r": b"\\r"}
 
 
 def _text_field(data: bytes | None) -> bytes:
     """COPY-style text: ``\\N`` for null, backslash escapes, invalid UTF-8 as ``\\xNN``."""
     if data is None:
         return TOMBSTONE
-    for raw, escaped in _ESCAPES:
-        if raw in data:
-            data = data.replace(raw, escaped)
+    if _ESCAPE.search(data) is not None:
+        data = _ESCAPE.sub(lambda m: _ESCAPED[m.group()], data)
+    if data.isascii():
+        return data
     try:
         data.decode("utf-8")
         return data
@@ -376,18 +426,29 @@ def _text_field(data: bytes | None) -> bytes:
         return data.decode("utf-8", "backslashreplace").encode("utf-8")
 
 
-def record_line(record: ConsumerRecord) -> bytes:
-    """The human ``tail`` line: ``PARTITION:OFFSET<TAB>TIME<TAB>KEY<TAB>VALUE[<TAB>HEADERS]``."""
-    when = datetime.fromtimestamp(record.timestamp / 1000, UTC).isoformat(timespec="milliseconds")
-    fields = [
-        f"{record.partition}:{record.offset}".encode(),
-        when.replace("+00:00", "Z").encode(),
-        _text_field(record.key),
-        _text_field(record.value),
-    ]
-    if record.headers:
-        fields.append(b",".join(_text_field(k.encode()) + b"=" + _text_field(v) for k, v in record.headers))
-    return b"\t".join(fields)
+@functools.lru_cache(maxsize=4096)
+def _iso_time(timestamp_ms: int) -> bytes:
+    when = datetime.fromtimestamp(timestamp_ms / 1000, UTC).isoformat(timespec="milliseconds")
+    return when.replace("+00:00", "Z").encode()
+
+
+def text_lines(rows: TailRows) -> bytes:
+    """Plain ``tail`` output: ``PARTITION:OFFSET<TAB>TIME<TAB>KEY<TAB>VALUE[<TAB>HEADERS]`` per record."""
+    p, timestamps, keys, values, headers = rows.partition, rows.timestamps, rows.keys, rows.values, rows.headers
+    lines = []
+    for i, offset in enumerate(rows.offsets):
+        line = b"%d:%d\t%s\t%s\t%s\n" % (
+            p,
+            offset,
+            _iso_time(timestamps[i]),
+            _text_field(keys[i]),
+            _text_field(values[i]),
+        )
+        if headers and headers[i]:
+            shown = b",".join(_text_field(k.encode()) + b"=" + _text_field(v) for k, v in headers[i])
+            line = line[:-1] + b"\t" + shown + b"\n"
+        lines.append(line)
+    return b"".join(lines)
 
 
 def _stdout_binary() -> BinaryIO:
@@ -411,12 +472,12 @@ def _tail_start(consumer: Consumer, plan: _TailPlan, *, from_beginning: bool, of
         consumer.seek_to_end()
 
 
-def _tail_records(consumer: Consumer, plan: _TailPlan) -> Iterator[list[ConsumerRecord]]:
+def _tail_rows(consumer: Consumer, plan: _TailPlan) -> Iterator[TailRows]:
     """Polled records, cut at ``plan.stop_at`` (then ends) or forever (--follow)."""
     stop_at = plan.stop_at
     while True:
         if stop_at is not None:
-            active = [tp for tp in plan.partitions if consumer.position(tp) < stop_at[tp]]
+            active = [tp for tp in consumer.assignment() if consumer.position(tp) < stop_at[tp]]
             if not active:
                 return
             if active != consumer.assignment():
@@ -424,12 +485,11 @@ def _tail_records(consumer: Consumer, plan: _TailPlan) -> Iterator[list[Consumer
         records = consumer.poll(0 if stop_at is not None else POLL_TIMEOUT_MS)
         if not records:
             if stop_at is not None:
-                return  # nothing more is readable below the end offsets (compaction gap at the end)
+                return  # nothing more is readable below the end offsets (a compaction gap at the end)
             continue
-        if stop_at is None:
-            yield list(records)
-        else:
-            yield [r for r in records if r.offset < stop_at[TopicPartition(r.topic, r.partition)]]
+        for polled in records.batches:
+            stop = None if stop_at is None else stop_at[TopicPartition(polled.topic, polled.batch.partition)]
+            yield TailRows.of(polled, stop)
 
 
 @app.command()
@@ -485,13 +545,10 @@ def _run_tail(
         plan = _TailPlan(tps, None if follow else consumer.end_offsets(tps))
         _tail_start(consumer, plan, from_beginning=from_beginning, offset=offset, follow=follow)
         try:
-            for records in _tail_records(consumer, plan):
-                if json_output:
-                    out.write(b"".join(orjson.dumps(record_json(r)) + b"\n" for r in records))
-                else:
-                    out.write(b"".join(record_line(r) + b"\n" for r in records))
+            for rows in _tail_rows(consumer, plan):
+                out.write(json_lines(rows) if json_output else text_lines(rows))
                 out.flush()
-                count += len(records)
+                count += len(rows)
         except KeyboardInterrupt:  # the way to stop --follow
             pass
         except BrokenPipeError:  # `tideline log tail … | head`: the reader left, which is fine
@@ -557,18 +614,17 @@ def compact(topic: TopicArg, json_output: JsonOption = False) -> None:
         typer.echo(orjson.dumps({"topic": topic, "cleanup_policy": policy.value, "partitions": rows}).decode())
         return
     table = Table(title=f"cleaning {topic} (cleanup_policy={policy.value})")
-    columns = ["partition", "segments cleaned", "records read", "records kept", "tombstones dropped"]
-    for column in [*columns, "bytes read", "bytes written", "segments deleted"]:
+    for column in ("partition", "segments cleaned", "records read → kept", "bytes read → written"):
         table.add_column(column, justify="right")
+    table.add_column("tombstones dropped", justify="right")
+    table.add_column("segments deleted", justify="right")
     for r in rows:
         table.add_row(
             str(r["partition"]),
             str(r["segments_cleaned"]),
-            str(r["records_read"]),
-            str(r["records_kept"]),
+            f"{r['records_read']} → {r['records_kept']}",
+            f"{_human_bytes(r['bytes_read'])} → {_human_bytes(r['bytes_written'])}",
             str(r["tombstones_dropped"]),
-            _human_bytes(r["bytes_read"]),
-            _human_bytes(r["bytes_written"]),
             str(r["segments_deleted"]),
         )
     Console(highlight=False).print(table)

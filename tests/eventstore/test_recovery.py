@@ -149,3 +149,48 @@ def test_unreadable_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="not a Tideline log directory"):
         Log(tmp_path)
     assert list_segment_bases(tmp_path) == []
+
+
+def test_corrupt_end_of_a_closed_segment_is_an_error_for_readers_and_compaction(tmp_path: Path) -> None:
+    """Regression: a bad last batch of a *closed* segment was read as a torn tail and skipped."""
+    from eventstore.cleaner import compact_partition
+    from eventstore.producer import Producer
+
+    with Log(tmp_path) as log:
+        log.create_topic("r", 1, overrides={"segment_bytes": "1024", "cleanup_policy": "compact"})
+        with Producer(log) as producer:
+            for _ in range(3):  # one batch per segment
+                producer.send_batch("r", [b"v"] * 10, [b"k%d" % j for j in range(10)])
+    seg = log_path(tmp_path / "r-0", 0)
+    data = bytearray(seg.read_bytes())
+    data[200] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    with Log(tmp_path) as log:
+        with pytest.raises(CorruptLogError, match="00000000000000000000.log at byte 0"):
+            _all_values(log)
+        with pytest.raises(CorruptLogError):
+            compact_partition(log.partition("r", 0))
+    assert seg.read_bytes() == bytes(data)  # nothing overwritten
+
+
+def test_send_keeps_per_partition_order_across_threads(tmp_path: Path) -> None:
+    """Regression: a batch taken by the linger thread could be overtaken by flush()."""
+    from eventstore.producer import Producer
+
+    with Log(tmp_path) as log:
+        log.create_topic("o", 4)
+        with Producer(log, linger_ms=1, batch_size=4096) as producer:
+            for i in range(20000):
+                producer.send("o", str(i).encode(), key=b"k%d" % (i % 64))
+                if i % 997 == 0:
+                    producer.flush()
+        consumer = Consumer(log)
+        consumer.assign([TopicPartition("o", p) for p in range(4)])
+        consumer.seek_to_beginning()
+        last: dict[bytes | None, int] = {}
+        while polled := consumer.poll():
+            for r in polled:
+                seq = int(r.value or b"-1")
+                assert seq > last.get(r.key, -1), f"record {seq} of key {r.key!r} stored after a later one"
+                last[r.key] = seq
+        assert len(last) == 64
