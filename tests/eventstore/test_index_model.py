@@ -61,14 +61,14 @@ def _check(log: Log, model: dict[int, tuple[bytes, int]], rng: random.Random) ->
     assert offsets == list(range(len(offsets)))  # dense: nothing was compacted
     plog = log.partition("m", 0)
     assert plog.log_end_offset() == len(offsets)
-    for offset in rng.sample(offsets, 40) + [0, offsets[-1]]:
+    for offset in [*rng.sample(offsets, 40), 0, offsets[-1]]:
         got = _read_from(log, offset, 7)
         want = [(o, model[o][0], model[o][1]) for o in offsets[offset : offset + 7]]
         assert got == want, offset
     consumer = Consumer(log)
     consumer.assign([TP])
     stamps = [t for _, t in model.values()]
-    probes = rng.sample(stamps, 30) + [min(stamps) - 1, max(stamps), max(stamps) + 1]
+    probes = [*rng.sample(stamps, 30), min(stamps) - 1, max(stamps), max(stamps) + 1]
     for ts in probes:
         assert consumer.offsets_for_times({TP: ts})[TP] == _first_at_or_after(model, ts), ts
 

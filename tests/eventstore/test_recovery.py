@@ -70,12 +70,12 @@ def test_truncate_at_every_byte_around_a_batch_boundary(tmp_path: Path, keep_che
             f.truncate(cut)
         if not keep_checkpoint:
             (work / "r-0" / "recovery-point").unlink()
-        whole = sum(1 for end in positions[1:] + [size] if end <= cut)
+        whole = sum(1 for end in [*positions[1:], size] if end <= cut)
         survivors = sum(len(b) for b in BATCHES[:whole])
         with Log(work) as log:
             new_offset = _append(log, [b"after"])
             assert new_offset == survivors, cut
-            assert _all_values(log) == expected[:survivors] + [(survivors, b"after")], cut
+            assert _all_values(log) == [*expected[:survivors], (survivors, b"after")], cut
         shutil.rmtree(work)
 
 
@@ -166,7 +166,7 @@ def test_corrupt_end_of_a_closed_segment_is_an_error_for_readers_and_compaction(
     data[200] ^= 0xFF
     seg.write_bytes(bytes(data))
     with Log(tmp_path) as log:
-        with pytest.raises(CorruptLogError, match="00000000000000000000.log at byte 0"):
+        with pytest.raises(CorruptLogError, match=r"00000000000000000000\.log at byte 0"):
             _all_values(log)
         with pytest.raises(CorruptLogError):
             compact_partition(log.partition("r", 0))
