@@ -325,7 +325,8 @@ def _clean_group(
         batches = _read_all_batches(readers[base])  # pass 2: one segment in memory at a time
         latest_all = _latest_mask(batches, keep_offsets)
         row = 0
-        for header, records in batches:
+        for i, (header, records) in enumerate(batches):
+            group_end = base == group[-1] and i == len(batches) - 1
             read += records.num_rows
             latest_slice = latest_all.slice(row, records.num_rows)
             row += records.num_rows
@@ -343,8 +344,9 @@ def _clean_group(
                 else:
                     mask = latest
                 filtered = records.filter(mask)
-                if filtered.num_rows == 0:
-                    continue
+                if filtered.num_rows == 0 and not group_end:
+                    continue  # an emptied batch is dropped, except the group's last: it keeps the
+                    # new segment's end equal to the group's end, which crash recovery relies on
                 has_tombstones = bool(pc.any(pc.is_null(filtered.column(3))).as_py())
                 horizon = -1
                 if has_tombstones:
