@@ -233,7 +233,10 @@ class Consumer:
         """Return whole batches from the assigned partitions, waiting up to ``timeout_ms``."""
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
+            before = dict(self._positions)
             out = self._fetch_once(max_records)
+            if not out and self._positions != before:
+                continue  # only record-less batches (compaction leaves them): keep reading
             if out or time.monotonic() >= deadline:
                 return ConsumerRecords(out)
             time.sleep(min(IDLE_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
