@@ -62,8 +62,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from eventstore.fileio import fsync_dir, write_fsynced
 from eventstore.index import OFFSET_ENTRY, TIME_ENTRY
-from eventstore.record_batch import BatchHeader, encode_batch, set_base_offset
+from eventstore.record_batch import BatchHeader, encode_batch, set_base_offset, unpack_header
 from eventstore.segment import (
     CLEANED_SUFFIX,
     INDEX_SUFFIX,
@@ -100,14 +101,6 @@ class CleanStats:
 
 
 # ---------------------------------------------------------------------------- crash recovery
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _delete_segment_files(directory: Path, base: int) -> None:
@@ -209,18 +202,6 @@ class _IndexBuilder:
                 self._last_ts = header.max_timestamp
 
 
-def _write_durably(path: Path, chunks: list[bytes | bytearray]) -> int:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        total = 0
-        for chunk in chunks:
-            total += os.write(fd, chunk)
-        os.fsync(fd)
-        return total
-    finally:
-        os.close(fd)
-
-
 def compact_partition(plog: PartitionLog, *, now: int | None = None) -> CleanStats:
     """One compaction pass over the closed segments of ``plog`` (see the module docstring)."""
     config = plog.config
@@ -258,7 +239,7 @@ def compact_partition(plog: PartitionLog, *, now: int | None = None) -> CleanSta
                     sizes,
                     stats,
                 )
-            _fsync_dir(directory)
+            fsync_dir(directory)
             plog.invalidate_readers()
             return stats
         finally:
@@ -354,16 +335,16 @@ def _clean_group(
                 out = _reencode(header, filtered, horizon)
                 records = filtered
             kept += records.num_rows
-            out_header = _header_of(out, header.base_offset)
+            out_header = unpack_header(out)
             index.add(position, out_header)
             chunks.append(out)
             position += len(out)
     tmp_log = directory / (segment_name(first) + LOG_SUFFIX + CLEANED_SUFFIX)
     tmp_index = directory / (segment_name(first) + INDEX_SUFFIX + CLEANED_SUFFIX)
     tmp_time = directory / (segment_name(first) + TIME_INDEX_SUFFIX + CLEANED_SUFFIX)
-    written = _write_durably(tmp_log, chunks)
-    _write_durably(tmp_index, [index.offset_entries])
-    _write_durably(tmp_time, [index.time_entries])
+    written = write_fsynced(tmp_log, chunks)
+    write_fsynced(tmp_index, [index.offset_entries])
+    write_fsynced(tmp_time, [index.time_entries])
     _verify_cleaned(tmp_log, first)
     os.replace(tmp_log, log_path(directory, first))  # commit point
     os.replace(tmp_index, index_path(directory, first))
@@ -396,14 +377,6 @@ def _reencode(header: BatchHeader, records: pa.RecordBatch, delete_horizon_ms: i
     )
     set_base_offset(out, header.base_offset)
     return out
-
-
-def _header_of(batch: bytearray, base_offset: int) -> BatchHeader:
-    from eventstore.record_batch import unpack_header
-
-    header = unpack_header(batch)
-    assert header.base_offset == base_offset
-    return header
 
 
 def _verify_cleaned(path: Path, base: int) -> None:
@@ -447,7 +420,7 @@ def apply_retention(plog: PartitionLog, *, now: int | None = None) -> int:
             total -= sizes[base]
             deleted += 1
         if deleted:
-            _fsync_dir(directory)
+            fsync_dir(directory)
             plog.invalidate_readers()
     return deleted
 

@@ -17,14 +17,15 @@ last entry with ``t < T``.
 Entries are added at most once per ``index_interval_bytes`` of log data (one per batch
 at most), so both files stay small.
 
-Invariants (checked by :meth:`OffsetIndex.sanity_check`): relative offsets strictly
-increase; positions strictly increase and stay below the segment size; timestamps of
-the time index never decrease.
+Invariants (checked as entries are loaded, see ``_SparseIndex``): in both files both
+fields strictly increase. A position may point past the data or at a batch rewritten
+since: lookups validate the header they land on.
 
 Crash policy: indexes are *derived* data. They are written without fsync (except at
 segment roll), are never trusted over the log (a lookup validates the batch header it
-lands on), and are rebuilt from the log whenever recovery scans a segment or a sanity
-check fails. A torn last entry (file size not a multiple of the entry size) is dropped.
+lands on, falling back to a scan from the segment start), and the active segment's are
+rebuilt from the log whenever recovery scans it. A torn last entry (file size not a
+multiple of the entry size) is ignored.
 
 Writers (eventstore.partition_log) append entries with ``O_APPEND`` writes under the
 partition lock and cut them with ``truncate_index_files``; the classes here are the read
@@ -38,7 +39,6 @@ from __future__ import annotations
 import bisect
 import os
 import struct
-from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,93 +46,80 @@ OFFSET_ENTRY = struct.Struct("<iI")
 TIME_ENTRY = struct.Struct("<qi")
 
 
-class OffsetIndex:
-    """Maps relative offsets to byte positions for one segment."""
+class _SparseIndex:
+    """Entries ``(key, value)`` read from an index file, both strictly increasing.
 
-    ENTRY_SIZE = OFFSET_ENTRY.size
+    ``refresh`` reads only what was appended since the last call (the active segment's
+    index grows while it is read); a file that shrank or whose new entries do not
+    continue the order was rewritten by a recovering writer and is read again whole.
+    Entries that break the invariants are dropped: the index is only a hint.
+    """
+
+    ENTRY: struct.Struct
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._offsets = array("i")
-        self._positions = array("I")
+        self._keys: list[int] = []
+        self._values: list[int] = []
+        self._loaded_bytes = 0
 
     def __len__(self) -> int:
-        return len(self._offsets)
+        return len(self._keys)
 
-    def load(self) -> None:
-        """Read the entries from disk; a torn trailing entry is ignored."""
+    def refresh(self) -> None:
         try:
-            data = self.path.read_bytes()
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self._loaded_bytes:
+                    self._clear()
+                f.seek(self._loaded_bytes)
+                data = f.read(size - self._loaded_bytes)
         except FileNotFoundError:
-            data = b""
-        usable = len(data) - len(data) % self.ENTRY_SIZE
-        flat = array("I")
-        flat.frombytes(data[:usable])
-        if _BIG_ENDIAN:
-            flat.byteswap()
-        self._offsets = array("i", flat[0::2].tobytes())
-        self._positions = flat[1::2]
+            self._clear()
+            return
+        usable = len(data) - len(data) % self.ENTRY.size
+        if not self._extend(data[:usable]) and self._loaded_bytes:
+            self._clear()  # rewritten under us: read it again whole, once
+            self.refresh()
+            return
+        self._loaded_bytes += usable
+
+    def _clear(self) -> None:
+        self._keys, self._values, self._loaded_bytes = [], [], 0
+
+    def _extend(self, data: bytes) -> bool:
+        """Append entries while they keep both orders; False if one does not."""
+        keys, values = self._keys, self._values
+        for key, value in self.ENTRY.iter_unpack(data):
+            if keys and (key <= keys[-1] or value <= values[-1]):
+                return False
+            keys.append(key)
+            values.append(value)
+        return True
+
+    def _value_of_last_key_before(self, key: int, *, inclusive: bool) -> int:
+        i = (bisect.bisect_right if inclusive else bisect.bisect_left)(self._keys, key)
+        return 0 if i == 0 else self._values[i - 1]
+
+
+class OffsetIndex(_SparseIndex):
+    """Maps relative offsets to byte positions for one segment."""
+
+    ENTRY = OFFSET_ENTRY
 
     def lookup(self, relative_offset: int) -> int:
         """Byte position of the last indexed batch whose base is ≤ ``relative_offset`` (or 0)."""
-        i = bisect.bisect_right(self._offsets, relative_offset)
-        return 0 if i == 0 else int(self._positions[i - 1])
-
-    def last_position(self) -> int:
-        return int(self._positions[-1]) if self._positions else 0
-
-    def sanity_check(self, segment_size: int) -> str | None:
-        """Why this index cannot be used with a log of ``segment_size`` bytes, or None."""
-        for i in range(1, len(self._offsets)):
-            if self._offsets[i] <= self._offsets[i - 1] or self._positions[i] <= self._positions[i - 1]:
-                return f"{self.path}: entry {i} is not increasing"
-        if self._positions and self._positions[-1] >= segment_size:
-            return f"{self.path}: last entry points past the log ({self._positions[-1]} ≥ {segment_size})"
-        return None
+        return self._value_of_last_key_before(relative_offset, inclusive=True)
 
 
-class TimeIndex:
+class TimeIndex(_SparseIndex):
     """Maps timestamps to relative offsets for one segment (max timestamp so far)."""
 
-    ENTRY_SIZE = TIME_ENTRY.size
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._timestamps: list[int] = []
-        self._offsets: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self._timestamps)
-
-    def load(self) -> None:
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            data = b""
-        usable = len(data) - len(data) % self.ENTRY_SIZE
-        self._timestamps = []
-        self._offsets = []
-        for ts, rel in TIME_ENTRY.iter_unpack(data[:usable]):
-            self._timestamps.append(ts)
-            self._offsets.append(rel)
-
-    @property
-    def max_timestamp(self) -> int:
-        return self._timestamps[-1] if self._timestamps else -1
+    ENTRY = TIME_ENTRY
 
     def lookup(self, timestamp: int) -> int:
         """Relative offset of a batch from which a scan finds the first record at ≥ ``timestamp``."""
-        i = bisect.bisect_left(self._timestamps, timestamp)
-        return 0 if i == 0 else self._offsets[i - 1]
-
-    def sanity_check(self) -> str | None:
-        for i in range(1, len(self._timestamps)):
-            if self._timestamps[i] < self._timestamps[i - 1] or self._offsets[i] <= self._offsets[i - 1]:
-                return f"{self.path}: entry {i} is not increasing"
-        return None
-
-
-_BIG_ENDIAN = struct.pack("=I", 1) == struct.pack(">I", 1)
+        return self._value_of_last_key_before(timestamp, inclusive=False)
 
 
 @dataclass(frozen=True, slots=True)

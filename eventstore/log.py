@@ -17,7 +17,6 @@ Several processes may open the same directory (see eventstore.partition_log).
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -25,7 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from eventstore.errors import ConfigError
+from eventstore.errors import ConfigError, TopicExistsError
+from eventstore.fileio import replace_durably
 from eventstore.partition_log import AppendResult, FetchedBatch, FsyncPolicy, PartitionLog
 from eventstore.segment import list_segment_bases
 from eventstore.topic import (
@@ -88,9 +88,7 @@ class Log:
         if not create:
             raise ConfigError(f"no Tideline log at {self.path}")
         self.path.mkdir(parents=True, exist_ok=True)
-        tmp = self.path / f"{LOG_MARKER}.tmp"
-        tmp.write_text(json.dumps({"format_version": LOG_FORMAT_VERSION}) + "\n")
-        os.replace(tmp, marker)
+        replace_durably(marker, (json.dumps({"format_version": LOG_FORMAT_VERSION}) + "\n").encode())
 
     def __enter__(self) -> Log:
         return self
@@ -120,8 +118,6 @@ class Log:
         cfg.validate()
         meta = TopicMetadata(name, partitions, cfg, created_ms=now_ms())
         if metadata_path(self.path, name).exists():
-            from eventstore.errors import TopicExistsError
-
             raise TopicExistsError(name)
         for n in range(partitions):
             pdir = meta.partition_dir(self.path, n)

@@ -69,11 +69,11 @@ import crc32c
 import pyarrow as pa
 
 from eventstore.errors import (
-    ConfigError,
     CorruptCheckpointError,
     InvalidRecordError,
     OffsetOutOfRangeError,
 )
+from eventstore.fileio import fsync_dir, replace_durably
 from eventstore.index import OFFSET_ENTRY, TIME_ENTRY, truncate_index_files
 from eventstore.record_batch import BatchHeader, set_base_offset, unpack_header
 from eventstore.segment import (
@@ -116,20 +116,6 @@ class FsyncPolicy:
     mode: FsyncMode = FsyncMode.EVERY_BATCH
     interval_ms: int = 0
 
-    @classmethod
-    def parse(cls, text: str) -> FsyncPolicy:
-        text = text.strip().lower()
-        if text in ("every_batch", "always"):
-            return cls()
-        if text == "none":
-            return cls(FsyncMode.NONE)
-        if text.startswith("interval_ms="):
-            try:
-                return cls(FsyncMode.INTERVAL, int(text.split("=", 1)[1]))
-            except ValueError:
-                pass
-        raise ConfigError(f"unknown fsync policy {text!r} (every_batch, interval_ms=N or none)")
-
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
@@ -164,14 +150,6 @@ class _ActiveSegment:
     def close(self) -> None:
         for fd in (self.fd, self.index_fd, self.time_index_fd):
             os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PartitionLog:
@@ -210,8 +188,8 @@ class PartitionLog:
             fd = os.open(log_path(directory, 0), os.O_WRONLY | os.O_CREAT, 0o644)
             os.fsync(fd)
             os.close(fd)
-        _fsync_dir(directory)
-        _fsync_dir(directory.parent)
+        fsync_dir(directory)
+        fsync_dir(directory.parent)
 
     # ------------------------------------------------------------------ locking
 
@@ -263,13 +241,7 @@ class PartitionLog:
             RECOVERY_POINT_VERSION, 0, active.base_offset, active.size, active.next_offset, active.created_ms, 0
         )[:-4]
         raw = body + struct.pack("<I", crc32c.crc32c(body))
-        path = self.directory / RECOVERY_POINT_FILE
-        tmp = path.with_name(f"{RECOVERY_POINT_FILE}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace_durably(self.directory / RECOVERY_POINT_FILE, raw)
 
     def _remove_leftovers(self) -> None:
         """Delete temporary files of interrupted checkpoint writes; settle compaction leftovers.
@@ -317,15 +289,11 @@ class PartitionLog:
             if position <= os.fstat(active.fd).st_size:
                 active.size = position
                 active.next_offset = next_offset if position else active.base_offset
-                self._load_index_tail(active)
+                self._truncate_indexes(active, active.size)  # drop entries past the data; remember the last
                 self._absorb_tail(active)
                 return active
         self._absorb_tail(active, rebuild_indexes=True)
         return active
-
-    def _load_index_tail(self, active: _ActiveSegment) -> None:
-        """Remember the last index entries (to space new ones), dropping any past the data."""
-        self._truncate_indexes(active, active.size)
 
     def _truncate_indexes(self, active: _ActiveSegment, position: int) -> None:
         tail = truncate_index_files(active.index_fd, active.time_index_fd, position)
@@ -398,7 +366,6 @@ class PartitionLog:
                 f"batch of {len(batch)} bytes exceeds max_batch_bytes={self.config.max_batch_bytes} "
                 f"of topic {self.topic!r}"
             )
-        header = unpack_header(batch)
         with self.locked() as active:
             now = time.time_ns() // 1_000_000
             if self._should_roll(active, len(batch), now):
@@ -413,7 +380,7 @@ class PartitionLog:
             self._maybe_fsync(active)
             stored = unpack_header(batch)
             self._note_batch(active, position, stored)
-            return AppendResult(stored.base_offset, stored.base_offset + header.last_offset_delta, now)
+            return AppendResult(stored.base_offset, stored.last_offset, now)
 
     def _maybe_fsync(self, active: _ActiveSegment) -> None:
         mode = self.fsync.mode
@@ -439,7 +406,7 @@ class PartitionLog:
         new_base = active.next_offset
         fd = os.open(log_path(self.directory, new_base), os.O_RDWR | os.O_CREAT, 0o644)
         os.close(fd)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         active.close()
         new_active = self._active = self._open_active(new_base)
         new_active.created_ms = time.time_ns() // 1_000_000

@@ -184,8 +184,8 @@ class SegmentReader:
         size = self.size()
         with self._lock:
             if size != self._index_loaded_at_size:
-                self.offset_index.load()
-                self.time_index.load()
+                self.offset_index.refresh()
+                self.time_index.refresh()
                 self._index_loaded_at_size = size
             return self.offset_index, self.time_index
 

@@ -38,6 +38,7 @@ from eventstore.errors import (
     TopicExistsError,
     UnknownTopicError,
 )
+from eventstore.fileio import fsync_dir, replace_durably, tmp_path_for, write_fsynced
 from eventstore.record_batch import Codec
 
 METADATA_FORMAT_VERSION = 1
@@ -197,43 +198,24 @@ def read_metadata(log_dir: Path, name: str) -> TopicMetadata:
     )
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_tmp(path: Path, data: bytes) -> Path:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return tmp
-
-
 def publish_new(log_dir: Path, meta: TopicMetadata) -> None:
     """Durably create the metadata file; :class:`TopicExistsError` if it is already there."""
     path = metadata_path(log_dir, meta.name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _write_tmp(path, _encode(meta))
+    tmp = tmp_path_for(path)
+    write_fsynced(tmp, [_encode(meta)])
     try:
         os.link(tmp, path)
     except FileExistsError:
         raise TopicExistsError(meta.name) from None
     finally:
         tmp.unlink()
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def publish_update(log_dir: Path, meta: TopicMetadata) -> None:
     """Durably replace the metadata file (config change)."""
-    path = metadata_path(log_dir, meta.name)
-    tmp = _write_tmp(path, _encode(meta))
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    replace_durably(metadata_path(log_dir, meta.name), _encode(meta))
 
 
 def list_topic_names(log_dir: Path) -> list[str]:

@@ -296,7 +296,7 @@ class StepFaults:
         self.crash_at = crash_at
         self.steps: list[str] = []
         self.armed = True
-        real_write = cleaner._write_durably
+        real_write = cleaner.write_fsynced
         real_unlink = pathlib.Path.unlink
         faults = self
 
@@ -322,7 +322,7 @@ class StepFaults:
                 raise Crash(faults.steps[-1])
             real_unlink(self, missing_ok=missing_ok)
 
-        monkeypatch.setattr(cleaner, "_write_durably", write)
+        monkeypatch.setattr(cleaner, "write_fsynced", write)
         monkeypatch.setattr(cleaner, "os", Os())
         monkeypatch.setattr(pathlib.Path, "unlink", unlink)
 

@@ -1,0 +1,51 @@
+"""Durable file writes shared by the log's small state files and compaction output.
+
+Crash policy of :func:`replace_durably`: the new content is written to
+``<name>.<pid>.tmp``, fsynced, renamed over ``<name>`` and the directory is fsynced, so a
+crash leaves the old file or the new one, plus at most a stale ``.tmp`` that owners
+delete on open.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the directory entries of ``path`` (creations, renames, deletions) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_fsynced(path: Path, chunks: Iterable[bytes | bytearray | memoryview]) -> int:
+    """Create or truncate ``path``, write every chunk whole, fsync; return the bytes written."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        total = 0
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+                total += n
+        os.fsync(fd)
+        return total
+    finally:
+        os.close(fd)
+
+
+def tmp_path_for(path: Path) -> Path:
+    return path.with_name(f"{path.name}.{os.getpid()}.tmp")
+
+
+def replace_durably(path: Path, data: bytes) -> None:
+    """Atomically and durably replace ``path`` with ``data`` (see the module docstring)."""
+    tmp = tmp_path_for(path)
+    write_fsynced(tmp, [data])
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
