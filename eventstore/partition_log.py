@@ -133,6 +133,18 @@ class FetchedBatch:
     records: pa.RecordBatch
 
 
+@dataclass(frozen=True, slots=True)
+class AbortedTransaction:
+    """An aborted transaction in one partition: its producer and offset range.
+
+    ``last_offset`` is the offset of the abort marker (a control batch).
+    """
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+
+
 @dataclass(slots=True)
 class _ActiveSegment:
     """The writer's view of the segment it appends to."""
@@ -505,6 +517,21 @@ class PartitionLog:
             if end == reader.base_offset or not log_path(self.directory, end).exists():
                 return end
             refresh = True  # a writer rolled to a segment named after our end offset
+
+    def last_stable_offset(self) -> int:
+        """The offset below which no transaction is open (read_committed consumers stop here).
+
+        Equals :meth:`log_end_offset` when no transaction is open in this partition.
+        """
+        return self.log_end_offset()  # TEMPORARY until producer state lands (issue 3)
+
+    def aborted_transactions(self, start_offset: int, end_offset: int) -> list[AbortedTransaction]:
+        """Aborted transactions whose range overlaps ``[start_offset, end_offset)``.
+
+        A transactional batch of producer ``producer_id`` with
+        ``first_offset <= base_offset <= last_offset`` belongs to an aborted transaction.
+        """
+        return []  # TEMPORARY until producer state lands (issue 3)
 
     def read(self, offset: int, *, max_bytes: int = 1 << 20) -> list[FetchedBatch]:
         """Whole batches holding offsets ≥ ``offset`` (the first may start before it).
