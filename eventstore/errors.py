@@ -63,3 +63,23 @@ class CorruptCheckpointError(TidelineError):
         self.path = path
         self.expected = expected
         self.found = found
+
+
+class RetriableError(TidelineError):
+    """A transient failure: the same request may be retried (the producer does so itself)."""
+
+
+class ProducerFencedError(TidelineError):
+    """A newer epoch of this transactional producer exists: this instance must stop."""
+
+
+class OutOfOrderSequenceError(TidelineError):
+    """A batch's sequence number is not the next one expected for its producer."""
+
+
+class InvalidTxnStateError(TidelineError):
+    """An operation does not fit the state of the transaction (or of the producer's partition)."""
+
+
+class TransactionAbortedError(TidelineError):
+    """A record could not be sent because its transaction was aborted."""

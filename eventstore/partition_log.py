@@ -75,7 +75,26 @@ from eventstore.errors import (
 )
 from eventstore.fileio import fsync_dir, replace_durably
 from eventstore.index import OFFSET_ENTRY, TIME_ENTRY, truncate_index_files
-from eventstore.record_batch import BatchHeader, set_base_offset, unpack_header
+from eventstore.producer_state import (
+    ABORTED_TXNS_FILE,
+    LSO_FILE,
+    AbortedIndexReader,
+    Check,
+    ControlType,
+    ProducerStateTable,
+    Verdict,
+    decode_aborted,
+    encode_aborted,
+    encode_lso,
+    parse_control_key,
+    read_lso_file,
+    read_snapshot,
+    write_snapshot,
+)
+from eventstore.producer_state import (
+    AbortedTransaction as AbortedTransaction,  # re-exported: readers use it from here
+)
+from eventstore.record_batch import BatchHeader, decode_records, set_base_offset, unpack_header
 from eventstore.segment import (
     SegmentReader,
     index_path,
@@ -119,9 +138,17 @@ class FsyncPolicy:
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:
+    """Where a batch was stored.
+
+    ``duplicate``: the batch was a retry of one already stored (idempotent producer); the
+    offsets are those of the original. A transaction marker for a transaction that is not
+    open in this partition is not written: ``base_offset`` is then -1.
+    """
+
     base_offset: int
     last_offset: int
     log_append_time_ms: int
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,18 +158,6 @@ class FetchedBatch:
     partition: int
     header: BatchHeader
     records: pa.RecordBatch
-
-
-@dataclass(frozen=True, slots=True)
-class AbortedTransaction:
-    """An aborted transaction in one partition: its producer and offset range.
-
-    ``last_offset`` is the offset of the abort marker (a control batch).
-    """
-
-    producer_id: int
-    first_offset: int
-    last_offset: int
 
 
 @dataclass(slots=True)
@@ -189,6 +204,9 @@ class PartitionLog:
         self._readers: dict[int, SegmentReader] = {}
         self._reader_bases: list[int] = []
         self._reader_refreshed = 0.0
+        self._producers: ProducerStateTable | None = None  # loaded with the active segment
+        self._aborted_reader = AbortedIndexReader(directory)
+        self._aborted_lock = threading.Lock()
 
     # ------------------------------------------------------------------ creation
 
@@ -289,6 +307,13 @@ class PartitionLog:
 
     def _load_active(self) -> _ActiveSegment:
         """First write-side use in this process: find the active segment and recover it."""
+        self._producers = None
+        active = self._recover_active()
+        self._producers = self._load_producer_state(active)
+        self._sync_transaction_files()
+        return active
+
+    def _recover_active(self) -> _ActiveSegment:
         self._remove_leftovers()
         bases = list_segment_bases(self.directory)
         if not bases:
@@ -338,8 +363,98 @@ class PartitionLog:
             os.fsync(active.fd)
             self._truncate_indexes(active, result.valid_end)
 
+    # ------------------------------------------------------------------ producer state
+
+    def _control_type(self, fd: int, position: int, header: BatchHeader) -> ControlType | None:
+        """The marker type of a control batch stored at ``position`` (None for data batches)."""
+        if not header.is_control:
+            return None
+        raw = os.pread(fd, header.size, position)
+        records = decode_records(pa.py_buffer(raw), 0, header)
+        return parse_control_key(records.column(2)[0].as_py())
+
+    def _fold(self, fd: int, position: int, header: BatchHeader) -> None:
+        """Fold a stored batch into the producer state; repair the abort index if needed."""
+        table = self._producers
+        if table is None or header.base_offset < table.next_offset:
+            return
+        aborted = table.apply(header, self._control_type(fd, position, header))
+        if aborted is not None:
+            entry = AbortedTransaction(aborted[0], aborted[1], header.base_offset)
+            if entry not in self._aborted_entries():
+                # the writer of this marker died before (or while) indexing it
+                self._append_aborted(entry)
+
+    def _load_producer_state(self, active: _ActiveSegment) -> ProducerStateTable:
+        """The snapshot, caught up with every batch after it (a header scan of the log)."""
+        table = read_snapshot(self.directory)
+        bases = list_segment_bases(self.directory)
+        start = bases[0] if bases else 0
+        if table is None or table.next_offset > active.next_offset:
+            if table is not None:
+                log.warning("%s-%d: producer-state snapshot ahead of the log; rebuilding", self.topic, self.partition)
+            table = ProducerStateTable(start)
+        table.next_offset = max(table.next_offset, start)
+        self._producers = table
+        if table.next_offset == active.next_offset:
+            return table
+        for i, base in enumerate(bases):
+            end = bases[i + 1] if i + 1 < len(bases) else None
+            if end is not None and end <= table.next_offset:
+                continue
+            path = log_path(self.directory, base)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                for batch in scan_batches(fd, path, 0, verify_crc=False).batches:
+                    self._fold(fd, batch.position, batch.header)
+            finally:
+                os.close(fd)
+        table.next_offset = active.next_offset
+        return table
+
+    def _append_aborted(self, entry: AbortedTransaction) -> None:
+        """Durably index an aborted transaction (before its marker is written)."""
+        path = self.directory / ABORTED_TXNS_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            raw = os.pread(fd, size, 0) if size else b""
+            _, valid = decode_aborted(raw)
+            if valid != size:
+                os.ftruncate(fd, valid)  # a torn entry of a crashed writer (we hold the lock)
+            os.pwrite(fd, encode_aborted(entry), valid)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_lso(self, first_unstable: int) -> None:
+        """Rewrite the ``lso`` file if it differs; fsync when lowering it (see producer_state)."""
+        current = read_lso_file(self.directory)
+        if current == first_unstable and (self.directory / LSO_FILE).exists():
+            return
+        lowering = first_unstable >= 0 and (current < 0 or first_unstable < current)
+        fd = os.open(self.directory / LSO_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.pwrite(fd, encode_lso(first_unstable), 0)
+            if lowering:
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def _sync_transaction_files(self) -> None:
+        table = self._producers
+        if table is None:
+            return
+        first = table.first_unstable_offset()
+        if first >= 0 or (self.directory / LSO_FILE).exists():
+            self._write_lso(first)
+
     def _note_batch(self, active: _ActiveSegment, position: int, header: BatchHeader) -> None:
         """Advance the writer's view past a batch at ``position`` and index it if due."""
+        self._fold(active.fd, position, header)
         interval = self.config.index_interval_bytes
         if active.last_index_position < 0 or position - active.last_index_position >= interval:
             rel = header.base_offset - active.base_offset
@@ -358,6 +473,7 @@ class PartitionLog:
         while True:
             if os.fstat(active.fd).st_size != active.size:
                 self._absorb_tail(active)
+                self._sync_transaction_files()
             successor = log_path(self.directory, active.next_offset)
             if active.next_offset == active.base_offset or not successor.exists():
                 return active
@@ -365,6 +481,7 @@ class PartitionLog:
             active.close()
             active = self._active = self._open_active(active.next_offset)
             self._absorb_tail(active, rebuild_indexes=True)
+            self._sync_transaction_files()
 
     # ------------------------------------------------------------------ append
 
@@ -378,10 +495,21 @@ class PartitionLog:
                 f"batch of {len(batch)} bytes exceeds max_batch_bytes={self.config.max_batch_bytes} "
                 f"of topic {self.topic!r}"
             )
+        incoming = unpack_header(batch)
+        control_type = None
+        if incoming.is_control:
+            control_type = parse_control_key(decode_records(pa.py_buffer(batch), 0, incoming).column(2)[0].as_py())
         with self.locked() as active:
             now = time.time_ns() // 1_000_000
+            assert self._producers is not None
+            check = self._producers.check(incoming, control_type, f"{self.topic}-{self.partition}")
+            if check.verdict is Verdict.DUPLICATE:
+                return AppendResult(check.base_offset, check.last_offset, now, duplicate=True)
+            if check.verdict is Verdict.NOOP:
+                return AppendResult(-1, -1, now)
             if self._should_roll(active, len(batch), now):
                 active = self._roll(active)
+            self._before_write(active, incoming, control_type, check)
             set_base_offset(batch, active.next_offset)
             position = active.size
             written = 0
@@ -392,7 +520,26 @@ class PartitionLog:
             self._maybe_fsync(active)
             stored = unpack_header(batch)
             self._note_batch(active, position, stored)
+            if stored.is_control:
+                self._sync_transaction_files()  # the transaction closed: the LSO may move up
             return AppendResult(stored.base_offset, stored.last_offset, now)
+
+    def _before_write(
+        self, active: _ActiveSegment, header: BatchHeader, control_type: ControlType | None, check: Check
+    ) -> None:
+        """Make transaction bookkeeping durable before the batch that needs it is written.
+
+        A batch opening a transaction lowers the ``lso`` file first (readers must never
+        see it as stable); an abort marker is indexed in ``aborted-txns`` first (readers
+        that see the marker must find the entry). Both are fsynced whatever the policy.
+        """
+        assert self._producers is not None
+        if check.opens_transaction:
+            current = self._producers.first_unstable_offset()
+            self._write_lso(active.next_offset if current < 0 else min(current, active.next_offset))
+        if control_type is ControlType.ABORT:
+            first = self._producers.open_transaction_first_offset(header.producer_id)
+            self._append_aborted(AbortedTransaction(header.producer_id, first, active.next_offset))
 
     def _maybe_fsync(self, active: _ActiveSegment) -> None:
         mode = self.fsync.mode
@@ -423,6 +570,8 @@ class PartitionLog:
         new_active = self._active = self._open_active(new_base)
         new_active.created_ms = time.time_ns() // 1_000_000
         self.invalidate_readers()  # readers in this process: list segments again
+        if self._producers is not None:
+            write_snapshot(self.directory, self._producers)
         self._write_recovery_point(new_active)
         log.debug("rolled %s-%d to segment %s", self.topic, self.partition, segment_name(new_base))
         return new_active
@@ -447,6 +596,8 @@ class PartitionLog:
         if self._active is not None:
             with self.locked() as active:
                 os.fdatasync(active.fd)
+                if self._producers is not None:
+                    write_snapshot(self.directory, self._producers)
                 self._write_recovery_point(active)
                 active.close()
                 self._active = None
@@ -523,7 +674,9 @@ class PartitionLog:
 
         Equals :meth:`log_end_offset` when no transaction is open in this partition.
         """
-        return self.log_end_offset()  # TEMPORARY until producer state lands (issue 3)
+        end = self.log_end_offset()
+        first_unstable = read_lso_file(self.directory)
+        return end if first_unstable < 0 else min(first_unstable, end)
 
     def aborted_transactions(self, start_offset: int, end_offset: int) -> list[AbortedTransaction]:
         """Aborted transactions whose range overlaps ``[start_offset, end_offset)``.
@@ -531,7 +684,11 @@ class PartitionLog:
         A transactional batch of producer ``producer_id`` with
         ``first_offset <= base_offset <= last_offset`` belongs to an aborted transaction.
         """
-        return []  # TEMPORARY until producer state lands (issue 3)
+        return [a for a in self._aborted_entries() if a.first_offset < end_offset and a.last_offset >= start_offset]
+
+    def _aborted_entries(self) -> list[AbortedTransaction]:
+        with self._aborted_lock:
+            return list(self._aborted_reader.entries())
 
     def read(self, offset: int, *, max_bytes: int = 1 << 20) -> list[FetchedBatch]:
         """Whole batches holding offsets ≥ ``offset`` (the first may start before it).

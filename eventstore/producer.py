@@ -12,27 +12,65 @@ keyless records, as Kafka does.
 
 A future completes only once its batch is durable under the log's fsync policy.
 
+**Idempotence** (on by default, like Kafka ≥ 3.0): the producer gets a producer id from
+the log's coordinator (:mod:`eventstore.transactions`) and numbers the records it sends
+to each partition; a batch retried after a :class:`RetriableError` (its outcome unknown)
+is stored once — the partition recognises the sequence range and returns the original
+offsets (:mod:`eventstore.producer_state`). When retries run out the outcome stays
+unknown, so the producer takes a new producer id (or, in a transaction, requires an
+abort, which bumps the epoch).
+
+**Transactions** (with ``transactional_id``): ``init_transactions`` (fences any previous
+instance with the same id and finishes its transaction), then ``begin_transaction``,
+``send``/``send_batch`` to any topics and partitions, ``send_offsets_to_transaction``
+(consumer offsets committed atomically with the output), and ``commit_transaction`` or
+``abort_transaction``. Each partition is registered with the coordinator (durably)
+before the first batch of the transaction reaches it; commit writes the decision, then a
+commit marker to every partition. ``read_committed`` consumers see all of it or none.
+
 Thread-safety: thread-safe. ``_lock`` guards the accumulator; appends happen outside it
-(the partition has its own lock). A background thread sends batches whose linger expired.
+under a per-partition send lock (which also orders sequence numbers). ``_txn_lock``
+guards the transaction state. A background thread sends batches whose linger expired.
+Transaction calls (begin/commit/abort) are meant for one thread at a time, as in Kafka.
 """
 
 from __future__ import annotations
 
+import enum
+import logging
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from eventstore.errors import InvalidRecordError, TidelineError
+from eventstore.errors import (
+    ConfigError,
+    InvalidRecordError,
+    InvalidTxnStateError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    RetriableError,
+    TidelineError,
+    TransactionAbortedError,
+)
 from eventstore.log import Log
+from eventstore.partition_log import AppendResult
 from eventstore.partitioner import partition_for_key, partitions_for_keys
+from eventstore.producer_state import next_sequence
 from eventstore.record_batch import Codec, build_records, encode_batch, timestamp_deltas_for
 from eventstore.topic import now_ms
+from eventstore.transactions import DEFAULT_TRANSACTION_TIMEOUT_MS, OwnerLock, TransactionCoordinator
+
+if TYPE_CHECKING:
+    from eventstore.offsets import OffsetAndMetadata, TopicPartition
+
+log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, bytes | None]]
 RECORD_OVERHEAD = 24  # rough per-record bytes beyond key and value, for batch sizing
@@ -46,6 +84,14 @@ class RecordMetadata:
     partition: int
     offset: int
     timestamp: int
+
+
+class _TxnState(enum.Enum):
+    UNINITIALIZED = "uninitialized"  # transactional producer before init_transactions
+    READY = "ready"  # no transaction open
+    IN_TRANSACTION = "in_transaction"
+    ABORTABLE = "abortable"  # a send of this transaction failed: only abort is allowed
+    FATAL = "fatal"  # fenced: this producer instance can do nothing more
 
 
 @dataclass(slots=True)
@@ -76,17 +122,40 @@ class Producer:
         linger_ms: int = 5,
         batch_size: int = 1 << 20,
         compression: Codec | None = None,
+        enable_idempotence: bool = True,
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS,
+        retries: int = 5,
+        retry_backoff_ms: int = 10,
     ) -> None:
+        if transactional_id is not None and not enable_idempotence:
+            raise ConfigError("a transactional producer must be idempotent (enable_idempotence=True)")
+        if retries < 0 or retry_backoff_ms < 0 or transaction_timeout_ms <= 0:
+            raise ConfigError("retries and retry_backoff_ms must be ≥ 0 and transaction_timeout_ms > 0")
         self.log = log
         self.linger_ms = linger_ms
         self.batch_size = batch_size
         self.compression = compression
+        self.enable_idempotence = enable_idempotence
+        self.transactional_id = transactional_id
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.retries = retries
+        self.retry_backoff_ms = retry_backoff_ms
+        self._coordinator: TransactionCoordinator | None = None
+        self._producer_id = -1
+        self._epoch = -1
+        self._owner: OwnerLock | None = None
+        self._sequences: dict[tuple[str, int], int] = {}  # next sequence per partition
+        self._txn_lock = threading.RLock()
+        self._txn_state = _TxnState.UNINITIALIZED if transactional_id else _TxnState.READY
+        self._txn_partitions: set[tuple[str, int]] = set()
+        self._txn_error: BaseException | None = None
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, int], _PendingBatch] = {}
         self._sticky: dict[str, int] = {}
         self._closed = False
         self._in_flight: set[Future[RecordMetadata]] = set()  # taken batches not yet durable
-        self._send_locks: dict[tuple[str, int], threading.Lock] = {}  # per partition: order of appends
+        self._send_locks: dict[tuple[str, int], threading.RLock] = {}  # per partition: order of appends
         self._wake = threading.Condition(self._lock)
         self._sender = threading.Thread(target=self._linger_loop, name="tideline-producer", daemon=True)
         self._sender.start()
@@ -113,6 +182,7 @@ class Producer:
         """Queue one record; the future resolves once it is durable. ``value=None`` is a tombstone."""
         if self._closed:
             raise TidelineError("producer is closed")
+        self._check_can_send()
         meta = self.log.topic(topic)
         if key is None and meta.config.cleanup_policy.compacts:
             raise InvalidRecordError(f"compacted topic {topic!r} cannot accept a record without a key")
@@ -144,9 +214,7 @@ class Producer:
         The send lock makes take-and-append atomic per partition, so batches reach the log
         in the order their records were sent, whichever thread sends them.
         """
-        with self._lock:
-            send_lock = self._send_locks.setdefault(tp, threading.Lock())
-        with send_lock:
+        with self._send_lock(tp):
             with self._lock:
                 batch = self._pending.get(tp)
                 if batch is None:
@@ -155,6 +223,10 @@ class Producer:
                     return
                 self._take(*tp)
             self._send_pending(batch)
+
+    def _send_lock(self, tp: tuple[str, int]) -> threading.RLock:
+        with self._lock:
+            return self._send_locks.setdefault(tp, threading.RLock())
 
     def _sticky_partition(self, topic: str) -> int:
         with self._lock:
@@ -174,6 +246,9 @@ class Producer:
             records = build_records(batch.keys, batch.values, deltas, batch.headers if batch.has_headers else None)
             result = self._append(batch.topic, batch.partition, records, first, max_ts)
         except BaseException as e:
+            if self.transactional_id is not None:
+                with self._txn_lock:
+                    self._txn_error = self._txn_error or e
             for f in batch.futures:
                 f.set_exception(e)
             self._settled(batch)
@@ -189,9 +264,222 @@ class Producer:
             self._in_flight.difference_update(batch.futures)
 
     def _append(self, topic: str, partition: int, records: pa.RecordBatch, first_ts: int, max_ts: int) -> int:
+        """Encode and append one batch with this producer's id, epoch and next sequence."""
+        tp = (topic, partition)
         codec = self.compression if self.compression is not None else self.log.topic(topic).config.compression
-        encoded = encode_batch(records, first_timestamp=first_ts, max_timestamp=max_ts, codec=codec)
-        return self.log.append(topic, partition, encoded).base_offset
+        with self._send_lock(tp):  # sequence numbers follow append order per partition
+            pid, epoch, transactional = self._identity_for(tp)
+            sequence = self._sequences.get(tp, 0) if pid >= 0 else -1
+            encoded = encode_batch(
+                records,
+                first_timestamp=first_ts,
+                max_timestamp=max_ts,
+                codec=codec,
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=sequence,
+                transactional=transactional,
+            )
+            result = self._append_with_retries(topic, partition, encoded)
+            if pid >= 0:
+                self._sequences[tp] = next_sequence(sequence, records.num_rows)
+            return result.base_offset
+
+    def _append_with_retries(self, topic: str, partition: int, encoded: bytearray) -> AppendResult:
+        """Append, retrying a transient failure with the *same* batch (same sequence)."""
+        attempt = 0
+        while True:
+            try:
+                result = self.log.append(topic, partition, encoded)
+                if result.duplicate:
+                    log.info(
+                        "%s-%d: retried batch was already stored at offset %d", topic, partition, result.base_offset
+                    )
+                return result
+            except (RetriableError, TimeoutError) as e:
+                if attempt >= self.retries:
+                    self._outcome_unknown(e)
+                    raise
+                attempt += 1
+                time.sleep(self.retry_backoff_ms / 1000 * attempt)
+            except ProducerFencedError:
+                with self._txn_lock:
+                    self._txn_state = _TxnState.FATAL
+                raise
+            except OutOfOrderSequenceError as e:
+                self._outcome_unknown(e)
+                raise
+
+    def _outcome_unknown(self, error: BaseException) -> None:
+        """A batch may or may not be stored: sequences can no longer be trusted."""
+        with self._txn_lock:
+            if self.transactional_id is not None:
+                if self._txn_state is _TxnState.IN_TRANSACTION:
+                    self._txn_state = _TxnState.ABORTABLE
+                self._txn_error = self._txn_error or error
+            elif self.enable_idempotence:
+                log.warning(
+                    "producer %d: outcome of a batch unknown (%s); taking a new producer id", self._producer_id, error
+                )
+                self._producer_id = -1  # a fresh id (epoch 0, sequences from 0) on the next append
+                self._sequences.clear()
+
+    # ------------------------------------------------------------------ identity & transactions
+
+    def _coord(self) -> TransactionCoordinator:
+        if self._coordinator is None:
+            self._coordinator = TransactionCoordinator(self.log)
+        return self._coordinator
+
+    def _identity_for(self, tp: tuple[str, int]) -> tuple[int, int, bool]:
+        """``(producer_id, epoch, transactional)`` for a batch to ``tp``; registers ``tp`` with the transaction."""
+        with self._txn_lock:
+            if self.transactional_id is not None:
+                self._check_can_send()
+                if tp not in self._txn_partitions:
+                    self._add_partitions([tp])
+                return self._producer_id, self._epoch, True
+            if not self.enable_idempotence:
+                return -1, -1, False
+            if self._producer_id < 0:
+                self._producer_id, self._epoch = self._coord().allocate_producer_id(), 0
+                self._sequences.clear()
+            return self._producer_id, self._epoch, False
+
+    def _add_partitions(self, tps: Iterable[tuple[str, int]]) -> None:
+        new = set(tps) - self._txn_partitions
+        if not new:
+            return
+        assert self.transactional_id is not None
+        try:
+            self._coord().add_partitions(self.transactional_id, self._producer_id, self._epoch, new)
+        except ProducerFencedError:
+            self._txn_state = _TxnState.FATAL
+            raise
+        self._txn_partitions |= new
+
+    def _check_can_send(self) -> None:
+        if self.transactional_id is None:
+            return
+        with self._txn_lock:
+            state = self._txn_state
+        if state is _TxnState.IN_TRANSACTION:
+            return
+        if state is _TxnState.ABORTABLE:
+            raise InvalidTxnStateError(
+                f"transaction of {self.transactional_id!r} failed ({self._txn_error}); call abort_transaction()"
+            )
+        if state is _TxnState.FATAL:
+            raise ProducerFencedError(f"producer {self.transactional_id!r} was fenced by a newer instance")
+        raise InvalidTxnStateError(
+            f"transactional producer {self.transactional_id!r} can only send inside begin_transaction()"
+        )
+
+    def init_transactions(self) -> None:
+        """Register with the coordinator: fence older instances and finish their transaction."""
+        if self.transactional_id is None:
+            raise InvalidTxnStateError("init_transactions needs a transactional_id")
+        with self._txn_lock:
+            if self._owner is not None:
+                self._owner.release()
+            pid, epoch, owner = self._coord().init_producer(
+                self.transactional_id, timeout_ms=self.transaction_timeout_ms
+            )
+            self._producer_id, self._epoch, self._owner = pid, epoch, owner
+            self._sequences.clear()
+            self._txn_state = _TxnState.READY
+
+    def begin_transaction(self) -> None:
+        with self._txn_lock:
+            if self._txn_state is _TxnState.FATAL:
+                raise ProducerFencedError(f"producer {self.transactional_id!r} was fenced by a newer instance")
+            if self._txn_state is not _TxnState.READY:
+                raise InvalidTxnStateError(
+                    f"cannot begin a transaction in state {self._txn_state.value}"
+                    + (" (call init_transactions() first)" if self._txn_state is _TxnState.UNINITIALIZED else "")
+                )
+            self._txn_state = _TxnState.IN_TRANSACTION
+            self._txn_partitions = set()
+            self._txn_error = None
+
+    def send_offsets_to_transaction(
+        self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata], group_id: str
+    ) -> None:
+        """Commit consumer offsets of ``group_id`` as part of this transaction (exactly-once pipelines)."""
+        from eventstore.offsets import (
+            OFFSETS_TOPIC,
+            OffsetAndMetadata,
+            ensure_offsets_topic,
+            offset_commit_records,
+        )
+
+        self._check_can_send()
+        normalized = {
+            tp: o if isinstance(o, OffsetAndMetadata) else OffsetAndMetadata(o, "", now_ms())
+            for tp, o in offsets.items()
+        }
+        if not normalized:
+            return
+        ensure_offsets_topic(self.log)
+        partition, keys, values = offset_commit_records(group_id, normalized)
+        ts = now_ms()
+        self._append(OFFSETS_TOPIC, partition, build_records(keys, values), ts, ts)
+
+    def commit_transaction(self) -> None:
+        """Flush, then commit atomically everything sent since ``begin_transaction``."""
+        with self._txn_lock:
+            if self._txn_state is not _TxnState.IN_TRANSACTION:
+                self._check_can_send()
+        self.flush()
+        with self._txn_lock:
+            if self._txn_error is not None:
+                self._txn_state = _TxnState.ABORTABLE
+                raise InvalidTxnStateError(
+                    f"transaction of {self.transactional_id!r} cannot commit: a send failed ({self._txn_error}); "
+                    "call abort_transaction()"
+                )
+            self._end(commit=True)
+
+    def abort_transaction(self) -> None:
+        """Drop unsent records and abort everything sent since ``begin_transaction``."""
+        with self._txn_lock:
+            if self._txn_state not in (_TxnState.IN_TRANSACTION, _TxnState.ABORTABLE):
+                self._check_can_send()
+            bump = self._txn_state is _TxnState.ABORTABLE
+        with self._lock:
+            dropped = list(self._pending.values())
+            self._pending.clear()
+            waiting = list(self._in_flight)
+        for batch in dropped:
+            for f in batch.futures:
+                f.set_exception(TransactionAbortedError(f"transaction of {self.transactional_id!r} was aborted"))
+        wait(waiting)
+        with self._txn_lock:
+            self._end(commit=False, bump=bump)
+
+    def _end(self, *, commit: bool, bump: bool = False) -> None:
+        assert self.transactional_id is not None
+        try:
+            meta = self._coord().end_transaction(
+                self.transactional_id, self._producer_id, self._epoch, commit=commit, bump_epoch=bump
+            )
+        except ProducerFencedError:
+            self._txn_state = _TxnState.FATAL
+            raise
+        if meta.epoch != self._epoch:  # bumped: sequences restart at 0 under the new epoch
+            self._epoch = meta.epoch
+            self._sequences.clear()
+        self._txn_state = _TxnState.READY
+        self._txn_partitions = set()
+        self._txn_error = None
+
+    @property
+    def producer_id(self) -> int:
+        return self._producer_id
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
 
     def send_batch(
         self,
@@ -209,6 +497,7 @@ class Producer:
         partition (the next round-robin one). Returns ``{partition: (first offset, count)}``.
         All records get ``timestamp`` (default: now). Durable on return.
         """
+        self._check_can_send()
         meta = self.log.topic(topic)
         value_arr = values if isinstance(values, pa.Array) else pa.array(values, pa.binary())
         n = len(value_arr)
@@ -237,6 +526,9 @@ class Producer:
         sorted_parts = parts[order]
         key_arr, value_arr = key_arr.take(order), value_arr.take(order)
         uniques, starts = np.unique(sorted_parts, return_index=True)
+        if self.transactional_id is not None:  # register every partition with one coordinator write
+            with self._txn_lock:
+                self._add_partitions((topic, p) for p in uniques.tolist())
         ends = [*starts[1:].tolist(), n]
         out: dict[int, tuple[int, int]] = {}
         for p, start, end in zip(uniques.tolist(), starts.tolist(), ends, strict=True):
@@ -286,10 +578,19 @@ class Producer:
         wait(waiting)
 
     def close(self) -> None:
+        """Flush, abort a transaction left open, stop the sender thread, release the producer id."""
         if self._closed:
             return
+        with self._txn_lock:
+            open_txn = self._txn_state in (_TxnState.IN_TRANSACTION, _TxnState.ABORTABLE)
+        if open_txn:
+            log.warning("producer %r closed inside a transaction: aborting it", self.transactional_id)
+            self.abort_transaction()
         self.flush()
         with self._lock:
             self._closed = True
             self._wake.notify_all()
         self._sender.join()
+        if self._owner is not None:
+            self._owner.release()
+            self._owner = None

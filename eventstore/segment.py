@@ -251,9 +251,7 @@ class SegmentReader:
             # A writer may have been truncating a torn tail under our read: look once more.
             return self._read_batches(position, max_bytes, active)
 
-    def _read_batches(
-        self, position: int, max_bytes: int, active: bool
-    ) -> list[tuple[BatchHeader, pa.RecordBatch]]:
+    def _read_batches(self, position: int, max_bytes: int, active: bool) -> list[tuple[BatchHeader, pa.RecordBatch]]:
         raw = os.pread(self.fd, max(max_bytes, HEADER_SIZE), position)
         if len(raw) >= HEADER_SIZE:
             first = unpack_header(raw)
