@@ -674,6 +674,9 @@ class PartitionLog:
 
         Equals :meth:`log_end_offset` when no transaction is open in this partition.
         """
+        # Order matters: the end first, then the lso file. A writer lowers the lso file
+        # before writing a batch that opens a transaction, so an end that includes such a
+        # batch is always read together with an lso value at or below it.
         end = self.log_end_offset()
         first_unstable = read_lso_file(self.directory)
         return end if first_unstable < 0 else min(first_unstable, end)
