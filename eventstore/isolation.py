@@ -1,0 +1,98 @@
+"""Isolation levels: which stored batches a reader may see.
+
+One function, :func:`read_visible`, decides it for every reader of user data and of
+``__consumer_offsets`` (the consumer and :class:`~eventstore.offsets.OffsetStore`):
+
+* **Control batches** (transaction commit/abort markers, attribute bit 5) are never
+  delivered, whatever the isolation level.
+* ``read_uncommitted``: every other batch, up to the log end.
+* ``read_committed``: only batches below the partition's *last stable offset* (LSO: the
+  first offset of the earliest open transaction, or the log end when none is open; it is
+  always a batch boundary), minus the batches of aborted transactions. A batch is
+  aborted iff it is transactional and some ``AbortedTransaction`` ``a`` of
+  ``PartitionLog.aborted_transactions`` has ``a.producer_id == header.producer_id`` and
+  ``a.first_offset <= header.base_offset <= a.last_offset``.
+
+Skipped batches still advance the reader: :attr:`VisibleRead.next_offset` is where the
+next read continues, past every batch examined (delivered or not).
+
+Thread-safety: stateless; safe from any thread.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from eventstore.errors import ConfigError
+from eventstore.partition_log import AbortedTransaction, FetchedBatch, PartitionLog
+from eventstore.record_batch import BatchHeader
+
+
+class IsolationLevel(enum.Enum):
+    """Kafka's ``isolation.level``."""
+
+    READ_UNCOMMITTED = "read_uncommitted"
+    READ_COMMITTED = "read_committed"
+
+    @classmethod
+    def parse(cls, text: str | IsolationLevel) -> IsolationLevel:
+        if isinstance(text, IsolationLevel):
+            return text
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            raise ConfigError(f"isolation level must be read_committed or read_uncommitted, not {text!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class VisibleRead:
+    """What one read returned to a reader at one isolation level.
+
+    ``batches``: the deliverable batches, in offset order (the first may start before
+    the offset asked for, as with ``PartitionLog.read``). ``next_offset``: the offset
+    after the last batch examined, delivered or skipped (the offset asked for when
+    nothing was examined).
+    """
+
+    batches: list[FetchedBatch]
+    next_offset: int
+
+
+def end_offset(plog: PartitionLog, isolation: IsolationLevel) -> int:
+    """Where a reader at ``isolation`` stops: the LSO (read_committed) or the log end."""
+    if isolation is IsolationLevel.READ_COMMITTED:
+        return plog.last_stable_offset()
+    return plog.log_end_offset()
+
+
+def is_aborted(header: BatchHeader, aborted: list[AbortedTransaction]) -> bool:
+    if not header.is_transactional:
+        return False
+    return any(
+        a.producer_id == header.producer_id and a.first_offset <= header.base_offset <= a.last_offset for a in aborted
+    )
+
+
+def read_visible(
+    plog: PartitionLog, offset: int, isolation: IsolationLevel, *, max_bytes: int = 1 << 20
+) -> VisibleRead:
+    """Read whole batches from ``offset`` and keep those visible at ``isolation``.
+
+    Raises :class:`~eventstore.errors.OffsetOutOfRangeError` below the log start, like
+    ``PartitionLog.read``.
+    """
+    committed_only = isolation is IsolationLevel.READ_COMMITTED
+    stable = plog.last_stable_offset() if committed_only else -1  # taken before reading: never ahead of the data
+    if committed_only and offset >= stable:
+        return VisibleRead([], offset)
+    fetched = plog.read(offset, max_bytes=max_bytes)
+    if committed_only:
+        fetched = [f for f in fetched if f.header.base_offset < stable]
+    if not fetched:
+        return VisibleRead([], offset)
+    aborted: list[AbortedTransaction] = []
+    if committed_only and any(f.header.is_transactional for f in fetched):
+        aborted = plog.aborted_transactions(offset, fetched[-1].header.next_offset)
+    visible = [f for f in fetched if not f.header.is_control and not is_aborted(f.header, aborted)]
+    return VisibleRead(visible, max(offset, fetched[-1].header.next_offset))
