@@ -1,8 +1,8 @@
-"""``tideline log``: create, inspect, write, read and clean the topics of a log directory.
+"""``tideline log``: create, inspect, write, read and clean the topics of a log directory; show consumer groups.
 
 The functions behind the commands (:func:`produce_lines`, :func:`compact_topic`,
-:func:`json_lines`, :func:`text_lines`) are public so that the demo and tests drive the
-same code path as the command line, without a subprocess.
+:func:`json_lines`, :func:`text_lines`, :func:`describe_groups`) are public so that the
+demo and tests drive the same code path as the command line, without a subprocess.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, BinaryIO
+from typing import Annotated, Any, BinaryIO
 
 import orjson
 import typer
@@ -29,8 +29,11 @@ from rich.table import Table
 
 from eventstore.cleaner import CleanStats, apply_retention, compact_partition
 from eventstore.consumer import Consumer, ConsumerRecords, Headers, PolledBatch, TopicPartition
-from eventstore.errors import ConfigError, InvalidRecordError
+from eventstore.errors import ConfigError, InvalidRecordError, TidelineError
+from eventstore.group import live_members, validate_group_id
+from eventstore.isolation import IsolationLevel
 from eventstore.log import MAX_PARTITIONS, Log
+from eventstore.offsets import OffsetStore
 from eventstore.producer import Producer
 from eventstore.topic import CleanupPolicy, TopicConfig, validate_topic_name
 from tideline.cli_common import one_line_errors
@@ -45,6 +48,7 @@ PRODUCE_CHUNK_BYTES = 4 << 20  # stdin bytes gathered into one send_batch call, 
 PRODUCE_LINGER_S = 0.01  # a pause in the input this long sends what was read
 PRODUCE_MAX_WAIT_S = 0.2  # ... and so does reading for this long
 POLL_TIMEOUT_MS = 500  # --follow: how long one poll waits at the head of the log
+GROUP_POLL_TIMEOUT_MS = 100  # --group without --follow: one poll's wait while partitions change hands
 
 BINARY_MARKER_HELP = (
     'Keys, values and header values are JSON strings when they are valid UTF-8, otherwise {"base64": "…"} '
@@ -492,6 +496,54 @@ def _tail_rows(consumer: Consumer, plan: _TailPlan) -> Iterator[TailRows]:
             yield TailRows.of(polled, stop)
 
 
+def _group_tail_polls(consumer: Consumer, stop_at: dict[TopicPartition, int] | None) -> Iterator[list[TailRows]]:
+    """The rows of each poll of a group member, cut at ``stop_at`` (then ends once the member's
+    partitions are all read that far and none is still changing hands) or forever (--follow).
+
+    After each poll's rows are printed (when the caller asks for the next ones), the
+    member's progress is committed."""
+    progress = _GroupProgress(consumer, stop_at)
+    while True:
+        records = consumer.poll(POLL_TIMEOUT_MS if stop_at is None else GROUP_POLL_TIMEOUT_MS)
+        rows = []
+        for polled in records.batches:
+            tp = TopicPartition(polled.topic, polled.batch.partition)
+            cut = TailRows.of(polled, None if stop_at is None else stop_at[tp])
+            if len(cut):
+                rows.append(cut)
+        if rows:
+            yield rows
+        progress.commit()
+        if (
+            not rows
+            and stop_at is not None
+            and not consumer.rebalancing
+            and all(consumer.position(tp) >= stop_at[tp] for tp in consumer.assignment())
+        ):
+            return
+
+
+class _GroupProgress:
+    """Commits what a group member of ``tail`` printed: per partition its position, cut at
+    ``stop_at`` (a poll may read past it, and those records are not printed); only changes."""
+
+    def __init__(self, consumer: Consumer, stop_at: dict[TopicPartition, int] | None) -> None:
+        self.consumer = consumer
+        self.stop_at = stop_at
+        self.committed: dict[TopicPartition, int] = {}
+
+    def commit(self) -> None:
+        stop_at = self.stop_at
+        done = {}
+        for tp in self.consumer.assignment():
+            position = self.consumer.position(tp)
+            done[tp] = position if stop_at is None else min(position, stop_at[tp])
+        changed = {tp: offset for tp, offset in done.items() if self.committed.get(tp) != offset}
+        if changed:
+            self.consumer.commit(changed)
+            self.committed.update(changed)
+
+
 @app.command()
 def tail(
     topic: TopicArg,
@@ -504,6 +556,25 @@ def tail(
         int | None,
         typer.Option("--offset", help="Start at this offset (in each partition read; a removed offset → log start)."),
     ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group",
+            "-g",
+            help="Consume as a member of this consumer group: share the partitions with its other members, "
+            "start at the group's committed offsets, commit after printing each poll's records.",
+            show_default=False,
+        ),
+    ] = None,
+    isolation: Annotated[
+        str,
+        typer.Option(
+            "--isolation",
+            metavar="read_committed|read_uncommitted",
+            help="read_committed: only committed transactions, up to the last stable offset; "
+            "read_uncommitted: everything up to the log end. Transaction markers are never shown.",
+        ),
+    ] = IsolationLevel.READ_COMMITTED.value,
     json_output: Annotated[
         bool,
         typer.Option(
@@ -519,6 +590,9 @@ def tail(
     with --follow (new records only, like kafka-console-consumer) and the beginning
     without it. Without --follow it stops at the end offsets seen when it started.
 
+    With --group: the group's committed offset of each partition it is given, and where
+    there is none, the place above. It reads only the partitions the group assigns it.
+
     Plain lines are PARTITION:OFFSET<TAB>TIME<TAB>KEY<TAB>VALUE (COPY text style:
     \\N is null, tabs/newlines/backslashes are escaped, invalid UTF-8 shows as \\xNN).
     """
@@ -527,28 +601,66 @@ def tail(
             raise ConfigError("--offset and --from-beginning are mutually exclusive")
         if offset is not None and offset < 0:
             raise ConfigError(f"--offset must be ≥ 0, got {offset}")
-        count = _run_tail(topic, from_beginning, follow, partition, offset, json_output)
+        level = IsolationLevel.parse(isolation)
+        if group is not None:
+            validate_group_id(group)
+            for name, value in (("--partition", partition), ("--offset", offset)):
+                if value is not None:
+                    raise ConfigError(f"{name} cannot be used with --group (the group assigns partitions and offsets)")
+        options = _TailOptions(from_beginning, follow, partition, offset, json_output, group, level)
+        count = _run_tail(topic, options)
     if follow:
         typer.echo(f"processed {count} records", err=True)
 
 
-def _run_tail(
-    topic: str, from_beginning: bool, follow: bool, partition: int | None, offset: int | None, json_output: bool
-) -> int:
+@dataclass(frozen=True, slots=True)
+class _TailOptions:
+    from_beginning: bool
+    follow: bool
+    partition: int | None
+    offset: int | None
+    json_output: bool
+    group: str | None
+    isolation: IsolationLevel
+
+
+def _tail_consumer(log: Log, options: _TailOptions) -> Consumer:
+    starts_at_end = options.follow and not options.from_beginning
+    return Consumer(
+        log,
+        group_id=options.group,
+        isolation_level=options.isolation,
+        enable_auto_commit=False,  # tail commits exactly what it printed
+        auto_offset_reset="latest" if options.group is not None and starts_at_end else "earliest",
+    )
+
+
+def _tail_polls(log: Log, consumer: Consumer, topic: str, options: _TailOptions) -> Iterator[list[TailRows]]:
+    meta = log.topic(topic)
+    tps = [TopicPartition(topic, p) for p in range(meta.partitions)]
+    if options.group is not None:
+        stop_at = None if options.follow else consumer.end_offsets(tps)
+        consumer.subscribe([topic])
+        return _group_tail_polls(consumer, stop_at)
+    if options.partition is not None:
+        tps = [TopicPartition(topic, options.partition)]
+    consumer.assign(tps)  # raises ConfigError for a partition out of range
+    plan = _TailPlan(tps, None if options.follow else consumer.end_offsets(tps))
+    _tail_start(consumer, plan, from_beginning=options.from_beginning, offset=options.offset, follow=options.follow)
+    return ([rows] for rows in _tail_rows(consumer, plan))
+
+
+def _run_tail(topic: str, options: _TailOptions) -> int:
     out = _stdout_binary()
     count = 0
-    with _open_log() as log, Consumer(log) as consumer:
-        meta = log.topic(topic)
-        wanted = [partition] if partition is not None else list(range(meta.partitions))
-        tps = [TopicPartition(topic, p) for p in wanted]
-        consumer.assign(tps)  # raises ConfigError for a partition out of range
-        plan = _TailPlan(tps, None if follow else consumer.end_offsets(tps))
-        _tail_start(consumer, plan, from_beginning=from_beginning, offset=offset, follow=follow)
+    with _open_log() as log, _tail_consumer(log, options) as consumer:
+        polls = _tail_polls(log, consumer, topic, options)
         try:
-            for rows in _tail_rows(consumer, plan):
-                out.write(json_lines(rows) if json_output else text_lines(rows))
+            for printed in polls:
+                for rows in printed:
+                    out.write(json_lines(rows) if options.json_output else text_lines(rows))
+                    count += len(rows)
                 out.flush()
-                count += len(rows)
         except KeyboardInterrupt:  # the way to stop --follow
             pass
         except BrokenPipeError:  # `tideline log tail … | head`: the reader left, which is fine
@@ -556,6 +668,118 @@ def _run_tail(
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise typer.Exit(0) from None
     return count
+
+
+# ---------------------------------------------------------------------------- groups
+
+
+def _offsets_row(log: Log, tp: TopicPartition, committed: int | None, owner: str | None) -> dict[str, Any]:
+    try:
+        plog = log.partition(tp.topic, tp.partition)
+        log_end: int | None = plog.log_end_offset()
+        stable: int | None = plog.last_stable_offset()
+    except TidelineError:  # the topic is gone or shrank: the commit outlived it
+        log_end = stable = None
+    lag = None if committed is None or log_end is None else max(0, log_end - committed)
+    return {
+        "topic": tp.topic,
+        "partition": tp.partition,
+        "committed_offset": committed,
+        "log_end_offset": log_end,
+        "last_stable_offset": stable,
+        "lag": lag,
+        "member_id": owner,
+    }
+
+
+def describe_groups(log: Log) -> list[dict[str, Any]]:
+    """Every consumer group: its live members and, per partition it committed or owns, the
+    committed offset, log end, last stable offset and lag (log end − committed, as Kafka's
+    kafka-consumer-groups shows it). Removes the member files of dead members on the way."""
+    store = OffsetStore(log)
+    out = []
+    for group in store.groups():
+        members = live_members(log.path, group)
+        offsets = store.group_offsets(group)
+        owners = {tp: m.member_id for m in members for tp in m.assignment}
+        rows = [
+            _offsets_row(log, tp, offsets[tp].offset if tp in offsets else None, owners.get(tp))
+            for tp in sorted(set(offsets) | set(owners))
+        ]
+        out.append(
+            {
+                "group": group,
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "client_id": m.client_id,
+                        "pid": m.pid,
+                        "host": m.host,
+                        "topics": list(m.topics),
+                        "assignment": [{"topic": tp.topic, "partition": tp.partition} for tp in m.assignment],
+                        "joined_ms": m.joined_ms,
+                        "heartbeat_ms": m.heartbeat_ms,
+                    }
+                    for m in members
+                ],
+                "partitions": rows,
+            }
+        )
+    return out
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _print_group(console: Console, info: dict[str, Any]) -> None:
+    members = info["members"]
+    title = f"group {info['group']}  ({len(members)} member{'' if len(members) == 1 else 's'})"
+    offsets = Table(title=title)
+    offsets.add_column("topic")
+    for column in ("partition", "committed", "log end", "last stable", "lag"):
+        offsets.add_column(column, justify="right")
+    offsets.add_column("member")
+    for r in info["partitions"]:
+        offsets.add_row(
+            r["topic"],
+            str(r["partition"]),
+            _dash(r["committed_offset"]),
+            _dash(r["log_end_offset"]),
+            _dash(r["last_stable_offset"]),
+            _dash(r["lag"]),
+            _dash(r["member_id"]),
+        )
+    console.print(offsets)
+    if not members:
+        return
+    table = Table(title=f"members of {info['group']}")
+    for column in ("member", "client", "pid", "host", "partitions"):
+        table.add_column(column, justify="right" if column == "pid" else "left")
+    for m in members:
+        owned = ", ".join(f"{a['topic']}-{a['partition']}" for a in m["assignment"]) or "-"
+        table.add_row(m["member_id"], m["client_id"], str(m["pid"]), m["host"], owned)
+    console.print(table)
+
+
+@app.command()
+def groups(json_output: JsonOption = False) -> None:
+    """Consumer groups: live members, and per partition the committed offset, log end, last stable offset and lag.
+
+    Lag is log end − committed offset (as kafka-consumer-groups shows it); a
+    read_committed member can read up to the last stable offset.
+    """
+    with one_line_errors(), _open_log() as log:
+        infos = describe_groups(log)
+    if json_output:
+        typer.echo(orjson.dumps(infos).decode())
+        return
+    if not infos:
+        typer.echo("no consumer groups")
+        return
+    console = Console(highlight=False)
+    for info in infos:
+        _print_group(console, info)
 
 
 # ---------------------------------------------------------------------------- compact

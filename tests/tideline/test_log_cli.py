@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
+from eventstore.consumer import Consumer
 from eventstore.log import Log
 from eventstore.partitioner import partition_for_key
+from eventstore.producer import Producer
 from tideline.cli import app
 from tideline.log_cli import iter_line_chunks, parse_line, produce_lines
 
@@ -125,7 +127,7 @@ def test_config_parsing(tl: Run, data_dir: Path) -> None:
 
 
 def test_read_commands_do_not_create_a_log(tl: Run, data_dir: Path) -> None:
-    for args in (["topics"], ["describe", "t"], ["tail", "t"], ["compact", "t"], ["produce", "t"]):
+    for args in (["topics"], ["describe", "t"], ["tail", "t"], ["compact", "t"], ["produce", "t"], ["groups"]):
         one_line_error(tl("log", *args, input=b"k\tv\n"), "no Tideline log at", str(data_dir))
     assert not data_dir.exists()
 
@@ -137,7 +139,7 @@ def test_unknown_topic(tl: Run) -> None:
 
 
 def test_every_command_has_help(tl: Run) -> None:
-    for command in ("create", "topics", "describe", "produce", "tail", "compact"):
+    for command in ("create", "topics", "describe", "produce", "tail", "compact", "groups"):
         result = ok(tl("log", command, "--help"))
         assert "Usage" in result.stdout
     assert "base64" in ok(tl("log", "tail", "--help")).stdout  # the binary marker is documented
@@ -435,3 +437,161 @@ def test_compact_on_a_delete_topic_applies_retention(tl: Run) -> None:
     records = tail_json(tl, "events")
     assert [r["value"] for r in records] == ["round 3"] * 10
     assert records[0]["offset"] == 30
+
+
+# ---------------------------------------------------------------------------- groups / tail --group / --isolation
+
+
+def _offsets(records: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    return sorted((r["partition"], r["offset"]) for r in records)
+
+
+def _committed_everywhere(tl: Run, group: str, partitions: int) -> bool:
+    """Whether ``group`` has a committed offset for ``partitions`` partitions (per ``groups --json``)."""
+    shown = [g for g in json.loads(ok(tl("log", "groups", "--json")).stdout) if g["group"] == group]
+    rows = shown[0]["partitions"] if shown else []
+    return len(rows) == partitions and all(r["committed_offset"] is not None for r in rows)
+
+
+def test_tail_as_a_group_member_and_groups(tl: Run, data_dir: Path) -> None:
+    ok(tl("log", "create", "orders", "-p", "3"))
+    ok(tl("log", "produce", "orders", input="".join(f"k{i}\tv{i}\n" for i in range(30))))
+    assert ok(tl("log", "groups")).stdout.strip() == "no consumer groups"
+    assert json.loads(ok(tl("log", "groups", "--json")).stdout) == []
+
+    first = tail_json(tl, "orders", "--group", "billing")
+    assert _offsets(first) == _offsets(tail_json(tl, "orders"))  # everything, as the group had no offsets
+    assert tail_json(tl, "orders", "--group", "billing") == []  # committed: nothing left for the group
+    ok(tl("log", "produce", "orders", input="".join(f"k{i}\tnew {i}\n" for i in range(5))))
+    assert sorted(r["value"] for r in tail_json(tl, "orders", "--group", "billing")) == [f"new {i}" for i in range(5)]
+    assert len(tail_json(tl, "orders", "--group", "audit")) == 35  # another group has its own offsets
+
+    # --follow without --from-beginning starts a group with no offsets at the end, and commits that
+    # position even when it printed nothing, so the next run resumes there (as Kafka's auto-commit does).
+    follower = subprocess.Popen(
+        [sys.executable, "-c", "from tideline.cli import main; main()", "--data-dir", str(data_dir),
+         "log", "tail", "orders", "--group", "late", "--follow", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not _committed_everywhere(tl, "late", 3):
+            assert time.monotonic() < deadline, "tail --group late --follow committed nothing"
+            time.sleep(0.1)
+        follower.send_signal(signal.SIGINT)
+        out, err = follower.communicate(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert follower.returncode == 0 and out == b"", err
+    ok(tl("log", "produce", "orders", input="k1\tlater\n"))
+    assert [r["value"] for r in tail_json(tl, "orders", "--group", "late")] == ["later"]
+    ok(tl("log", "produce", "orders", input="".join(f"k{i}\tcatch up {i}\n" for i in range(5))))
+    for name in ("billing", "audit"):
+        assert len(tail_json(tl, "orders", "--group", name)) == 6
+
+    groups = json.loads(ok(tl("log", "groups", "--json")).stdout)
+    assert [g["group"] for g in groups] == ["audit", "billing", "late"]
+    billing = groups[1]
+    assert billing["members"] == []  # tail left the group when it finished
+    assert [(r["topic"], r["partition"]) for r in billing["partitions"]] == [("orders", p) for p in range(3)]
+    for row in billing["partitions"]:
+        assert row["committed_offset"] == row["log_end_offset"] == row["last_stable_offset"]
+        assert row["lag"] == 0 and row["member_id"] is None
+    table = ok(tl("log", "groups")).stdout
+    assert "group billing" in table and "committed" in table and "lag" in table
+
+    # A live member (here, in this process) is listed with its partitions; its lag shows once it commits.
+    with Log(data_dir, create=False) as log, Consumer(log, group_id="live", client_id="cli-test") as member:
+        member.subscribe(["orders"])
+        member.poll(0, max_records=4)
+        member.commit()
+        live = next(g for g in json.loads(ok(tl("log", "groups", "--json")).stdout) if g["group"] == "live")
+        (shown,) = live["members"]
+        assert (shown["member_id"], shown["client_id"], shown["pid"]) == (member.member_id, "cli-test", os.getpid())
+        assert shown["assignment"] == [{"topic": "orders", "partition": p} for p in range(3)]
+        assert {r["member_id"] for r in live["partitions"]} == {member.member_id}
+        # one poll of 4 records read one partition; the others have no position, so no commit and no lag
+        (read,) = [r for r in live["partitions"] if r["committed_offset"] is not None]
+        assert read["committed_offset"] == 4 and read["lag"] == read["log_end_offset"] - 4
+        assert all(r["lag"] is None for r in live["partitions"] if r is not read)
+        assert member.member_id in ok(tl("log", "groups")).stdout
+
+
+def test_tail_isolation_levels(tl: Run, data_dir: Path) -> None:
+    ok(tl("log", "create", "t"))
+    ok(tl("log", "produce", "t", input="k\tbefore\n"))
+    with Log(data_dir, create=False) as log:
+        producer = Producer(log, transactional_id="cli-txn", linger_ms=1)
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("t", b"open", key=b"k")
+        producer.flush()  # on disk, not committed
+        try:
+            assert [r["value"] for r in tail_json(tl, "t")] == ["before"]  # read_committed is the default
+            assert [r["value"] for r in tail_json(tl, "t", "--isolation", "read_committed")] == ["before"]
+            uncommitted = tail_json(tl, "t", "--isolation", "read_uncommitted")
+            assert [r["value"] for r in uncommitted] == ["before", "open"]
+        finally:
+            producer.abort_transaction()
+            producer.close()
+    # the abort marker is never shown; the aborted record only to read_uncommitted
+    assert [r["value"] for r in tail_json(tl, "t")] == ["before"]
+    assert [r["value"] for r in tail_json(tl, "t", "--isolation", "read_uncommitted")] == ["before", "open"]
+
+
+def test_tail_group_and_isolation_errors(tl: Run) -> None:
+    ok(tl("log", "create", "t", "-p", "2"))
+    one_line_error(tl("log", "tail", "t", "--isolation", "dirty"), "read_committed", "read_uncommitted", "dirty")
+    one_line_error(tl("log", "tail", "t", "--group", "g", "--partition", "0"), "--partition", "--group")
+    one_line_error(tl("log", "tail", "t", "--group", "g", "--offset", "3"), "--offset", "--group")
+    one_line_error(tl("log", "tail", "t", "--group", "a/b"), "illegal group id", "a/b")
+    one_line_error(tl("log", "tail", "nope", "--group", "g"), "unknown topic", "nope")
+    assert "--group" in ok(tl("log", "tail", "--help")).stdout
+
+
+def test_two_tail_followers_in_one_group_share_the_partitions(data_dir: Path) -> None:
+    """Two `tail --group g --follow` processes split the partitions; together they print each record once."""
+    cli = [sys.executable, "-c", "from tideline.cli import main; main()", "--data-dir", str(data_dir)]
+    subprocess.run([*cli, "log", "create", "shared", "-p", "4"], check=True, capture_output=True)
+    followers = [
+        subprocess.Popen(
+            [*cli, "log", "tail", "shared", "--group", "g", "--follow", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until both are members with two partitions each
+            assert time.monotonic() < deadline, "the followers never shared the partitions"
+            groups = subprocess.run([*cli, "log", "groups", "--json"], check=True, capture_output=True).stdout
+            members = [m for g in json.loads(groups) for m in g["members"]]
+            if len(members) == 2 and all(len(m["assignment"]) == 2 for m in members):
+                break
+            time.sleep(0.2)
+        lines = "".join(f"key-{i}\tvalue {i}\n" for i in range(200))
+        subprocess.run([*cli, "log", "produce", "shared"], input=lines.encode(), check=True, capture_output=True)
+        while True:  # until the group committed everything
+            assert time.monotonic() < deadline, "the followers did not consume everything"
+            groups = subprocess.run([*cli, "log", "groups", "--json"], check=True, capture_output=True).stdout
+            rows = [r for g in json.loads(groups) for r in g["partitions"]]
+            if len(rows) == 4 and all(r["lag"] == 0 for r in rows):
+                break
+            time.sleep(0.2)
+        outputs = []
+        for follower in followers:
+            follower.send_signal(signal.SIGINT)
+            out, err = follower.communicate(timeout=30)
+            assert follower.returncode == 0, err
+            outputs.append([json.loads(line) for line in out.splitlines()])
+    finally:
+        for follower in followers:
+            if follower.poll() is None:
+                follower.kill()
+                follower.wait()
+    assert all(outputs), "one follower printed nothing: the partitions were not shared"
+    assert not {r["partition"] for r in outputs[0]} & {r["partition"] for r in outputs[1]}
+    assert sorted(r["value"] for out in outputs for r in out) == sorted(f"value {i}" for i in range(200))
