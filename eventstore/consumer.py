@@ -21,7 +21,15 @@ processed again by the member that takes its partitions over.
 
 Isolation (eventstore.isolation): ``read_committed`` (the default, as the DESIGN asks)
 reads up to the last stable offset and skips aborted transactions;
-``read_uncommitted`` reads to the log end. Control batches are never returned.
+``read_uncommitted`` reads to the log end. Control batches are never returned. A
+read_committed consumer held back by an open transaction for ``HELD_BACK_RECOVERY_S``
+asks the transaction coordinator (at most once a second) to abort transactions whose
+producer died or timed out; nothing else would end them.
+
+Positions of a group's partitions come from its committed offsets. A partition whose
+committed offset is part of a still-open transaction (a transactional producer's
+``send_offsets_to_transaction``) is not read until that transaction ends, and
+``position`` waits for it (up to ``default_api_timeout_ms``), as Kafka does.
 
 Thread-safety: not thread-safe (like Kafka's consumer): one thread per consumer.
 """
@@ -38,13 +46,14 @@ import pyarrow.compute as pc
 
 from eventstore.errors import OffsetOutOfRangeError, TidelineError, UnknownTopicError
 from eventstore.group import GroupMember, validate_group_id
-from eventstore.isolation import IsolationLevel, end_offset, read_visible
+from eventstore.isolation import IsolationLevel, end_offset, read_visible, recover_abandoned_transactions
 from eventstore.log import Log
 from eventstore.offsets import OffsetAndMetadata, OffsetStore, TopicPartition
 from eventstore.partition_log import FetchedBatch
 
 Headers = list[tuple[str, bytes | None]]
 IDLE_POLL_SECONDS = 0.005
+HELD_BACK_RECOVERY_S = 1.0  # held back this long by an open transaction: ask for abandoned ones to be aborted
 RebalanceCallback = Callable[[list[TopicPartition]], None]
 
 __all__ = [
@@ -185,6 +194,7 @@ class Consumer:
         auto_commit_interval_ms: int = 5000,
         heartbeat_interval_ms: int = 100,
         client_id: str = "tideline",
+        default_api_timeout_ms: int = 60_000,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise TidelineError(f"auto_offset_reset must be earliest, latest or none, not {auto_offset_reset!r}")
@@ -201,6 +211,7 @@ class Consumer:
         self.auto_commit_interval_ms = auto_commit_interval_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.client_id = client_id
+        self.default_api_timeout_ms = default_api_timeout_ms
         self._positions: dict[TopicPartition, int | None] = {}
         self._next = 0
         self._offsets: OffsetStore | None = None
@@ -210,6 +221,8 @@ class Consumer:
         self._refreshed = float("-inf")
         self._auto_committed = time.monotonic()
         self._target: set[TopicPartition] = set()
+        self._held_since: float | None = None  # first fetch held back by an open transaction, in a row
+        self._recovered = float("-inf")
 
     def __enter__(self) -> Consumer:
         return self
@@ -355,14 +368,37 @@ class Consumer:
         """The offset of the next record this consumer will return for ``tp``.
 
         Without a position yet: the group's committed offset (with a group), else
-        ``auto_offset_reset``.
+        ``auto_offset_reset``. While the committed offset is part of an open transaction,
+        waits for it to end (at most ``default_api_timeout_ms``).
         """
         self._check(tp)
         pos = self._positions[tp]
-        if pos is None:
-            committed = self.committed([tp])[tp] if self.group_id is not None else None
-            pos = self._positions[tp] = committed.offset if committed is not None else self._reset(tp)
+        if pos is not None:
+            return pos
+        if self.group_id is not None:
+            deadline = time.monotonic() + self.default_api_timeout_ms / 1000
+            while self._pending_commits([tp]):
+                if time.monotonic() >= deadline:
+                    raise TidelineError(
+                        f"the committed offset of {tp.topic}-{tp.partition} for group {self.group_id} is part of a "
+                        f"transaction still open after {self.default_api_timeout_ms} ms (its producer is alive "
+                        "and has not committed or aborted)"
+                    )
+                self._note_held_back(True)
+                time.sleep(IDLE_POLL_SECONDS)
+        return self._initialize(tp)
+
+    def _initialize(self, tp: TopicPartition) -> int:
+        committed = self.committed([tp])[tp] if self.group_id is not None else None
+        pos = self._positions[tp] = committed.offset if committed is not None else self._reset(tp)
         return pos
+
+    def _pending_commits(self, partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
+        """Those of ``partitions`` whose committed offset is part of an open transaction."""
+        if self.group_id is None:
+            return set()
+        pending = self._store().pending(self.group_id)
+        return pending.intersection(partitions) if pending else set()
 
     def _reset(self, tp: TopicPartition) -> int:
         plog = self.log.partition(tp.topic, tp.partition)
@@ -373,8 +409,12 @@ class Consumer:
         return pos
 
     def lag(self) -> dict[TopicPartition, int]:
-        """Per assigned partition: records between the position and the end (see ``end_offsets``)."""
-        return {tp: max(0, self._end_offset(tp) - self.position(tp)) for tp in self.assignment()}
+        """Per assigned partition: records between the position and the end (see ``end_offsets``).
+
+        Partitions whose starting offset waits for an open transaction are left out.
+        """
+        waiting = self._pending_commits(tp for tp, pos in self._positions.items() if pos is None)
+        return {tp: max(0, self._end_offset(tp) - self.position(tp)) for tp in self.assignment() if tp not in waiting}
 
     # ------------------------------------------------------------------ offsets
 
@@ -440,10 +480,8 @@ class Consumer:
         self._revoke(set(self._positions) - self._target)
         acquired = member.try_acquire(self._target - set(self._positions))
         if acquired:
-            committed = self._store().committed(member.group, acquired)  # read after taking the locks
             for tp in acquired:
-                om = committed[tp]
-                self._positions[tp] = om.offset if om is not None else None
+                self._positions[tp] = None  # from the committed offset, read now that we hold the lock
             if self._on_assign is not None:
                 self._on_assign(acquired)
         member.heartbeat()
@@ -487,17 +525,35 @@ class Consumer:
         """Wait until the assigned partitions may have changed, at most ``remaining_s`` seconds."""
         time.sleep(min(IDLE_POLL_SECONDS, max(0.0, remaining_s)))
 
+    def _note_held_back(self, held_back: bool) -> None:
+        """Track how long reads are held back by open transactions; recover abandoned ones when stuck."""
+        now = time.monotonic()
+        if not held_back:
+            self._held_since = None
+            return
+        if self._held_since is None:
+            self._held_since = now
+        elif now - self._held_since >= HELD_BACK_RECOVERY_S and now - self._recovered >= HELD_BACK_RECOVERY_S:
+            self._recovered = now
+            recover_abandoned_transactions(self.log)
+
     def _fetch_once(self, max_records: int | None) -> list[PolledBatch]:
         tps = list(self._positions)
         if not tps:
             return []
+        waiting = self._pending_commits(tp for tp, pos in self._positions.items() if pos is None)
+        held_back = bool(waiting)
         out: list[PolledBatch] = []
         budget = self.max_poll_bytes
         count = 0
         # Round-robin start so that one busy partition cannot starve the others.
         for k in range(len(tps)):
             tp = tps[(self._next + k) % len(tps)]
-            pos = self.position(tp)
+            if tp in waiting:
+                continue  # its committed offset is about to change: wait for the transaction to end
+            pos = self._positions[tp]
+            if pos is None:
+                pos = self._initialize(tp)
             plog = self.log.partition(tp.topic, tp.partition)
             try:
                 read = read_visible(plog, pos, self.isolation_level, max_bytes=budget)
@@ -506,6 +562,7 @@ class Consumer:
                     raise
                 pos = self._reset(tp)
                 read = read_visible(plog, pos, self.isolation_level, max_bytes=budget)
+            held_back = held_back or (read.held_back and not read.batches)
             stopped = False
             for f in read.batches:
                 records = f.records
@@ -535,6 +592,7 @@ class Consumer:
             if budget <= 0 or (max_records is not None and count >= max_records):
                 break
         self._next = (self._next + 1) % len(tps)
+        self._note_held_back(held_back)
         return out
 
     # ------------------------------------------------------------------ close

@@ -16,6 +16,10 @@ One function, :func:`read_visible`, decides it for every reader of user data and
 Skipped batches still advance the reader: :attr:`VisibleRead.next_offset` is where the
 next read continues, past every batch examined (delivered or not).
 
+A reader held back by an open transaction (:attr:`VisibleRead.held_back`) may call
+:func:`recover_abandoned_transactions`: a transaction whose producer died (or timed
+out) stays open until someone asks the coordinator to abort it.
+
 Thread-safety: stateless; safe from any thread.
 """
 
@@ -23,10 +27,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from eventstore.errors import ConfigError
 from eventstore.partition_log import AbortedTransaction, FetchedBatch, PartitionLog
 from eventstore.record_batch import BatchHeader
+from eventstore.transactions import TRANSACTIONS_DIR, TransactionCoordinator
+
+if TYPE_CHECKING:
+    from eventstore.log import Log
 
 
 class IsolationLevel(enum.Enum):
@@ -52,11 +61,13 @@ class VisibleRead:
     ``batches``: the deliverable batches, in offset order (the first may start before
     the offset asked for, as with ``PartitionLog.read``). ``next_offset``: the offset
     after the last batch examined, delivered or skipped (the offset asked for when
-    nothing was examined).
+    nothing was examined). ``held_back``: read_committed stopped at the last stable
+    offset while the log goes on (an open transaction holds the reader back).
     """
 
     batches: list[FetchedBatch]
     next_offset: int
+    held_back: bool = False
 
 
 def end_offset(plog: PartitionLog, isolation: IsolationLevel) -> int:
@@ -85,14 +96,25 @@ def read_visible(
     committed_only = isolation is IsolationLevel.READ_COMMITTED
     stable = plog.last_stable_offset() if committed_only else -1  # taken before reading: never ahead of the data
     if committed_only and offset >= stable:
-        return VisibleRead([], offset)
+        return VisibleRead([], offset, held_back=plog.log_end_offset() > stable)
     fetched = plog.read(offset, max_bytes=max_bytes)
+    held_back = False
     if committed_only:
-        fetched = [f for f in fetched if f.header.base_offset < stable]
+        stable_part = [f for f in fetched if f.header.base_offset < stable]
+        held_back, fetched = len(stable_part) < len(fetched), stable_part
     if not fetched:
-        return VisibleRead([], offset)
+        return VisibleRead([], offset, held_back)
     aborted: list[AbortedTransaction] = []
     if committed_only and any(f.header.is_transactional for f in fetched):
         aborted = plog.aborted_transactions(offset, fetched[-1].header.next_offset)
     visible = [f for f in fetched if not f.header.is_control and not is_aborted(f.header, aborted)]
-    return VisibleRead(visible, max(offset, fetched[-1].header.next_offset))
+    return VisibleRead(visible, max(offset, fetched[-1].header.next_offset), held_back)
+
+
+def recover_abandoned_transactions(log: Log) -> None:
+    """Abort the open transactions of dead or timed-out producers, complete decided ones.
+
+    Cheap when there are no transactions (no ``_transactions`` directory: nothing to do).
+    """
+    if (log.path / TRANSACTIONS_DIR).is_dir():
+        TransactionCoordinator(log).recover()

@@ -18,16 +18,29 @@ Record layout (version 1; one place for it: :func:`encode_offset_key`,
 A key or value of an unknown version is skipped with a warning (a newer writer), never
 guessed at.
 
-Reading is **read_committed** (:func:`eventstore.isolation.read_visible`): a
-transactional producer may write offsets inside a transaction (Kafka's
-``sendOffsetsToTransaction``); they count only once the transaction commits, and never
-if it aborts. Offsets inside a still-open transaction are not visible yet.
+A transactional producer may also commit offsets inside a transaction (Kafka's
+``sendOffsetsToTransaction``, :func:`offset_commit_records`); they count once the
+transaction commits, and never if it aborts. What a query returns (Kafka's group
+coordinator semantics):
 
-:class:`OffsetStore` keeps, per offsets partition, the state replayed so far and the
+* **committed**: for each (group, partition), the value of the last record (by offset)
+  that is either non-transactional or part of a committed transaction;
+* **pending**: the partitions with a commit inside a still-open transaction. Their
+  committed value is about to change: a consumer taking such a partition over waits
+  until the transaction ends (Kafka's ``UNSTABLE_OFFSET_COMMIT``), or it would start
+  from an offset the transaction is about to replace.
+
+:class:`OffsetStore` replays each offsets partition in two parts. Below the last stable
+offset every transaction is decided: that part is replayed once, incrementally
+(:func:`eventstore.isolation.read_visible`, read_committed), keeping the state and the
 offset it read up to; each query reads only the batches appended since. If that offset
 fell below the log start (the partition was truncated), the partition is replayed from
 its start. Compaction never changes what a replay yields (it keeps the last record of
-every key, and drops tombstones only after ``delete_retention_ms``).
+every key, the transaction markers, and drops tombstones only after
+``delete_retention_ms``). The unstable tail, from there to the log end (empty unless a
+transaction is open), is scanned on every query: its non-transactional records and the
+records of transactions whose commit marker is in it are laid over the state; records of
+transactions without a marker yet are the pending ones.
 
 Thread-safety: :class:`OffsetStore` is thread-safe (``_lock`` guards the replay cache);
 several processes may commit to and read one log directory at once (appends are
@@ -47,7 +60,9 @@ import pyarrow as pa
 from eventstore.errors import ConfigError, OffsetOutOfRangeError, TopicExistsError, UnknownTopicError
 from eventstore.isolation import IsolationLevel, read_visible
 from eventstore.log import Log
+from eventstore.partition_log import PartitionLog
 from eventstore.partitioner import partition_for_key
+from eventstore.producer_state import ControlType, parse_control_key
 from eventstore.record_batch import build_records, encode_batch
 from eventstore.topic import CleanupPolicy, TopicConfig, TopicMetadata, metadata_path, now_ms
 
@@ -181,12 +196,51 @@ def offset_commit_records(
 # ---------------------------------------------------------------------------- the store
 
 
+GroupOffsets = dict[str, dict[TopicPartition, OffsetAndMetadata]]
+_Entry = tuple[int, str, TopicPartition, OffsetAndMetadata | None]  # record offset, group, partition, value
+
+
+def _entries(base_offset: int, records: pa.RecordBatch, start: int) -> list[_Entry]:
+    """The offset commits of one batch at offsets ≥ ``start``; unreadable records are skipped."""
+    deltas: list[int] = records.column(0).to_pylist()
+    keys: list[bytes | None] = records.column(2).to_pylist()
+    values: list[bytes | None] = records.column(3).to_pylist()
+    out: list[_Entry] = []
+    for delta, key, value in zip(deltas, keys, values, strict=True):
+        if base_offset + delta < start or key is None:
+            continue  # already applied (a batch straddling the start), or not an offset commit
+        decoded = decode_offset_key(key)
+        if decoded is None:
+            continue
+        om = None if value is None else decode_offset_value(value)
+        if value is not None and om is None:
+            continue
+        out.append((base_offset + delta, decoded[0], decoded[1], om))
+    return out
+
+
+def _apply(offsets: GroupOffsets, entries: Iterable[_Entry]) -> None:
+    for _, group, tp, om in entries:
+        if om is None:
+            offsets.get(group, {}).pop(tp, None)
+        else:
+            offsets.setdefault(group, {})[tp] = om
+
+
 @dataclass(slots=True)
 class _Replay:
-    """The state of one offsets partition replayed up to ``next_offset``."""
+    """The decided part of one offsets partition, replayed up to ``next_offset``."""
 
     next_offset: int = 0
-    offsets: dict[str, dict[TopicPartition, OffsetAndMetadata]] = field(default_factory=dict)
+    offsets: GroupOffsets = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _View:
+    """One offsets partition as a query sees it: committed values and pending partitions."""
+
+    offsets: GroupOffsets
+    pending: dict[str, set[TopicPartition]]
 
 
 class OffsetStore:
@@ -244,29 +298,46 @@ class OffsetStore:
 
     def group_offsets(self, group: str) -> dict[TopicPartition, OffsetAndMetadata]:
         """Every committed offset of ``group``."""
-        count = self._topic_partitions(create=False)
-        if count is None:
-            return {}
-        with self._lock:
-            replay = self._catch_up(offsets_partition_for(group, count))
-            return dict(replay.offsets.get(group, {}))
+        view = self._group_view(group)
+        return dict(view.offsets.get(group, {})) if view is not None else {}
+
+    def pending(self, group: str) -> set[TopicPartition]:
+        """Partitions of ``group`` with an offset commit inside a still-open transaction."""
+        view = self._group_view(group)
+        return set(view.pending.get(group, set())) if view is not None else set()
 
     def groups(self) -> list[str]:
-        """Every group with committed offsets or with member directories, sorted."""
+        """Every group with committed offsets, pending ones, or member directories, sorted."""
         from eventstore.group import group_names  # group.py imports this module
 
         names = set(group_names(self.log.path))
         count = self._topic_partitions(create=False)
-        if count is not None:
-            with self._lock:
-                for p in range(count):
-                    names.update(g for g, tps in self._catch_up(p).offsets.items() if tps)
+        for p in range(count or 0):
+            view = self._view(p)
+            names.update(g for g, tps in view.offsets.items() if tps)
+            names.update(view.pending)
         return sorted(names)
 
-    def _catch_up(self, partition: int) -> _Replay:
-        """Apply the batches appended to ``partition`` since the last call (caller holds the lock)."""
-        replay = self._replays.setdefault(partition, _Replay())
+    def _group_view(self, group: str) -> _View | None:
+        count = self._topic_partitions(create=False)
+        return self._view(offsets_partition_for(group, count)) if count is not None else None
+
+    def _view(self, partition: int) -> _View:
         plog = self.log.partition(OFFSETS_TOPIC, partition)
+        with self._lock:
+            replay = self._catch_up(partition, plog)
+            offsets = {g: dict(tps) for g, tps in replay.offsets.items()}
+            start = replay.next_offset
+        visible, pending = self._scan_tail(plog, start)
+        _apply(offsets, visible)
+        by_group: dict[str, set[TopicPartition]] = {}
+        for _, group, tp, _ in pending:
+            by_group.setdefault(group, set()).add(tp)
+        return _View(offsets, by_group)
+
+    def _catch_up(self, partition: int, plog: PartitionLog) -> _Replay:
+        """Apply the decided batches appended since the last call (caller holds the lock)."""
+        replay = self._replays.setdefault(partition, _Replay())
         while True:
             try:
                 read = read_visible(plog, replay.next_offset, IsolationLevel.READ_COMMITTED, max_bytes=READ_CHUNK_BYTES)
@@ -276,26 +347,30 @@ class OffsetStore:
                 replay = self._replays[partition] = _Replay(plog.log_start_offset())
                 continue
             for fetched in read.batches:
-                self._apply(replay, fetched.header.base_offset, fetched.records)
+                _apply(replay.offsets, _entries(fetched.header.base_offset, fetched.records, replay.next_offset))
             if read.next_offset == replay.next_offset:
                 return replay
             replay.next_offset = read.next_offset
 
     @staticmethod
-    def _apply(replay: _Replay, base_offset: int, records: pa.RecordBatch) -> None:
-        deltas: list[int] = records.column(0).to_pylist()
-        keys: list[bytes | None] = records.column(2).to_pylist()
-        values: list[bytes | None] = records.column(3).to_pylist()
-        for delta, key, value in zip(deltas, keys, values, strict=True):
-            if base_offset + delta < replay.next_offset or key is None:
-                continue  # already applied (a batch straddling our position), or not ours
-            decoded = decode_offset_key(key)
-            if decoded is None:
-                continue
-            group, tp = decoded
-            if value is None:
-                replay.offsets.get(group, {}).pop(tp, None)
-                continue
-            om = decode_offset_value(value)
-            if om is not None:
-                replay.offsets.setdefault(group, {})[tp] = om
+    def _scan_tail(plog: PartitionLog, start: int) -> tuple[list[_Entry], list[_Entry]]:
+        """``(visible, pending)`` commits from ``start`` (the decided part's end) to the log end."""
+        visible: list[_Entry] = []
+        open_txns: dict[int, list[_Entry]] = {}  # producer id → its commits since its last marker
+        position = start
+        while batches := plog.read(position, max_bytes=READ_CHUNK_BYTES):
+            for fetched in batches:
+                header = fetched.header
+                if header.is_control:
+                    ended = open_txns.pop(header.producer_id, [])
+                    if parse_control_key(fetched.records.column(2)[0].as_py()) is ControlType.COMMIT:
+                        visible.extend(ended)
+                elif header.is_transactional:
+                    open_txns.setdefault(header.producer_id, []).extend(
+                        _entries(header.base_offset, fetched.records, start)
+                    )
+                else:
+                    visible.extend(_entries(header.base_offset, fetched.records, start))
+                position = max(position, header.next_offset)
+        visible.sort(key=lambda e: e[0])  # the last record by offset wins, as in the decided part
+        return visible, [e for entries in open_txns.values() for e in entries]

@@ -673,7 +673,9 @@ def _run_tail(topic: str, options: _TailOptions) -> int:
 # ---------------------------------------------------------------------------- groups
 
 
-def _offsets_row(log: Log, tp: TopicPartition, committed: int | None, owner: str | None) -> dict[str, Any]:
+def _offsets_row(
+    log: Log, tp: TopicPartition, committed: int | None, owner: str | None, pending: bool
+) -> dict[str, Any]:
     try:
         plog = log.partition(tp.topic, tp.partition)
         log_end: int | None = plog.log_end_offset()
@@ -689,22 +691,25 @@ def _offsets_row(log: Log, tp: TopicPartition, committed: int | None, owner: str
         "last_stable_offset": stable,
         "lag": lag,
         "member_id": owner,
+        "pending_transaction": pending,
     }
 
 
 def describe_groups(log: Log) -> list[dict[str, Any]]:
     """Every consumer group: its live members and, per partition it committed or owns, the
     committed offset, log end, last stable offset and lag (log end − committed, as Kafka's
-    kafka-consumer-groups shows it). Removes the member files of dead members on the way."""
+    kafka-consumer-groups shows it), and whether an open transaction holds a new commit of
+    it (``pending_transaction``). Removes the member files of dead members on the way."""
     store = OffsetStore(log)
     out = []
     for group in store.groups():
         members = live_members(log.path, group)
         offsets = store.group_offsets(group)
         owners = {tp: m.member_id for m in members for tp in m.assignment}
+        pending = store.pending(group)
         rows = [
-            _offsets_row(log, tp, offsets[tp].offset if tp in offsets else None, owners.get(tp))
-            for tp in sorted(set(offsets) | set(owners))
+            _offsets_row(log, tp, offsets[tp].offset if tp in offsets else None, owners.get(tp), tp in pending)
+            for tp in sorted(set(offsets) | set(owners) | pending)
         ]
         out.append(
             {
@@ -744,7 +749,7 @@ def _print_group(console: Console, info: dict[str, Any]) -> None:
         offsets.add_row(
             r["topic"],
             str(r["partition"]),
-            _dash(r["committed_offset"]),
+            _dash(r["committed_offset"]) + (" (txn open)" if r["pending_transaction"] else ""),
             _dash(r["log_end_offset"]),
             _dash(r["last_stable_offset"]),
             _dash(r["lag"]),

@@ -1,7 +1,9 @@
 """Consumer groups: committed offsets in ``__consumer_offsets``, membership and assignment.
 
 * Offsets: commit/committed round trips, positions resume from commits, commits survive
-  compaction of the offsets topic and a reopen; isolation drops control batches.
+  compaction of the offsets topic and a reopen; offsets committed in transactions count
+  on commit only and hold a new owner back while open (a dead producer's transaction is
+  recovered); isolation levels (LSO, aborted data, markers).
 * One process: 2 and 3 consumers in a group share a 6-partition topic without overlap,
   a leaving member's partitions move to the others, a new member takes some back, and
   what the group consumed across all of it is every record exactly once.
@@ -263,6 +265,86 @@ def test_aborted_transaction_rule() -> None:
     assert not is_aborted(header, [AbortedTransaction(7, 1, 3)])  # a later transaction
     plain = unpack_header(encode_batch(build_records([b"k"], [b"v"]), first_timestamp=1, max_timestamp=1))
     assert not is_aborted(plain, [AbortedTransaction(-1, 0, 3)])
+
+
+def test_offsets_committed_in_transactions(log: Log) -> None:
+    """Offsets sent in a transaction count on commit, never on abort, and hold readers while open."""
+    log.create_topic(TOPIC, 2)
+    _produce(log, 40)
+    tp0, tp1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+    store = OffsetStore(log)
+    producer = Producer(log, transactional_id="txn-offsets", linger_ms=1)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction({tp0: 5}, "g")
+        assert store.pending("g") == {tp0} and store.committed("g", [tp0]) == {tp0: None}
+        with Consumer(log, group_id="g", enable_auto_commit=False) as consumer:
+            consumer.assign([tp0, tp1])
+            assert {r.partition for r in consumer.poll(0)} == {1}  # tp0 waits for the transaction
+            assert list(consumer.lag()) == [tp1]
+            producer.commit_transaction()
+            assert store.pending("g") == set()
+            assert consumer.position(tp0) == 5  # resolved now
+            first = next(iter(consumer.poll(0)))
+            assert (first.partition, first.offset) == (0, 5)
+
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction({tp0: 9, tp1: 3}, "g")
+        store.commit("g", {tp1: OffsetAndMetadata(7)})  # a plain commit after the transactional one...
+        assert store.pending("g") == {tp0, tp1}
+        producer.abort_transaction()
+        assert {tp: om.offset for tp, om in store.group_offsets("g").items()} == {tp0: 5, tp1: 7}  # abort: never
+
+        producer.begin_transaction()
+        producer.send_offsets_to_transaction({tp1: 4}, "g")
+        store.commit("g", {tp1: OffsetAndMetadata(8)})
+        producer.commit_transaction()
+        assert store.committed("g", [tp1])[tp1] == OffsetStore(log).committed("g", [tp1])[tp1]
+        assert store.group_offsets("g")[tp1].offset == 8  # the later record wins, as in Kafka
+    finally:
+        producer.close()
+
+
+ABANDON = r"""
+import os, sys
+from eventstore.consumer import TopicPartition
+from eventstore.log import Log
+from eventstore.producer import Producer
+log = Log(sys.argv[1])
+producer = Producer(log, transactional_id="abandoned", linger_ms=1)
+producer.init_transactions()
+producer.begin_transaction()
+producer.send_offsets_to_transaction({TopicPartition(sys.argv[2], 0): 30}, "g")
+print("open", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_offsets_of_an_abandoned_transaction_are_recovered(log: Log) -> None:
+    """A member waiting on offsets in the open transaction of a killed producer gets it aborted."""
+    log.create_topic(TOPIC, 1)
+    _produce(log, 40)
+    tp = TopicPartition(TOPIC, 0)
+    OffsetStore(log).commit("g", {tp: OffsetAndMetadata(12)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ABANDON, str(log.path), TOPIC], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"open"
+        assert OffsetStore(log).pending("g") == {tp}
+        proc.kill()
+        proc.wait()
+        with Consumer(log, group_id="g", heartbeat_interval_ms=0) as member:
+            member.subscribe([TOPIC])
+            member.poll(0)
+            assert member.assignment() == [tp]
+            assert member.position(tp) == 12  # waited, recovered the dead producer's transaction (aborted)
+        assert OffsetStore(log).pending("g") == set()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 # ---------------------------------------------------------------------------- assignment

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from eventstore.consumer import Consumer
+from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
 from eventstore.partitioner import partition_for_key
 from eventstore.producer import Producer
@@ -498,7 +498,7 @@ def test_tail_as_a_group_member_and_groups(tl: Run, data_dir: Path) -> None:
     assert [(r["topic"], r["partition"]) for r in billing["partitions"]] == [("orders", p) for p in range(3)]
     for row in billing["partitions"]:
         assert row["committed_offset"] == row["log_end_offset"] == row["last_stable_offset"]
-        assert row["lag"] == 0 and row["member_id"] is None
+        assert row["lag"] == 0 and row["member_id"] is None and row["pending_transaction"] is False
     table = ok(tl("log", "groups")).stdout
     assert "group billing" in table and "committed" in table and "lag" in table
 
@@ -533,6 +533,10 @@ def test_tail_isolation_levels(tl: Run, data_dir: Path) -> None:
             assert [r["value"] for r in tail_json(tl, "t", "--isolation", "read_committed")] == ["before"]
             uncommitted = tail_json(tl, "t", "--isolation", "read_uncommitted")
             assert [r["value"] for r in uncommitted] == ["before", "open"]
+            producer.send_offsets_to_transaction({TopicPartition("t", 0): 1}, "txn-group")
+            (row,) = next(g for g in json.loads(ok(tl("log", "groups", "--json")).stdout))["partitions"]
+            assert row["pending_transaction"] is True and row["committed_offset"] is None
+            assert "txn open" in ok(tl("log", "groups")).stdout
         finally:
             producer.abort_transaction()
             producer.close()
