@@ -22,9 +22,9 @@ processed again by the member that takes its partitions over.
 Isolation (eventstore.isolation): ``read_committed`` (the default, as the DESIGN asks)
 reads up to the last stable offset and skips aborted transactions;
 ``read_uncommitted`` reads to the log end. Control batches are never returned. A
-read_committed consumer held back by an open transaction for ``HELD_BACK_RECOVERY_S``
-asks the transaction coordinator (at most once a second) to abort transactions whose
-producer died or timed out; nothing else would end them.
+read_committed consumer held back by an open transaction asks the transaction
+coordinator (throttled: eventstore.isolation) to abort transactions whose producer died
+or timed out; nothing else would end them.
 
 Positions of a group's partitions come from its committed offsets. A partition whose
 committed offset is part of a still-open transaction (a transactional producer's
@@ -53,7 +53,6 @@ from eventstore.partition_log import FetchedBatch
 
 Headers = list[tuple[str, bytes | None]]
 IDLE_POLL_SECONDS = 0.005
-HELD_BACK_RECOVERY_S = 1.0  # held back this long by an open transaction: ask for abandoned ones to be aborted
 RebalanceCallback = Callable[[list[TopicPartition]], None]
 
 __all__ = [
@@ -221,8 +220,6 @@ class Consumer:
         self._refreshed = float("-inf")
         self._auto_committed = time.monotonic()
         self._target: set[TopicPartition] = set()
-        self._held_since: float | None = None  # first fetch held back by an open transaction, in a row
-        self._recovered = float("-inf")
 
     def __enter__(self) -> Consumer:
         return self
@@ -526,15 +523,8 @@ class Consumer:
         time.sleep(min(IDLE_POLL_SECONDS, max(0.0, remaining_s)))
 
     def _note_held_back(self, held_back: bool) -> None:
-        """Track how long reads are held back by open transactions; recover abandoned ones when stuck."""
-        now = time.monotonic()
-        if not held_back:
-            self._held_since = None
-            return
-        if self._held_since is None:
-            self._held_since = now
-        elif now - self._held_since >= HELD_BACK_RECOVERY_S and now - self._recovered >= HELD_BACK_RECOVERY_S:
-            self._recovered = now
+        """Reads are held back by an open transaction: have abandoned transactions ended (throttled)."""
+        if held_back:
             recover_abandoned_transactions(self.log)
 
     def _fetch_once(self, max_records: int | None) -> list[PolledBatch]:

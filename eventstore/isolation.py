@@ -16,9 +16,11 @@ One function, :func:`read_visible`, decides it for every reader of user data and
 Skipped batches still advance the reader: :attr:`VisibleRead.next_offset` is where the
 next read continues, past every batch examined (delivered or not).
 
-A reader held back by an open transaction (:attr:`VisibleRead.held_back`) may call
+A reader held back by an open transaction (:attr:`VisibleRead.held_back`) calls
 :func:`recover_abandoned_transactions`: a transaction whose producer died (or timed
-out) stays open until someone asks the coordinator to abort it.
+out) stays open until someone asks the coordinator to abort it. The call is throttled
+per process and log directory (``RECOVERY_INTERVAL_S``), so short-lived readers trigger
+it as surely as long-lived ones, and busy ones not more often.
 
 Thread-safety: stateless; safe from any thread.
 """
@@ -26,7 +28,10 @@ Thread-safety: stateless; safe from any thread.
 from __future__ import annotations
 
 import enum
+import threading
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eventstore.errors import ConfigError
@@ -36,6 +41,10 @@ from eventstore.transactions import TRANSACTIONS_DIR, TransactionCoordinator
 
 if TYPE_CHECKING:
     from eventstore.log import Log
+
+RECOVERY_INTERVAL_S = 1.0
+_recovery_lock = threading.Lock()
+_last_recovery: dict[Path, float] = {}
 
 
 class IsolationLevel(enum.Enum):
@@ -114,7 +123,14 @@ def read_visible(
 def recover_abandoned_transactions(log: Log) -> None:
     """Abort the open transactions of dead or timed-out producers, complete decided ones.
 
-    Cheap when there are no transactions (no ``_transactions`` directory: nothing to do).
+    At most once per ``RECOVERY_INTERVAL_S`` per log directory in this process; nothing to
+    do without a ``_transactions`` directory. Safe to call often: a transaction whose
+    producer is alive and within its timeout is left alone.
     """
+    now = time.monotonic()
+    with _recovery_lock:
+        if now - _last_recovery.get(log.path, float("-inf")) < RECOVERY_INTERVAL_S:
+            return
+        _last_recovery[log.path] = now
     if (log.path / TRANSACTIONS_DIR).is_dir():
         TransactionCoordinator(log).recover()

@@ -347,6 +347,46 @@ def test_offsets_of_an_abandoned_transaction_are_recovered(log: Log) -> None:
             proc.wait()
 
 
+ABANDON_DATA = r"""
+import sys
+from eventstore.log import Log
+from eventstore.producer import Producer
+log = Log(sys.argv[1])
+producer = Producer(log, transactional_id="abandoned-data", linger_ms=1)
+producer.init_transactions()
+producer.begin_transaction()
+producer.send(sys.argv[2], b"lost", key=b"k")
+producer.flush()
+print("open", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_short_lived_readers_get_an_abandoned_transaction_aborted(log: Log) -> None:
+    """read_committed readers that each poll once (no long wait of their own) still unblock the partition."""
+    log.create_topic(TOPIC, 1)
+    _produce(log, 1)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ABANDON_DATA, str(log.path), TOPIC], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"open"
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    _produce(log, 1, 1)  # after the dead producer's open transaction: invisible until it is aborted
+    for _ in _deadline("a read_committed reader to see past the abandoned transaction", 30):
+        values, _, _ = _read(log, IsolationLevel.READ_COMMITTED)
+        if len(values) == 2:
+            break
+        time.sleep(0.05)
+    assert values == [b"0", b"1"]
+    assert _read(log, IsolationLevel.READ_UNCOMMITTED)[0] == [b"0", b"lost", b"1"]
+
+
 # ---------------------------------------------------------------------------- assignment
 
 
