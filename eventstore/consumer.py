@@ -22,9 +22,9 @@ processed again by the member that takes its partitions over.
 Isolation (eventstore.isolation): ``read_committed`` (the default, as the DESIGN asks)
 reads up to the last stable offset and skips aborted transactions;
 ``read_uncommitted`` reads to the log end. Control batches are never returned. A
-read_committed consumer held back by an open transaction asks the transaction
-coordinator (throttled: eventstore.isolation) to abort transactions whose producer died
-or timed out; nothing else would end them.
+read_committed consumer held back by an open transaction reports it, and if it lasts,
+the transaction coordinator aborts transactions whose producer died or timed out
+(eventstore.isolation.note_held_back); nothing else would end them.
 
 Positions of a group's partitions come from its committed offsets. A partition whose
 committed offset is part of a still-open transaction (a transactional producer's
@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 
 from eventstore.errors import OffsetOutOfRangeError, TidelineError, UnknownTopicError
 from eventstore.group import GroupMember, validate_group_id
-from eventstore.isolation import IsolationLevel, end_offset, read_visible, recover_abandoned_transactions
+from eventstore.isolation import IsolationLevel, end_offset, note_held_back, read_visible
 from eventstore.log import Log
 from eventstore.offsets import OffsetAndMetadata, OffsetStore, TopicPartition
 from eventstore.partition_log import FetchedBatch
@@ -381,7 +381,7 @@ class Consumer:
                         f"transaction still open after {self.default_api_timeout_ms} ms (its producer is alive "
                         "and has not committed or aborted)"
                     )
-                self._note_held_back(True)
+                self._note_pending_commits()
                 time.sleep(IDLE_POLL_SECONDS)
         return self._initialize(tp)
 
@@ -522,17 +522,18 @@ class Consumer:
         """Wait until the assigned partitions may have changed, at most ``remaining_s`` seconds."""
         time.sleep(min(IDLE_POLL_SECONDS, max(0.0, remaining_s)))
 
-    def _note_held_back(self, held_back: bool) -> None:
-        """Reads are held back by an open transaction: have abandoned transactions ended (throttled)."""
-        if held_back:
-            recover_abandoned_transactions(self.log)
+    def _note_pending_commits(self) -> None:
+        """This member waits for offsets committed in an open transaction (see ``note_held_back``)."""
+        if self.group_id is not None and (plog := self._store().partition_log_of(self.group_id)) is not None:
+            note_held_back(self.log, plog)
 
     def _fetch_once(self, max_records: int | None) -> list[PolledBatch]:
         tps = list(self._positions)
         if not tps:
             return []
         waiting = self._pending_commits(tp for tp, pos in self._positions.items() if pos is None)
-        held_back = bool(waiting)
+        if waiting:
+            self._note_pending_commits()
         out: list[PolledBatch] = []
         budget = self.max_poll_bytes
         count = 0
@@ -552,7 +553,8 @@ class Consumer:
                     raise
                 pos = self._reset(tp)
                 read = read_visible(plog, pos, self.isolation_level, max_bytes=budget)
-            held_back = held_back or (read.held_back and not read.batches)
+            if read.held_back and not read.batches:
+                note_held_back(self.log, plog)
             stopped = False
             for f in read.batches:
                 records = f.records
@@ -582,7 +584,6 @@ class Consumer:
             if budget <= 0 or (max_records is not None and count >= max_records):
                 break
         self._next = (self._next + 1) % len(tps)
-        self._note_held_back(held_back)
         return out
 
     # ------------------------------------------------------------------ close

@@ -16,11 +16,15 @@ One function, :func:`read_visible`, decides it for every reader of user data and
 Skipped batches still advance the reader: :attr:`VisibleRead.next_offset` is where the
 next read continues, past every batch examined (delivered or not).
 
-A reader held back by an open transaction (:attr:`VisibleRead.held_back`) calls
-:func:`recover_abandoned_transactions`: a transaction whose producer died (or timed
-out) stays open until someone asks the coordinator to abort it. The call is throttled
-per process and log directory (``RECOVERY_INTERVAL_S``), so short-lived readers trigger
-it as surely as long-lived ones, and busy ones not more often.
+A reader held back by an open transaction (:attr:`VisibleRead.held_back`) reports it
+to :func:`note_held_back`: a transaction whose producer died (or timed out) stays open
+until someone asks the coordinator to abort it, and readers are who notice. When the
+readers of this process have seen a partition's last stable offset hold them back at
+the same value for ``HELD_BACK_RECOVERY_S``, the coordinator's ``recover`` runs (at most
+once per ``RECOVERY_INTERVAL_S`` per log directory): it aborts transactions whose
+producer is dead or past its timeout and leaves live ones alone. The memory is per
+process, not per reader, so a series of short-lived readers triggers it as surely as one
+long poll.
 
 Thread-safety: stateless; safe from any thread.
 """
@@ -42,9 +46,11 @@ from eventstore.transactions import TRANSACTIONS_DIR, TransactionCoordinator
 if TYPE_CHECKING:
     from eventstore.log import Log
 
+HELD_BACK_RECOVERY_S = 1.0
 RECOVERY_INTERVAL_S = 1.0
 _recovery_lock = threading.Lock()
-_last_recovery: dict[Path, float] = {}
+_last_recovery: dict[Path, float] = {}  # log directory → when recover last ran
+_held_back: dict[Path, tuple[int, float]] = {}  # partition directory → (LSO, first seen holding readers back)
 
 
 class IsolationLevel(enum.Enum):
@@ -120,17 +126,28 @@ def read_visible(
     return VisibleRead(visible, max(offset, fetched[-1].header.next_offset), held_back)
 
 
-def recover_abandoned_transactions(log: Log) -> None:
-    """Abort the open transactions of dead or timed-out producers, complete decided ones.
-
-    At most once per ``RECOVERY_INTERVAL_S`` per log directory in this process; nothing to
-    do without a ``_transactions`` directory. Safe to call often: a transaction whose
-    producer is alive and within its timeout is left alone.
-    """
+def note_held_back(log: Log, plog: PartitionLog) -> None:
+    """A reader of ``plog`` is waiting at its last stable offset: recover abandoned transactions if it lasts."""
+    stable = plog.last_stable_offset()
     now = time.monotonic()
     with _recovery_lock:
+        seen = _held_back.get(plog.directory)
+        if seen is None or seen[0] != stable:
+            _held_back[plog.directory] = (stable, now)
+            return
+        if now - seen[1] < HELD_BACK_RECOVERY_S:
+            return
         if now - _last_recovery.get(log.path, float("-inf")) < RECOVERY_INTERVAL_S:
             return
         _last_recovery[log.path] = now
+    recover_abandoned_transactions(log)
+
+
+def recover_abandoned_transactions(log: Log) -> None:
+    """Abort the open transactions of dead or timed-out producers, complete decided ones.
+
+    Nothing to do without a ``_transactions`` directory. A transaction whose producer is
+    alive and within its timeout is left alone.
+    """
     if (log.path / TRANSACTIONS_DIR).is_dir():
         TransactionCoordinator(log).recover()

@@ -306,6 +306,11 @@ class OffsetStore:
         view = self._group_view(group)
         return set(view.pending.get(group, set())) if view is not None else set()
 
+    def partition_log_of(self, group: str) -> PartitionLog | None:
+        """The offsets-topic partition holding ``group``'s commits (None: no offsets topic yet)."""
+        count = self._topic_partitions(create=False)
+        return self.log.partition(OFFSETS_TOPIC, offsets_partition_for(group, count)) if count is not None else None
+
     def groups(self) -> list[str]:
         """Every group with committed offsets, pending ones, or member directories, sorted."""
         from eventstore.group import group_names  # group.py imports this module
