@@ -15,7 +15,12 @@ on its clock.
 2. Read: a consumer from offset 0 over the keyless data (``poll()`` counting rows, and
    ``to_table()``), page cache warm; peer: ``os.read`` of the segment files in 4 MiB
    chunks. Informational: iterating ``ConsumerRecord`` objects.
-3. Compaction: ``compact_partition`` over the closed 8 MiB segments of a compacted topic
+3. Transactions: records/s with one transaction per 1,000 records (``begin`` →
+   ``send_batch`` → ``commit``: coordinator state fsynced on the first partition and at
+   the decision, data batch, commit marker per partition); peer: the same 1,000-record
+   ``send_batch`` calls without transactions (idempotent producer), same run,
+   interleaved. Once into 1 partition, once keyed over 4 partitions.
+4. Compaction: ``compact_partition`` over the closed 8 MiB segments of a compacted topic
    (1M records over 100k random keys); peer: a raw copy (read + write + fsync per file)
    of the same segment files. MB/s count the input (closed segment) bytes.
 """
@@ -71,6 +76,7 @@ class Sizes:
     compact_records: int
     compact_keys: int
     compact_segment_bytes: int
+    txn_records: int
 
 
 FULL = Sizes(
@@ -83,6 +89,7 @@ FULL = Sizes(
     compact_records=1_000_000,
     compact_keys=100_000,
     compact_segment_bytes=8 << 20,
+    txn_records=200_000,
 )
 QUICK = Sizes(
     append_records=100_000,
@@ -94,6 +101,7 @@ QUICK = Sizes(
     compact_records=100_000,
     compact_keys=10_000,
     compact_segment_bytes=1 << 20,
+    txn_records=20_000,
 )
 
 
@@ -563,6 +571,64 @@ def bench_compaction(ctx: Context, section: Section, sizes: Sizes, values: pa.Ar
     )
 
 
+# ---------------------------------------------------------------------------- transactions
+
+TXN_SIZE = 1_000
+
+
+def txn_append_once(root: Path, values: pa.Array, keys: pa.Array | None, partitions: int, txn: bool) -> float:
+    """Seconds to append ``values`` in 1,000-record ``send_batch`` calls, each its own transaction if ``txn``."""
+    root.mkdir(parents=True)
+    with Log(root / "log") as log:
+        log.create_topic(TOPIC, partitions)
+        producer = Producer(log, transactional_id="bench" if txn else None)
+        if txn:
+            producer.init_transactions()
+        chunks = [
+            (values.slice(i, TXN_SIZE), keys.slice(i, TXN_SIZE) if keys is not None else None)
+            for i in range(0, len(values), TXN_SIZE)
+        ]
+
+        def go() -> None:
+            for v, k in chunks:
+                if txn:
+                    producer.begin_transaction()
+                producer.send_batch(TOPIC, v, k, partition=0 if k is None else None)
+                if txn:
+                    producer.commit_transaction()
+
+        seconds = timed(go)
+        producer.close()
+    shutil.rmtree(root)
+    return seconds
+
+
+def bench_transactions(ctx: Context, section: Section, sizes: Sizes, values: pa.Array, keys: pa.Array) -> None:
+    n = sizes.txn_records
+    root = ctx.workdir / "txn"
+    txn_append_once(root / "warm", values.slice(0, 5 * TXN_SIZE), None, 1, True)
+    for label, k, parts in (("1 partition", None, 1), ("keyed, 4 partitions", keys.slice(0, n), 4)):
+        txn_s: list[float] = []
+        plain_s: list[float] = []
+        for i in range(sizes.runs):
+            txn_s.append(txn_append_once(root / f"t{i}", values.slice(0, n), k, parts, True))
+            plain_s.append(txn_append_once(root / f"p{i}", values.slice(0, n), k, parts, False))
+            ctx.say(f"transactions {label} run {i + 1}: {n / txn_s[-1]:,.0f} vs plain {n / plain_s[-1]:,.0f} records/s")
+        section.results.append(
+            measured(
+                f"transactional append, 1 txn per {TXN_SIZE:,} records, {label}",
+                n / min(txn_s),
+                "records/s",
+                baseline_name=f"same {TXN_SIZE:,}-record send_batch calls, no transaction",
+                baseline_value=n / min(plain_s),
+                note=(
+                    f"{n:,} records of {RECORD_BYTES} B; runs {spread([n / s for s in txn_s])} vs "
+                    f"{spread([n / s for s in plain_s])} records/s; {paired(txn_s, plain_s)}"
+                ),
+            )
+        )
+
+
 # ---------------------------------------------------------------------------- entry point
 
 
@@ -581,6 +647,9 @@ def run(ctx: Context, section: Section) -> None:
         "Read: a fresh Log and Consumer per run reading the keyless append data from offset 0 (default "
         "max_poll_bytes 4 MiB); the raw peer `os.read`s the same segment files in 4 MiB chunks; page cache warm "
         "for both.",
+        f"Transactions: {sizes.txn_records:,} records in {TXN_SIZE:,}-record `send_batch` calls, each in its own "
+        "transaction (begin, send_batch, commit) vs the same calls by an idempotent producer without transactions; "
+        "fsync every_batch; a fresh log per run.",
         f"Compaction: {sizes.compact_records:,} records over {sizes.compact_keys:,} uniformly random keys, "
         f"segment_bytes {sizes.compact_segment_bytes >> 20} MiB; each run compacts a fresh copy of the "
         "partition; the raw peer copies the same closed segment files (read, write, fsync per file, fsync dir).",
@@ -590,4 +659,5 @@ def run(ctx: Context, section: Section) -> None:
     pdir = bench_append(ctx, section, sizes, values.slice(0, m), keys.slice(0, m))
     bench_read(ctx, section, sizes, pdir, sizes.append_records)
     shutil.rmtree(pdir.parent.parent)
+    bench_transactions(ctx, section, sizes, values, keys)
     bench_compaction(ctx, section, sizes, values)

@@ -28,6 +28,11 @@ Algorithm (one pass over a partition, under its ``.clean.lock``):
    ``delete_retention_ms``) the first time it is cleaned; a later pass after the
    horizon drops it. Records without a key (from before the topic was compacted) and
    control batches are kept as they are.
+5. Transactions: only segments wholly below the last stable offset are cleanable (an
+   open transaction's outcome decides which record of a key is the latest). Batches of
+   aborted transactions never count as the latest of their keys and are dropped.
+   Commit and abort markers are kept (they are small; the producer state rebuild after
+   a lost ``producer-state`` snapshot relies on them).
 
 Swap and crash policy (the ``.cleaned`` / ``.swap`` suffixes)::
 
@@ -64,6 +69,8 @@ import pyarrow.compute as pc
 
 from eventstore.fileio import fsync_dir, write_fsynced
 from eventstore.index import OFFSET_ENTRY, TIME_ENTRY
+from eventstore.isolation import is_aborted
+from eventstore.producer_state import AbortedTransaction
 from eventstore.record_batch import BatchHeader, encode_batch, set_base_offset, unpack_header
 from eventstore.segment import (
     CLEANED_SUFFIX,
@@ -79,6 +86,7 @@ from eventstore.segment import (
     time_index_path,
 )
 from eventstore.topic import now_ms
+from eventstore.transactions import TransactionCoordinator
 
 if TYPE_CHECKING:
     from eventstore.log import Log
@@ -211,6 +219,7 @@ def compact_partition(plog: PartitionLog, *, now: int | None = None) -> CleanSta
     directory = plog.directory
     with plog.cleaning():
         resolve_overlaps(directory)
+        stable = plog.last_stable_offset()
         bases = list_segment_bases(directory)[:-1]
         readers = {b: SegmentReader(directory, b) for b in bases}
         try:
@@ -221,10 +230,13 @@ def compact_partition(plog: PartitionLog, *, now: int | None = None) -> CleanSta
                     and _segment_max_timestamp(readers[b]) > now - config.min_compaction_lag_ms
                 ):
                     break
+                if readers[b].end_offset() > stable:
+                    break  # an open transaction starts in this segment
                 cleanable.append(b)
             if not cleanable:
                 return CleanStats()
-            keep_offsets = _latest_offsets(readers, cleanable)
+            aborted = plog.aborted_transactions(cleanable[0], readers[cleanable[-1]].end_offset())
+            keep_offsets = _latest_offsets(readers, cleanable, aborted)
             stats = CleanStats(segments_cleaned=len(cleanable))
             sizes = {b: readers[b].size() for b in cleanable}
             for group in _group(cleanable, sizes, config.segment_bytes):
@@ -233,6 +245,7 @@ def compact_partition(plog: PartitionLog, *, now: int | None = None) -> CleanSta
                     group,
                     readers,
                     keep_offsets,
+                    aborted,
                     now,
                     config.delete_retention_ms,
                     config.index_interval_bytes,
@@ -251,7 +264,9 @@ def _record_offsets(header: BatchHeader, records: pa.RecordBatch) -> pa.Array:
     return pc.add(records.column(0).cast(pa.int64()), pa.scalar(header.base_offset, pa.int64()))
 
 
-def _latest_offsets(readers: dict[int, SegmentReader], cleanable: list[int]) -> np.ndarray[Any, Any]:
+def _latest_offsets(
+    readers: dict[int, SegmentReader], cleanable: list[int], aborted: list[AbortedTransaction]
+) -> np.ndarray[Any, Any]:
     """Pass 1: the largest offset of every key in the cleanable segments, sorted.
 
     Memory: O(distinct keys + one segment's keys): keys are copied out of each segment's
@@ -262,7 +277,7 @@ def _latest_offsets(readers: dict[int, SegmentReader], cleanable: list[int]) -> 
     for base in cleanable:
         seg_keys, seg_offsets = [], []
         for header, records in _read_all_batches(readers[base]):
-            if not header.is_control:
+            if not header.is_control and not is_aborted(header, aborted):
                 seg_keys.append(records.column(2))
                 seg_offsets.append(_record_offsets(header, records))
         if seg_keys:
@@ -291,6 +306,7 @@ def _clean_group(
     group: list[int],
     readers: dict[int, SegmentReader],
     keep_offsets: np.ndarray[Any, Any],
+    aborted: list[AbortedTransaction],
     now: int,
     delete_retention_ms: int,
     index_interval: int,
@@ -313,6 +329,11 @@ def _clean_group(
             row += records.num_rows
             if header.is_control:
                 out = _reencode(header, records, header.delete_horizon_ms)
+            elif is_aborted(header, aborted):
+                if not group_end:
+                    continue  # aborted data is never read (read_committed) nor the latest of a key
+                records = records.slice(0, 0)
+                out = _reencode(header, records, -1)
             else:
                 key_col, value_col = records.column(2), records.column(3)
                 latest = pc.or_(latest_slice, pc.is_null(key_col))
@@ -429,7 +450,7 @@ def apply_retention(plog: PartitionLog, *, now: int | None = None) -> int:
 
 
 class LogCleaner:
-    """Runs compaction and retention over every topic of a log every ``interval_s`` seconds.
+    """Runs transaction recovery, compaction and retention over a log every ``interval_s`` seconds.
 
     Thread-safety: start/stop from one thread; the work runs in its own daemon thread.
     """
@@ -442,6 +463,11 @@ class LogCleaner:
         self.passes = 0
 
     def run_once(self) -> dict[str, CleanStats]:
+        """Recover abandoned transactions (their open data blocks compaction), then clean every partition."""
+        for ended in TransactionCoordinator(self.log).recover():
+            log.info(
+                "ended transaction %r (producer %d): %s", ended.transactional_id, ended.producer_id, ended.state.value
+            )
         out: dict[str, CleanStats] = {}
         for topic in self.log.topics():
             meta = self.log.topic(topic)

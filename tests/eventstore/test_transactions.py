@@ -1,0 +1,357 @@
+"""Transactions across topics and partitions, as read_committed and read_uncommitted see them.
+
+* A transaction over 3 topics × 4 partitions is visible all at once on commit, never on
+  abort, and not while open (the last stable offset holds read_committed readers back).
+* A producer process and a consumer reading concurrently: read_committed never returns a
+  record of a transaction that was not (yet) committed; read_uncommitted does.
+* A producer killed -9 inside a transaction: its data stays invisible, and recovery
+  (the coordinator's, or the next instance's ``init_transactions``) aborts it. A crash
+  after the commit decision but before all markers: recovery completes the commit.
+* Compaction never lets aborted data replace a committed value, nor cleans past an
+  open transaction.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eventstore.cleaner import compact_partition
+from eventstore.consumer import Consumer, TopicPartition
+from eventstore.errors import ProducerFencedError
+from eventstore.log import Log
+from eventstore.partition_log import AppendResult
+from eventstore.producer import Producer
+from eventstore.transactions import TransactionCoordinator, TxnState
+
+SOAK = os.environ.get("TIDELINE_SOAK") == "1"
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+TOPICS = ("orders", "payments", "audit")
+
+
+def make_topics(log: Log, partitions: int) -> list[TopicPartition]:
+    for t in TOPICS:
+        log.create_topic(t, partitions)
+    return [TopicPartition(t, p) for t in TOPICS for p in range(partitions)]
+
+
+def values_seen(log: Log, tps: list[TopicPartition], isolation: str) -> list[bytes]:
+    """Everything a fresh consumer at ``isolation`` reads from the beginning, right now."""
+    out: list[bytes] = []
+    with Consumer(log, isolation_level=isolation, enable_auto_commit=False) as consumer:
+        consumer.assign(tps)
+        consumer.seek_to_beginning()
+        while True:
+            records = consumer.poll(timeout_ms=0)
+            if not records:
+                return out
+            out.extend(r.value for r in records if r.value is not None)
+
+
+def test_transaction_over_three_topics(tmp_path: Path) -> None:
+    with Log(tmp_path / "log") as log:
+        tps = make_topics(log, 4)
+        producer = Producer(log, transactional_id="app", linger_ms=1)
+        producer.init_transactions()
+
+        def txn(tag: str, n: int) -> list[bytes]:
+            sent = [f"{tag}-{t}-{i}".encode() for t in TOPICS for i in range(n)]
+            for v in sent:
+                producer.send(v.split(b"-")[1].decode(), v, key=v)
+            return sent
+
+        producer.begin_transaction()
+        committed = txn("c1", 40)
+        producer.commit_transaction()
+        producer.begin_transaction()
+        aborted = txn("a1", 40)
+        producer.flush()  # on disk, then aborted
+        producer.abort_transaction()
+        producer.begin_transaction()
+        open_ = txn("o1", 40)
+        producer.flush()  # on disk, still open
+
+        assert all(log.partition(tp.topic, tp.partition).aborted_transactions(0, 1 << 62) for tp in tps)
+        unstable = [
+            tp
+            for tp in tps
+            if log.partition(tp.topic, tp.partition).last_stable_offset()
+            < log.partition(tp.topic, tp.partition).log_end_offset()
+        ]
+        assert len(unstable) == len(tps), "every partition holds open data: the LSO must stop before it"
+        assert sorted(values_seen(log, tps, "read_committed")) == sorted(committed)
+        assert sorted(values_seen(log, tps, "read_uncommitted")) == sorted(committed + aborted + open_)
+
+        producer.commit_transaction()
+        assert sorted(values_seen(log, tps, "read_committed")) == sorted(committed + open_)
+        for tp in tps:
+            plog = log.partition(tp.topic, tp.partition)
+            assert plog.last_stable_offset() == plog.log_end_offset()
+        producer.close()
+    with Log(tmp_path / "log") as log:  # and the same after reopening
+        assert sorted(values_seen(log, tps, "read_committed")) == sorted(committed + open_)
+
+
+TXN_PRODUCER = r"""
+import os, random, sys, time
+from eventstore.log import Log
+from eventstore.producer import Producer
+path, decisions, count, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+rng = random.Random(seed)
+topics = ("orders", "payments", "audit")
+log = Log(path)
+p = Producer(log, transactional_id="writer", linger_ms=1)
+p.init_transactions()
+with open(decisions, "a") as out:
+    for k in range(count):
+        p.begin_transaction()
+        for i in range(rng.randint(1, 30)):
+            t = rng.choice(topics)
+            p.send(t, b"%d:%d" % (k, i), key=b"key-%d" % rng.randint(0, 50))
+        p.flush()                      # durable and readable by read_uncommitted, still open
+        time.sleep(rng.random() * 0.01)
+        decision = "commit" if rng.random() < 0.7 else "abort"
+        out.write(f"{k} {decision}\n"); out.flush(); os.fsync(out.fileno())   # decided before the markers
+        if decision == "commit":
+            p.commit_transaction()
+        else:
+            p.abort_transaction()
+p.close()
+print("done", flush=True)
+"""
+
+
+def test_concurrent_processes_read_committed_never_sees_open_or_aborted(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    decisions_path = tmp_path / "decisions"
+    decisions_path.touch()
+    count = 1500 if SOAK else 200
+    with Log(path) as log:
+        tps = make_topics(log, 3)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", TXN_PRODUCER, str(path), str(decisions_path), str(count), "11"],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    decisions: dict[int, str] = {}
+
+    def decision(k: int) -> str | None:
+        if k not in decisions:
+            for line in decisions_path.read_text().splitlines():
+                n, d = line.split()
+                decisions[int(n)] = d
+        return decisions.get(k)
+
+    committed_seen: list[bytes] = []
+    uncommitted_seen: list[bytes] = []
+    with Log(path) as log:
+        rc = Consumer(log, isolation_level="read_committed", enable_auto_commit=False)
+        ru = Consumer(log, isolation_level="read_uncommitted", enable_auto_commit=False)
+        for c in (rc, ru):
+            c.assign(tps)
+            c.seek_to_beginning()
+        idle = 0
+        while idle < 3:
+            done = writer.poll() is not None
+            got = 0
+            for record in rc.poll(timeout_ms=20):
+                assert record.value is not None
+                k = int(record.value.split(b":")[0])
+                assert decision(k) == "commit", f"read_committed returned {record.value!r} of a {decision(k)} txn"
+                committed_seen.append(record.value)
+                got += 1
+            for record in ru.poll(timeout_ms=0):
+                assert record.value is not None
+                uncommitted_seen.append(record.value)
+                got += 1
+            idle = idle + 1 if done and got == 0 else 0
+        rc.close()
+        ru.close()
+    assert writer.wait() == 0
+    assert len(decisions) == count
+    assert len(committed_seen) == len(set(committed_seen))
+    committed_txns = {k for k, d in decisions.items() if d == "commit"}
+    aborted_seen = [v for v in uncommitted_seen if decisions[int(v.split(b":")[0])] == "abort"]
+    assert aborted_seen, "read_uncommitted should have returned records of aborted transactions"
+    expected = sorted(v for v in uncommitted_seen if int(v.split(b":")[0]) in committed_txns)
+    assert sorted(committed_seen) == expected  # every committed record, once, and nothing else
+
+
+CRASHER = r"""
+import sys, time
+from eventstore.log import Log
+from eventstore.producer import Producer
+log = Log(sys.argv[1])
+p = Producer(log, transactional_id="crasher", linger_ms=1)
+p.init_transactions()
+p.begin_transaction()
+p.send("orders", b"committed-before", key=b"a")
+p.commit_transaction()
+p.begin_transaction()
+for t in ("orders", "payments", "audit"):
+    for i in range(20):
+        p.send(t, b"doomed-%d" % i, key=b"k%d" % i)
+p.flush()
+print("sent", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("recovery", ["coordinator", "next_instance"])
+def test_kill_9_mid_transaction_leaves_it_aborted(tmp_path: Path, recovery: str) -> None:
+    path = tmp_path / "log"
+    with Log(path) as log:
+        tps = make_topics(log, 2)
+    proc = subprocess.Popen([sys.executable, "-c", CRASHER, str(path)], env=ENV, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "sent"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with Log(path) as log:
+        assert values_seen(log, tps, "read_committed") == [b"committed-before"]
+        assert len(values_seen(log, tps, "read_uncommitted")) == 61
+        coordinator = TransactionCoordinator(log)
+        assert coordinator.read_state("crasher").state is TxnState.ONGOING  # type: ignore[union-attr]
+        if recovery == "coordinator":
+            ended = coordinator.recover()  # the owner's flock died with it: no need to wait for the timeout
+            assert [m.transactional_id for m in ended] == ["crasher"]
+            assert ended[0].state is TxnState.COMPLETE_ABORT
+            assert coordinator.read_state("crasher").state is TxnState.COMPLETE_ABORT  # type: ignore[union-attr]
+        else:
+            Producer(log, transactional_id="crasher").init_transactions()
+            state = coordinator.read_state("crasher")
+            assert state is not None and (state.state, state.epoch) == (TxnState.EMPTY, 2)  # aborted at epoch 1
+        for tp in tps:
+            plog = log.partition(tp.topic, tp.partition)
+            assert plog.last_stable_offset() == plog.log_end_offset()
+        assert values_seen(log, tps, "read_committed") == [b"committed-before"]
+        assert len(values_seen(log, tps, "read_uncommitted")) == 61  # aborted data stays until cleaned
+        assert coordinator.recover() == []  # idempotent
+
+
+class CrashOnSecondMarker(Log):
+    """A real log that 'crashes' (raises) when the second commit marker is appended."""
+
+    markers = 0
+
+    def append(self, topic: str, partition: int, batch: bytearray) -> AppendResult:
+        if batch[21] & 0x20:  # attributes: control batch
+            self.markers += 1
+            if self.markers == 2:
+                raise KeyboardInterrupt("simulated crash between markers")
+        return super().append(topic, partition, batch)
+
+
+def test_crash_between_decision_and_markers_completes_the_commit(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    with Log(path) as log:
+        tps = make_topics(log, 2)
+    log = CrashOnSecondMarker(path)
+    producer = Producer(log, transactional_id="half", linger_ms=1)
+    producer.init_transactions()
+    producer.begin_transaction()
+    sent = [b"v%d" % i for i in range(30)]
+    for i, v in enumerate(sent):
+        producer.send(TOPICS[i % 3], v, key=v)
+    with pytest.raises(KeyboardInterrupt):
+        producer.commit_transaction()
+    log.close()
+    with Log(path) as fresh:
+        coordinator = TransactionCoordinator(fresh)
+        assert coordinator.read_state("half").state is TxnState.PREPARE_COMMIT  # type: ignore[union-attr]
+        assert values_seen(fresh, tps, "read_committed") != sorted(sent)  # only part of it is committed yet
+        ended = coordinator.recover()
+        assert [m.state for m in ended] == [TxnState.COMPLETE_COMMIT]
+        assert sorted(values_seen(fresh, tps, "read_committed")) == sorted(sent)
+
+
+def test_transaction_timeout_aborts_and_fences_a_live_producer(tmp_path: Path) -> None:
+    with Log(tmp_path / "log") as log:
+        tps = make_topics(log, 1)
+        producer = Producer(log, transactional_id="slow", transaction_timeout_ms=50)
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("orders", b"late", key=b"k").result()
+        assert TransactionCoordinator(log).recover() == []  # alive and within its timeout
+        time.sleep(0.1)
+        assert [m.transactional_id for m in TransactionCoordinator(log).recover()] == ["slow"]
+        with pytest.raises(ProducerFencedError):
+            producer.commit_transaction()
+        assert values_seen(log, tps, "read_committed") == []
+
+
+def test_compaction_respects_transactions(tmp_path: Path) -> None:
+    with Log(tmp_path / "log") as log:
+        log.create_topic("state", 1, overrides={"cleanup_policy": "compact"})
+        plog = log.partition("state", 0)
+        producer = Producer(log, transactional_id="c", linger_ms=1)
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("state", b"committed", key=b"K")
+        producer.commit_transaction()
+        producer.begin_transaction()
+        producer.send("state", b"aborted", key=b"K")
+        producer.flush()
+        producer.abort_transaction()
+        plog.roll()
+        producer.begin_transaction()
+        producer.send("state", b"open", key=b"K")
+        producer.flush()
+        plog.roll()  # the open transaction sits in a closed segment now
+        stats = compact_partition(plog)
+        assert stats.segments_cleaned == 1, "only the segment below the last stable offset is cleanable"
+        tp = [TopicPartition("state", 0)]
+        assert values_seen(log, tp, "read_committed") == [b"committed"]
+        assert values_seen(log, tp, "read_uncommitted") == [b"committed", b"open"]  # the aborted batch is gone
+        producer.commit_transaction()
+        plog.roll()
+        compact_partition(plog)
+        assert values_seen(log, tp, "read_committed") == [b"open"]
+        producer.close()
+
+
+def test_many_random_transactions_model(tmp_path: Path) -> None:
+    """A reference model: random commits/aborts/interleavings by two producers."""
+    rng = random.Random(5)
+    with Log(tmp_path / "log") as log:
+        tps = make_topics(log, 2)
+        producers = [Producer(log, transactional_id=f"p{i}", linger_ms=1) for i in range(2)]
+        for p in producers:
+            p.init_transactions()
+        expected: list[bytes] = []
+        pending: dict[int, list[bytes]] = {0: [], 1: []}
+        for p in producers:
+            p.begin_transaction()
+        for step in range(400 if SOAK else 120):
+            i = rng.randrange(2)
+            p = producers[i]
+            action = rng.random()
+            if action < 0.7:
+                v = b"%d-%d" % (i, step)
+                p.send(rng.choice(TOPICS), v, key=v, partition=rng.randrange(2))
+                pending[i].append(v)
+            else:
+                if action < 0.9:
+                    p.commit_transaction()
+                    expected.extend(pending[i])
+                else:
+                    p.abort_transaction()
+                pending[i] = []
+                p.begin_transaction()
+            if step % 20 == 0:  # committed data behind another open transaction is held back (LSO)
+                seen = values_seen(log, tps, "read_committed")
+                assert len(seen) == len(set(seen)) and set(seen) <= set(expected)
+        for p in producers:
+            p.commit_transaction()
+            p.close()
+        expected.extend(pending[0] + pending[1])
+        assert sorted(values_seen(log, tps, "read_committed")) == sorted(expected)
