@@ -9,15 +9,17 @@ table, no per-record Python work) or, for convenience, iterated as
 
 Groups: committed offsets live in ``__consumer_offsets`` (eventstore.offsets); membership
 and partition ownership are flock'ed files in the log directory (eventstore.group). A
-subscribed consumer refreshes its membership in ``poll`` at most every
-``heartbeat_interval_ms``: it releases partitions the group's assignment gave to others
-(committing their positions first when auto-commit is on) and takes newly assigned ones
-once their previous owner let go, starting each at the group's committed offset (else
-``auto_offset_reset``). With auto-commit, positions are also committed every
-``auto_commit_interval_ms`` (at the start of a ``poll``, so what earlier polls returned
-counts as processed, as in Kafka) and on ``close``/``unsubscribe``. Delivery is
-at-least-once: a member killed between processing records and committing them has them
-processed again by the member that takes its partitions over.
+subscribed consumer refreshes its membership in ``poll`` every ``heartbeat_interval_ms``
+(default 500 ms: the longest a killed member's partitions wait), and at once when the
+members directory changed (a join, a clean leave, a heartbeat). It releases partitions
+the group's assignment gave to others (committing their positions first when
+auto-commit is on) and takes newly assigned ones once their previous owner let go,
+starting each at the group's committed offset (else ``auto_offset_reset``). With
+auto-commit, positions are also committed every ``auto_commit_interval_ms`` (at the
+start of a ``poll``, so what earlier polls returned counts as processed, as in Kafka)
+and on ``close``/``unsubscribe``. Delivery is at-least-once: a member killed between
+processing records and committing them has them processed again by the member that
+takes its partitions over.
 
 Isolation (eventstore.isolation): ``read_committed`` (the default, as the DESIGN asks)
 reads up to the last stable offset and skips aborted transactions;
@@ -31,28 +33,47 @@ committed offset is part of a still-open transaction (a transactional producer's
 ``send_offsets_to_transaction``) is not read until that transaction ends, and
 ``position`` waits for it (up to ``default_api_timeout_ms``), as Kafka does.
 
-Thread-safety: not thread-safe (like Kafka's consumer): one thread per consumer.
+Long-poll: ``poll(timeout_ms)`` with nothing to return sleeps in an inotify wait on the
+directories of its partitions (eventstore.notify), so an append by any process wakes it
+within milliseconds and an idle consumer costs no CPU; it wakes at least every
+``heartbeat_interval_ms`` as a group member (membership; joins and leaves wake it at
+once), and every second otherwise (a
+transaction held open by a dead producer is noticed). Without inotify it polls every
+5 ms.
+
+Thread-safety: not thread-safe (like Kafka's consumer): one thread per consumer, except
+:meth:`Consumer.wakeup`, which any thread may call to end a blocking ``poll``.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from types import TracebackType
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eventstore.errors import OffsetOutOfRangeError, TidelineError, UnknownTopicError
-from eventstore.group import GroupMember, validate_group_id
+from eventstore.errors import (
+    CommitFailedError,
+    OffsetOutOfRangeError,
+    TidelineError,
+    UnknownTopicError,
+    WakeupError,
+)
+from eventstore.group import MEMBERS_DIR, GroupMember, group_dir, validate_group_id
 from eventstore.isolation import IsolationLevel, end_offset, note_held_back, read_visible
 from eventstore.log import Log
+from eventstore.notify import ChangeWaiter
 from eventstore.offsets import OffsetAndMetadata, OffsetStore, TopicPartition
 from eventstore.partition_log import FetchedBatch
 
 Headers = list[tuple[str, bytes | None]]
 IDLE_POLL_SECONDS = 0.005
+MAX_IDLE_WAIT_SECONDS = 1.0  # a waiting poll re-checks at least this often (held-back transactions)
 RebalanceCallback = Callable[[list[TopicPartition]], None]
 
 __all__ = [
@@ -66,10 +87,6 @@ __all__ = [
     "PolledBatch",
     "TopicPartition",
 ]
-
-
-class CommitFailedError(TidelineError):
-    """A group member tried to commit a partition it does not own (the group rebalanced)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +208,7 @@ class Consumer:
         isolation_level: str | IsolationLevel = IsolationLevel.READ_COMMITTED,
         enable_auto_commit: bool = True,
         auto_commit_interval_ms: int = 5000,
-        heartbeat_interval_ms: int = 100,
+        heartbeat_interval_ms: int = 500,
         client_id: str = "tideline",
         default_api_timeout_ms: int = 60_000,
     ) -> None:
@@ -220,6 +237,9 @@ class Consumer:
         self._refreshed = float("-inf")
         self._auto_committed = time.monotonic()
         self._target: set[TopicPartition] = set()
+        self._members_seen_ns = 0
+        self._waiter: ChangeWaiter | None = None  # created by the first poll that has to wait
+        self._woken = False
 
     def __enter__(self) -> Consumer:
         return self
@@ -470,9 +490,13 @@ class Consumer:
     def _maybe_rebalance(self) -> None:
         """Refresh membership (at most every ``heartbeat_interval_ms``): release, acquire, heartbeat."""
         member = self._member
-        if member is None or (time.monotonic() - self._refreshed) * 1000 < self.heartbeat_interval_ms:
+        if member is None:
+            return
+        members_changed = self._members_mtime_ns() != self._members_seen_ns
+        if not members_changed and (time.monotonic() - self._refreshed) * 1000 < self.heartbeat_interval_ms:
             return
         self._refreshed = time.monotonic()
+        self._members_seen_ns = self._members_mtime_ns()
         self._target = member.target(self._partition_count)
         self._revoke(set(self._positions) - self._target)
         acquired = member.try_acquire(self._target - set(self._positions))
@@ -482,6 +506,15 @@ class Consumer:
             if self._on_assign is not None:
                 self._on_assign(acquired)
         member.heartbeat()
+
+    def _members_mtime_ns(self) -> int:
+        """The members directory's mtime: it changes when a member joins, leaves or heartbeats."""
+        if self.group_id is None:
+            return 0
+        try:
+            return os.stat(group_dir(self.log.path, self.group_id) / MEMBERS_DIR).st_mtime_ns
+        except FileNotFoundError:
+            return 0
 
     def _revoke(self, partitions: set[TopicPartition]) -> None:
         """Give up ``partitions``: auto-commit their positions, tell the listener, release the locks."""
@@ -508,8 +541,11 @@ class Consumer:
         """
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
+            self._check_wakeup()
             self._maybe_rebalance()
             self._maybe_auto_commit()
+            if self._waiter is not None:  # watch first, then read: no append can fall in between
+                self._watch()
             before = dict(self._positions)
             out = self._fetch_once(max_records)
             if not out and self._positions != before:
@@ -520,7 +556,31 @@ class Consumer:
 
     def _wait_for_data(self, remaining_s: float) -> None:
         """Wait until the assigned partitions may have changed, at most ``remaining_s`` seconds."""
-        time.sleep(min(IDLE_POLL_SECONDS, max(0.0, remaining_s)))
+        if self._waiter is None:
+            self._waiter = ChangeWaiter()
+            self._watch()
+            return  # read once more now that changes are watched, then wait
+        cap = self.heartbeat_interval_ms / 1000 if self._member is not None else MAX_IDLE_WAIT_SECONDS
+        self._waiter.wait(max(0.0, min(remaining_s, cap)))
+
+    def _watch(self) -> None:
+        assert self._waiter is not None
+        dirs = [self.log.partition(tp.topic, tp.partition).directory for tp in self._positions]
+        if self._member is not None and self.group_id is not None:
+            dirs.append(group_dir(self.log.path, self.group_id) / MEMBERS_DIR)  # joins and clean leaves
+        with suppress(OSError):  # a directory vanished (e.g. a group reaped): the next poll watches again
+            self._waiter.set_watched(dirs)
+
+    def wakeup(self) -> None:
+        """Make the current (or next) ``poll`` raise :class:`WakeupError` at once; any thread may call it."""
+        self._woken = True
+        if self._waiter is not None:
+            self._waiter.wakeup()
+
+    def _check_wakeup(self) -> None:
+        if self._woken:
+            self._woken = False
+            raise WakeupError("consumer woken up")
 
     def _note_pending_commits(self) -> None:
         """This member waits for offsets committed in an open transaction (see ``note_held_back``)."""
@@ -597,3 +657,6 @@ class Consumer:
                 self.commit()
         finally:
             self._positions.clear()
+            if self._waiter is not None:
+                self._waiter.close()
+                self._waiter = None

@@ -83,3 +83,11 @@ class InvalidTxnStateError(TidelineError):
 
 class TransactionAbortedError(TidelineError):
     """A record could not be sent because its transaction was aborted."""
+
+
+class CommitFailedError(TidelineError):
+    """A group member tried to commit a partition it does not own (the group rebalanced)."""
+
+
+class WakeupError(TidelineError):
+    """``Consumer.wakeup()`` was called: the blocking ``poll`` returns by raising this."""

@@ -5,6 +5,9 @@ Layout of a log directory::
     tideline-log.json        marker: {"format_version": 1}; a directory without it is refused
     _topics/<topic>.json     topic metadata (eventstore.topic)
     <topic>-<n>/             partition n of <topic> (eventstore.partition_log)
+    _transactions/           producer ids and transaction state (eventstore.transactions)
+    _groups/<group>/         consumer group members and partition owners (eventstore.group);
+                             committed offsets live in the topic __consumer_offsets (eventstore.offsets)
 
 Crash policy: topic creation makes the partition directories first and publishes the
 metadata last (atomically), so a crash leaves either no topic or a whole one; empty
@@ -27,7 +30,7 @@ from typing import Any
 from eventstore.errors import ConfigError, TopicExistsError
 from eventstore.fileio import replace_durably
 from eventstore.partition_log import AppendResult, FetchedBatch, FsyncPolicy, PartitionLog
-from eventstore.segment import list_segment_bases
+from eventstore.segment import list_segment_bases, log_path
 from eventstore.topic import (
     TopicConfig,
     TopicMetadata,
@@ -121,7 +124,7 @@ class Log:
             raise TopicExistsError(name)
         for n in range(partitions):
             pdir = meta.partition_dir(self.path, n)
-            if pdir.exists() and any(list_segment_bases(pdir)):
+            if pdir.exists() and any(log_path(pdir, b).stat().st_size for b in list_segment_bases(pdir)):
                 raise ConfigError(f"{pdir} already holds data but topic {name!r} has no metadata")
             PartitionLog.create(pdir)
         publish_new(self.path, meta)

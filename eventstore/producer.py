@@ -420,8 +420,8 @@ class Producer:
         }
         if not normalized:
             return
-        ensure_offsets_topic(self.log)
-        partition, keys, values = offset_commit_records(group_id, normalized)
+        topic = ensure_offsets_topic(self.log)
+        partition, keys, values = offset_commit_records(group_id, normalized, partitions=topic.partitions)
         ts = now_ms()
         self._append(OFFSETS_TOPIC, partition, build_records(keys, values), ts, ts)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from eventstore.consumer import Consumer, TopicPartition
-from eventstore.errors import CorruptLogError
+from eventstore.errors import ConfigError, CorruptLogError
 from eventstore.log import Log
 from eventstore.record_batch import build_records, encode_batch, unpack_header
 from eventstore.segment import list_segment_bases, log_path
@@ -194,3 +194,17 @@ def test_send_keeps_per_partition_order_across_threads(tmp_path: Path) -> None:
                 assert seq > last.get(r.key, -1), f"record {seq} of key {r.key!r} stored after a later one"
                 last[r.key] = seq
         assert len(last) == 64
+
+
+def test_create_topic_reuses_empty_leftovers_but_refuses_orphaned_data(tmp_path: Path) -> None:
+    """A crash during creation leaves empty partition directories (reused); data without metadata is refused."""
+    with Log(tmp_path / "log") as log:
+        log.create_topic("t", 2)
+        log.append("t", 1, encode_batch(build_records([b"k"], [b"v"]), first_timestamp=1, max_timestamp=1))
+    (tmp_path / "log" / "_topics" / "t.json").unlink()  # as if the metadata was never published
+    with Log(tmp_path / "log") as log:
+        with pytest.raises(ConfigError, match="t-1 already holds data"):
+            log.create_topic("t", 2)
+        shutil.rmtree(tmp_path / "log" / "t-1")
+        log.create_topic("t", 2)  # t-0 (an empty leftover) is reused
+        assert log.partition("t", 0).log_end_offset() == 0
