@@ -10,7 +10,7 @@ flocks. Directory ``<log>/_transactions/``::
     <tid>.state            the transaction log of transactional id <tid>: append-only
                            records ``<II`` (length, CRC32C of the body) + a JSON body; the
                            last whole record is the state. Rewritten (durably) down to its
-                           last record once it passes 64 KiB. A torn last record is ignored
+                           last record once it passes 16 KiB. A torn last record is ignored
                            and cut by the next writer.
     <tid>.lock             flock held for every state transition of <tid>, including the
                            whole commit/abort (marker writing) sequence
@@ -68,7 +68,7 @@ TRANSACTIONS_DIR = "_transactions"
 PRODUCER_IDS_FILE = "producer-ids"
 STATE_RECORD = struct.Struct("<II")
 COUNTER = struct.Struct("<qI")
-STATE_FILE_LIMIT = 64 << 10
+STATE_FILE_LIMIT = 16 << 10
 MAX_EPOCH = (1 << 15) - 2  # int16 in batch headers; the last value is kept for fencing
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 _LEGAL_ID = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
@@ -412,20 +412,25 @@ def _with_state(meta: TransactionMetadata, state: TxnState) -> TransactionMetada
 
 
 def _last_record(raw: bytes) -> tuple[TransactionMetadata | None, int]:
-    """The last whole record of a state file and the length of the valid prefix."""
+    """The last whole record of a state file and the length of the valid prefix.
+
+    Walks the framing (length + CRC32C) of every record but decodes only the last one.
+    """
     pos = 0
-    last = None
+    last: tuple[int, int] | None = None
     while pos + STATE_RECORD.size <= len(raw):
         length, crc = STATE_RECORD.unpack_from(raw, pos)
-        body = raw[pos + STATE_RECORD.size : pos + STATE_RECORD.size + length]
-        if len(body) != length or crc32c.crc32c(body) != crc:
+        start = pos + STATE_RECORD.size
+        if start + length > len(raw) or crc32c.crc32c(raw[start : start + length]) != crc:
             break
-        try:
-            last = TransactionMetadata.from_json(json.loads(body))
-        except (ValueError, KeyError, TypeError):
-            break
-        pos += STATE_RECORD.size + length
-    return last, pos
+        last = (start, length)
+        pos = start + length
+    if last is None:
+        return None, 0
+    try:
+        return TransactionMetadata.from_json(json.loads(raw[last[0] : last[0] + last[1]])), pos
+    except (ValueError, KeyError, TypeError):
+        return None, last[0] - STATE_RECORD.size  # checksummed but unreadable: treat as torn
 
 
 __all__ = [
