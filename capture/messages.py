@@ -1,0 +1,124 @@
+"""The plugin-neutral seam between a logical decoding plugin and the rest of capture.
+
+A decoder (:class:`Decoder`) turns one payload of the replication stream into zero or
+more :class:`ChangeMessage` values; everything after it (envelopes, TOAST filling,
+transactions, the log) only sees those. Adding ``pgoutput`` means adding a decoder and a
+:class:`Plugin` member, nothing else.
+
+Positions: ``lsn`` is the WAL position of the change (``BEGIN`` shares the first
+change's LSN; one statement's rows may share one), so an event is identified by
+``(commit_lsn, event_index)``: the commit LSN of its transaction and its 0-based index
+among the transaction's changes, as DESIGN.md §2 says.
+
+Values in ``columns``/``identity`` are already converted to Python values (see
+:mod:`capture.pgtypes` for the mapping table): ``Decimal`` for numeric, parsed JSON for
+json/jsonb, lists for arrays, ``bytes`` for bytea, ISO strings for timestamps and the
+other types whose exact text matters. A column missing from an UPDATE's ``columns``
+(unchanged TOAST under wal2json) is simply absent; see ``Column`` for the marker.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from eventstore.errors import TidelineError
+
+
+class Plugin(enum.Enum):
+    """Logical decoding output plugins, with what each can and cannot tell us."""
+
+    WAL2JSON = "wal2json"
+    PGOUTPUT = "pgoutput"  # not implemented yet: the decoder seam is ready for it
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES[self]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a plugin's stream carries (drives fallbacks in the rest of capture)."""
+
+    marks_unchanged_toast: bool  # pgoutput marks them 'u'; wal2json omits the column
+    numeric_nan_distinct: bool  # wal2json renders numeric NaN as JSON null (indistinguishable from NULL)
+    needs_publication: bool  # pgoutput streams only tables of a publication
+    emits_type_oids: bool
+    emits_primary_key: bool
+
+
+_CAPABILITIES = {
+    Plugin.WAL2JSON: Capabilities(
+        marks_unchanged_toast=False,
+        numeric_nan_distinct=False,
+        needs_publication=False,
+        emits_type_oids=True,
+        emits_primary_key=True,
+    ),
+    Plugin.PGOUTPUT: Capabilities(
+        marks_unchanged_toast=True,
+        numeric_nan_distinct=True,
+        needs_publication=True,
+        emits_type_oids=True,
+        emits_primary_key=False,
+    ),
+}
+
+
+class Kind(enum.Enum):
+    BEGIN = "B"
+    COMMIT = "C"
+    INSERT = "I"
+    UPDATE = "U"
+    DELETE = "D"
+    TRUNCATE = "T"
+    MESSAGE = "M"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column's name, type and value in a change (value already converted)."""
+
+    name: str
+    type_name: str  # as the server names it, e.g. "numeric(12,2)", "text[]", "timestamp with time zone"
+    type_oid: int  # 0 when unknown
+    value: Any
+
+
+@dataclass(slots=True)
+class ChangeMessage:
+    """One decoded item of the stream: a transaction boundary, a row change, a truncate or a message."""
+
+    kind: Kind
+    lsn: int  # WAL position of this item (for B/C: the commit record, as wal2json gives it)
+    xid: int | None = None
+    timestamp_ms: int | None = None  # commit time (B/C) when the plugin gives it
+    next_lsn: int | None = None  # B/C: end of the commit record (what we confirm)
+    schema: str | None = None
+    table: str | None = None
+    columns: list[Column] = field(default_factory=list)  # new row image (I, U)
+    identity: list[Column] = field(default_factory=list)  # old key / old row (U, D) per REPLICA IDENTITY
+    primary_key: list[str] = field(default_factory=list)  # primary key column names, in key order
+    # logical messages (M)
+    transactional: bool = True
+    prefix: str | None = None
+    content: bytes | None = None
+
+
+class Decoder(Protocol):
+    """Turns one replication payload into messages. Stateless between payloads or not: its choice."""
+
+    plugin: Plugin
+
+    def slot_options(self) -> dict[str, str]:
+        """Options for ``START_REPLICATION … LOGICAL … (options)``."""
+        ...
+
+    def decode(self, payload: bytes) -> list[ChangeMessage]:
+        """Messages of one payload; raises :class:`DecodeError` naming what is wrong."""
+        ...
+
+
+class DecodeError(TidelineError):
+    """A payload from the plugin that cannot be decoded (the connector stops: nothing is written)."""
