@@ -114,7 +114,7 @@ __all__ = [
     "text_converter",
 ]
 
-# Settings under which both wal2json and ::text print the formats parsed here.
+# Settings under which wal2json and a text-format query result print the formats parsed here.
 SESSION_SETTINGS: dict[str, str] = {
     "DateStyle": "ISO",
     "IntervalStyle": "postgres",

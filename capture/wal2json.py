@@ -33,7 +33,7 @@ Logical message content: wal2json copies it as a C string and escapes it as JSON
 content is exact up to its first NUL byte and cut there (a wal2json limitation); other
 bytes, valid UTF-8 or not, come back unchanged (decoded with ``surrogateescape``).
 
-Thread safety: a decoder keeps a one-entry timestamp cache; use one per thread.
+Thread safety: see :class:`Wal2JsonDecoder`.
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ _MAX_INT_DIGITS = 4000  # below Python's int-from-text limit (4300 digits)
 
 class Wal2JsonDecoder:
     """Decodes wal2json format-version 2 payloads (see the module docstring for the fields).
+
+    Not thread-safe (it caches converters and the last timestamp): one per replication stream.
 
     >>> decoder = Wal2JsonDecoder()
     >>> [m] = decoder.decode(b'{"action":"I","xid":7,"timestamp":"2024-03-31 01:30:00.5+00",'
