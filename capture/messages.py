@@ -12,9 +12,11 @@ among the transaction's changes, as DESIGN.md §2 says.
 
 Values in ``columns``/``identity`` are already converted to Python values (see
 :mod:`capture.pgtypes` for the mapping table): ``Decimal`` for numeric, parsed JSON for
-json/jsonb, lists for arrays, ``bytes`` for bytea, ISO strings for timestamps and the
-other types whose exact text matters. A column missing from an UPDATE's ``columns``
-(unchanged TOAST under wal2json) is simply absent; see ``Column`` for the marker.
+json/jsonb, lists for arrays, ``bytes`` for bytea, ``datetime``/``date``/``time``/
+``Interval`` for temporal types, ``str`` for what Python cannot hold exactly. A column
+missing from an UPDATE's ``columns`` (unchanged TOAST under wal2json) is simply absent
+(capture.events fills it). wal2json skips UPDATE/DELETE of tables without a replica
+identity (capture.tables refuses such tables).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class Capabilities:
     """What a plugin's stream carries (drives fallbacks in the rest of capture)."""
 
     marks_unchanged_toast: bool  # pgoutput marks them 'u'; wal2json omits the column
-    numeric_nan_distinct: bool  # wal2json renders numeric NaN as JSON null (indistinguishable from NULL)
+    numeric_nan_distinct: bool  # wal2json renders numeric/real/double NaN and ±Infinity as JSON null
     needs_publication: bool  # pgoutput streams only tables of a publication
     emits_type_oids: bool
     emits_primary_key: bool
@@ -76,7 +78,7 @@ class Kind(enum.Enum):
     MESSAGE = "M"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Column:
     """One column's name, type and value in a change (value already converted)."""
 
@@ -93,7 +95,7 @@ class ChangeMessage:
     kind: Kind
     lsn: int  # WAL position of this item (for B/C: the commit record, as wal2json gives it)
     xid: int | None = None
-    timestamp_ms: int | None = None  # commit time (B/C) when the plugin gives it
+    timestamp_ms: int | None = None  # commit time of the transaction (wal2json gives it on every record)
     next_lsn: int | None = None  # B/C: end of the commit record (what we confirm)
     schema: str | None = None
     table: str | None = None

@@ -41,10 +41,12 @@ def _root(
 
 
 def _register() -> None:
+    from tideline.capture_cli import app as capture_app
     from tideline.demo import demo_command
     from tideline.log_cli import app as log_app
     from tideline.pg_cli import app as pg_app
 
+    app.add_typer(capture_app, name="capture")
     app.add_typer(log_app, name="log")
     app.add_typer(pg_app, name="pg")
     app.command("demo", help="Run the main job end to end on the embedded defaults.")(demo_command)

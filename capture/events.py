@@ -1,0 +1,340 @@
+"""Change messages → Debezium-compatible change events (key, value, topic).
+
+Value (JSON, UTF-8, one envelope per record; DESIGN.md §2)::
+
+    {"before": {...} | null, "after": {...} | null, "op": "c|u|d|r|t|m", "ts_ms": <capture time>,
+     "source": {"version", "connector": "postgresql", "name": <prefix>, "ts_ms": <commit time>,
+                "snapshot": "false|true|last", "db", "schema", "table", "txId", "lsn",
+                "commit_lsn", "event_index"},
+     "transaction": {"id": "<txId>:<commit_lsn>", "total_order", "data_collection_order"} | null}
+
+Key: JSON ``{<key column>: value, …}`` in key order (see capture.tables for which columns).
+Values are converted by capture.pgtypes (its table lists every type's JSON form).
+
+Rules, Debezium's unless noted:
+
+* DELETE → the ``d`` event, then a **tombstone** (same key, null value).
+* UPDATE that changes the key → ``d`` (old key) + tombstone (old key) + ``c`` (new key).
+  (Debezium's ``__debezium.newkey``/``oldkey`` headers are not written: the three events
+  share ``source.event_index``, which ties them together.)
+* TRUNCATE → a ``t`` event with key ``{}`` (the whole table), then a tombstone for every
+  key still live in the table's topic (ours: so that compaction, and "latest value per
+  key", forget truncated rows as they forget deleted ones).
+* Logical messages → ``m`` events on ``<prefix>.message``: ``{"op": "m", "message":
+  {"prefix", "content": base64}}``, keyed by prefix.
+* **Unchanged TOAST columns** (wal2json omits them from an UPDATE): filled from the old
+  row image when the table has REPLICA IDENTITY FULL, else from the key's last known
+  image (an LRU cache of the TOAST-able columns of rows over 1 KB — smaller rows are
+  never TOASTed — bounded in bytes, and on a miss the
+  key's latest value in the log), else set to the marker
+  :data:`UNAVAILABLE` (Debezium's ``__debezium_unavailable_value``).
+
+Thread-safety: none; owned by the connector thread.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from capture.messages import ChangeMessage, Column, Kind
+from capture.pgtypes import dumps
+from capture.tables import TableFilter, TableInfo
+
+UNAVAILABLE = "__debezium_unavailable_value"
+# Postgres TOASTs a row only when it exceeds TOAST_TUPLE_THRESHOLD (≈ 2 KB by default), so
+# smaller rows are never cached (a table with a lower toast_tuple_target falls back to the log).
+TOAST_MIN_ROW_BYTES = 1024
+ENTRY_OVERHEAD = 400  # Python objects per cache entry (dict, tuple, key), for the byte bound
+VERSION = "tideline-0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(slots=True)
+class TxnContext:
+    """What the events of one transaction share."""
+
+    xid: int | None
+    commit_lsn: int
+    ts_ms: int
+    snapshot: str = "false"  # "true" / "last" for snapshot reads
+    total_order: int = 0
+    per_table: dict[str, int] | None = None
+
+
+def table_topic(prefix: str, schema: str, table: str) -> str:
+    return f"{prefix}.{schema}.{table}"
+
+
+class ToastCache:
+    """Last known values of the TOAST-able columns per (topic, key): an LRU bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[str, bytes], tuple[dict[str, Any], int]] = OrderedDict()
+        self._bytes = 0
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def size_of(values: dict[str, Any]) -> int:
+        """Rough bytes of an image (strings and bytes by length, anything else 16)."""
+        return sum(len(v) if isinstance(v, (str, bytes)) else 16 for v in values.values())
+
+    @classmethod
+    def _size(cls, values: dict[str, Any]) -> int:
+        return cls.size_of(values) + ENTRY_OVERHEAD
+
+    def put(self, topic: str, key: bytes, values: dict[str, Any]) -> None:
+        k = (topic, key)
+        old = self._entries.pop(k, None)
+        if old is not None:
+            self._bytes -= old[1]
+        size = self._size(values)
+        if size > self.max_bytes:
+            return
+        self._entries[k] = (values, size)
+        self._bytes += size
+        while self._bytes > self.max_bytes:
+            _, (_, s) = self._entries.popitem(last=False)
+            self._bytes -= s
+
+    def get(self, topic: str, key: bytes) -> dict[str, Any] | None:
+        entry = self._entries.get((topic, key))
+        if entry is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end((topic, key))
+        self.hits += 1
+        return entry[0]
+
+    def drop(self, topic: str, key: bytes) -> None:
+        old = self._entries.pop((topic, key), None)
+        if old is not None:
+            self._bytes -= old[1]
+
+    def drop_topic(self, topic: str) -> None:
+        for k in [k for k in self._entries if k[0] == topic]:
+            self.drop(*k)
+
+
+class EventBuilder:
+    """Builds the events of change messages for one connector."""
+
+    def __init__(
+        self,
+        prefix: str,
+        db: str,
+        table_filter: TableFilter,
+        toast_cache: ToastCache,
+        latest_in_log: Callable[[str, bytes], dict[str, Any] | None],
+        live_keys_in_log: Callable[[str], list[bytes]],
+    ) -> None:
+        self.prefix = prefix
+        self.db = db
+        self.filter = table_filter
+        self.toast = toast_cache
+        self.latest_in_log = latest_in_log
+        self.live_keys_in_log = live_keys_in_log
+        self.message_topic = f"{prefix}.message"
+        self.transaction_topic = f"{prefix}.transaction"
+        self.unavailable_filled = 0
+
+    # ------------------------------------------------------------------ images
+
+    def _image(self, table: TableInfo, columns: list[Column]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for col in columns:
+            action = self.filter.column_action(table.schema, table.name, col.name)
+            if action == "drop":
+                continue
+            out[col.name] = self.filter.mask(col.value) if action == "mask" else col.value
+        return out
+
+    def key_of(self, table: TableInfo, image: dict[str, Any]) -> bytes:
+        return dumps({k: image.get(k) for k in table.key})
+
+    def _source(self, m: ChangeMessage | None, table: TableInfo | None, ctx: TxnContext, index: int) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "connector": "postgresql",
+            "name": self.prefix,
+            "ts_ms": ctx.ts_ms,
+            "snapshot": ctx.snapshot,
+            "db": self.db,
+            "schema": table.schema if table else None,
+            "table": table.name if table else None,
+            "txId": ctx.xid,
+            "lsn": m.lsn if m is not None else ctx.commit_lsn,
+            "commit_lsn": ctx.commit_lsn,
+            "event_index": index,
+        }
+
+    def _transaction(self, table: TableInfo, ctx: TxnContext) -> dict[str, Any] | None:
+        if ctx.xid is None:
+            return None
+        ctx.total_order += 1
+        if ctx.per_table is None:
+            ctx.per_table = {}
+        n = ctx.per_table[table.qualified] = ctx.per_table.get(table.qualified, 0) + 1
+        return {"id": f"{ctx.xid}:{ctx.commit_lsn}", "total_order": ctx.total_order, "data_collection_order": n}
+
+    def _envelope(
+        self,
+        op: str,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        source: dict[str, Any],
+        transaction: dict[str, Any] | None,
+        now_ms: int,
+    ) -> bytes:
+        return dumps(
+            {
+                "before": before,
+                "after": after,
+                "source": source,
+                "op": op,
+                "ts_ms": now_ms,
+                "transaction": transaction,
+            }
+        )
+
+    # ------------------------------------------------------------------ events
+
+    def snapshot_read(self, table: TableInfo, columns: list[Column], ctx: TxnContext, index: int, now_ms: int) -> Event:
+        topic = table_topic(self.prefix, table.schema, table.name)
+        after = self._image(table, columns)
+        key = self.key_of(table, after)
+        self._remember(table, topic, key, after)
+        value = self._envelope("r", None, after, self._source(None, table, ctx, index), None, now_ms)
+        return Event(topic, key, value)
+
+    def change(self, m: ChangeMessage, table: TableInfo, ctx: TxnContext, index: int, now_ms: int) -> list[Event]:
+        topic = table_topic(self.prefix, table.schema, table.name)
+        source = self._source(m, table, ctx, index)
+        if m.kind is Kind.INSERT:
+            after = self._image(table, m.columns)
+            key = self.key_of(table, after)
+            self._remember(table, topic, key, after)
+            txn = self._transaction(table, ctx)
+            return [Event(topic, key, self._envelope("c", None, after, source, txn, now_ms))]
+        if m.kind is Kind.DELETE:
+            before = self._image(table, m.identity)
+            key = self.key_of(table, before)
+            self.toast.drop(topic, key)
+            txn = self._transaction(table, ctx)
+            return [Event(topic, key, self._envelope("d", before, None, source, txn, now_ms)), Event(topic, key, None)]
+        if m.kind is Kind.UPDATE:
+            return self._update(m, table, topic, source, ctx, now_ms)
+        if m.kind is Kind.TRUNCATE:
+            return self._truncate(table, topic, source, ctx, now_ms)
+        raise ValueError(f"not a row change: {m.kind}")
+
+    def _update(
+        self, m: ChangeMessage, table: TableInfo, topic: str, source: dict[str, Any], ctx: TxnContext, now_ms: int
+    ) -> list[Event]:
+        after = self._image(table, m.columns)
+        before = self._image(table, m.identity) if m.identity else None
+        old_key_image = before if before is not None else after
+        old_key = self.key_of(table, old_key_image)
+        missing = [c for c in table.toastable_columns if c not in after and self._kept(table, c)]
+        if missing:
+            self._fill_toast(table, topic, old_key, after, before, missing)
+        key = self.key_of(table, after)
+        self._remember(table, topic, key, after)
+        txn = self._transaction(table, ctx)
+        if key == old_key:
+            return [Event(topic, key, self._envelope("u", before, after, source, txn, now_ms))]
+        self.toast.drop(topic, old_key)
+        return [
+            Event(topic, old_key, self._envelope("d", before, None, source, txn, now_ms)),
+            Event(topic, old_key, None),
+            Event(topic, key, self._envelope("c", None, after, source, txn, now_ms)),
+        ]
+
+    def _kept(self, table: TableInfo, column: str) -> bool:
+        return self.filter.column_action(table.schema, table.name, column) != "drop"
+
+    def _fill_toast(
+        self,
+        table: TableInfo,
+        topic: str,
+        key: bytes,
+        after: dict[str, Any],
+        before: dict[str, Any] | None,
+        missing: list[str],
+    ) -> None:
+        known: dict[str, Any] | None = None
+        if before is not None and all(c in before for c in missing):
+            known = before  # REPLICA IDENTITY FULL: the old row has them
+        if known is None:
+            known = self.toast.get(topic, key)
+        if known is None or not all(c in known for c in missing):
+            known = self.latest_in_log(topic, key)
+        for c in missing:
+            if known is not None and c in known:
+                after[c] = known[c]
+            else:
+                after[c] = UNAVAILABLE
+                self.unavailable_filled += 1
+
+    def _remember(self, table: TableInfo, topic: str, key: bytes, after: dict[str, Any]) -> None:
+        """Cache the TOAST-able values of rows big enough to have been TOASTed at all."""
+        cols = table.toastable_columns
+        if not cols:
+            return
+        values = {c: after[c] for c in cols if c in after and after[c] != UNAVAILABLE}
+        if ToastCache.size_of(after) < TOAST_MIN_ROW_BYTES:
+            self.toast.drop(topic, key)  # a small row is stored inline: nothing to fill later
+            return
+        self.toast.put(topic, key, values)
+
+    def _truncate(
+        self, table: TableInfo, topic: str, source: dict[str, Any], ctx: TxnContext, now_ms: int
+    ) -> list[Event]:
+        txn = self._transaction(table, ctx)
+        events = [Event(topic, b"{}", self._envelope("t", None, None, source, txn, now_ms))]
+        events += [Event(topic, key, None) for key in self.live_keys_in_log(topic) if key != b"{}"]
+        self.toast.drop_topic(topic)
+        return events
+
+    def message(self, m: ChangeMessage, ctx: TxnContext, index: int, now_ms: int) -> Event:
+        source = self._source(m, None, ctx, index)
+        value = dumps(
+            {
+                "op": "m",
+                "ts_ms": now_ms,
+                "source": source,
+                "message": {"prefix": m.prefix, "content": m.content or b""},
+                "transaction": {"id": f"{ctx.xid}:{ctx.commit_lsn}"} if ctx.xid is not None else None,
+            }
+        )
+        return Event(self.message_topic, dumps(m.prefix), value)
+
+    def transaction_begin(self, ctx: TxnContext) -> Event:
+        txn_id = f"{ctx.xid}:{ctx.commit_lsn}"
+        value = dumps(
+            {"status": "BEGIN", "id": txn_id, "ts_ms": ctx.ts_ms, "event_count": None, "data_collections": None}
+        )
+        return Event(self.transaction_topic, dumps({"id": txn_id}), value)
+
+    def transaction_end(self, ctx: TxnContext) -> Event:
+        txn_id = f"{ctx.xid}:{ctx.commit_lsn}"
+        counts = ctx.per_table or {}
+        value = dumps(
+            {
+                "status": "END",
+                "id": txn_id,
+                "ts_ms": ctx.ts_ms,
+                "event_count": sum(counts.values()),
+                "data_collections": [{"data_collection": t, "event_count": n} for t, n in sorted(counts.items())],
+            }
+        )
+        return Event(self.transaction_topic, dumps({"id": txn_id}), value)

@@ -1,0 +1,161 @@
+"""The replication connection: slots, the exported snapshot, and the copy-both stream.
+
+Why psycopg 3 driven through ``conn.pgconn``: it is the driver we already use for SQL
+(one dependency, not two), and measured here it streams as fast as psycopg2's
+``LogicalReplicationConnection`` (≈ 134k messages/s for a bare loop). psycopg 3 has no
+replication API, so the protocol is spoken directly: ``START_REPLICATION`` is sent with
+``execute`` (``cursor.copy()`` refuses COPY_BOTH), then libpq's ``get_copy_data`` /
+``put_copy_data`` carry the messages:
+
+    'w' XLogData:   type(1) data_start(8) wal_end(8) send_time(8) payload
+    'k' keepalive:  type(1) wal_end(8) send_time(8) reply_requested(1)
+    'r' status:     type(1) written(8) flushed(8) applied(8) client_time(8) reply(1)   (we send)
+
+Times are microseconds since 2000-01-01. The connection sets capture.pgtypes'
+``SESSION_OPTIONS`` (TimeZone=UTC, DateStyle=ISO, …) so that values arrive in the formats
+the type converters parse, whatever the server's defaults are.
+
+We only ever report ``flushed`` = a commit end whose transaction is durable in the log
+(see capture.connector); ``written``/``applied`` report the same value.
+
+Thread-safety: none; one connection belongs to one connector thread.
+"""
+
+from __future__ import annotations
+
+import select
+import struct
+import time
+from dataclasses import dataclass
+
+import psycopg
+
+from capture.messages import Plugin
+from capture.pgtypes import SESSION_OPTIONS
+
+PG_EPOCH_OFFSET_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds
+XLOG_HEADER = struct.Struct("!QQQ")
+KEEPALIVE = struct.Struct("!QQB")
+STATUS = struct.Struct("!cQQQqB")
+
+
+def format_lsn(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def parse_lsn(text: str) -> int:
+    hi, _, lo = text.partition("/")
+    if not lo:
+        raise ValueError(f"not an LSN: {text!r}")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+def replication_dsn(dsn: str) -> str:
+    """``dsn`` with ``replication=database`` (URL or key=value form)."""
+    if "://" in dsn:
+        sep = "&" if "?" in dsn else "?"
+        return f"{dsn}{sep}replication=database"
+    return f"{dsn} replication=database"
+
+
+@dataclass(frozen=True, slots=True)
+class XLogData:
+    data_start: int
+    wal_end: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    wal_end: int
+    reply_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedSlot:
+    name: str
+    consistent_point: int
+    snapshot_name: str | None
+
+
+class ReplicationConnection:
+    """One ``replication=database`` connection: create a slot (with a snapshot), then stream it."""
+
+    def __init__(self, dsn: str, *, connect_timeout: int = 10) -> None:
+        self.conn = psycopg.connect(
+            replication_dsn(dsn), autocommit=True, connect_timeout=connect_timeout, options=SESSION_OPTIONS
+        )
+        self._streaming = False
+
+    def create_slot(self, name: str, plugin: Plugin, *, export_snapshot: bool) -> CreatedSlot:
+        """``CREATE_REPLICATION_SLOT``; with ``export_snapshot`` the snapshot stays valid until the next command."""
+        mode = "export" if export_snapshot else "nothing"
+        cur = self.conn.execute(f"CREATE_REPLICATION_SLOT {_ident(name)} LOGICAL {plugin.value} (SNAPSHOT '{mode}')")
+        row = cur.fetchone()
+        assert row is not None
+        return CreatedSlot(row[0], parse_lsn(row[1]), row[2])
+
+    def start(self, slot: str, start_lsn: int, options: dict[str, str]) -> None:
+        """``START_REPLICATION``: the server resumes at max(``start_lsn``, the slot's confirmed position)."""
+        opts = ", ".join(f"\"{k}\" '{v}'" for k, v in options.items())
+        self.conn.execute(f"START_REPLICATION SLOT {_ident(slot)} LOGICAL {format_lsn(start_lsn)} ({opts})")
+        self._streaming = True
+
+    def read(self, timeout_s: float) -> XLogData | Keepalive | None:
+        """The next message, or None after ``timeout_s`` without one."""
+        pg = self.conn.pgconn
+        deadline = time.monotonic() + timeout_s
+        while True:
+            n, data = pg.get_copy_data(1)
+            if n == 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                readable, _, _ = select.select([pg.socket], [], [], remaining)
+                if readable:
+                    pg.consume_input()
+                continue
+            if n < 0:
+                raise psycopg.OperationalError(
+                    f"replication stream ended: {pg.error_message.decode(errors='replace') or 'copy done'}"
+                )
+            raw = bytes(data)
+            kind = raw[:1]
+            if kind == b"w":
+                start, end, _ = XLOG_HEADER.unpack_from(raw, 1)
+                return XLogData(start, end, raw[1 + XLOG_HEADER.size :])
+            if kind == b"k":
+                end, _, reply = KEEPALIVE.unpack_from(raw, 1)
+                return Keepalive(end, bool(reply))
+            raise psycopg.OperationalError(f"unexpected replication message type {kind!r}")
+
+    def send_status(self, flushed: int, *, reply: bool = False) -> None:
+        """Standby status update: everything up to ``flushed`` is durable downstream."""
+        now = time.time_ns() // 1000 - PG_EPOCH_OFFSET_US
+        self.conn.pgconn.put_copy_data(STATUS.pack(b"r", flushed, flushed, flushed, now, 1 if reply else 0))
+        self.conn.pgconn.flush()
+
+    def close(self) -> None:
+        """End the stream politely if it is running, then close the connection."""
+        if self._streaming and not self.conn.closed:
+            pg = self.conn.pgconn
+            try:
+                pg.put_copy_end(None)
+                pg.flush()
+                deadline = time.monotonic() + 2
+                while time.monotonic() < deadline:
+                    n, _ = pg.get_copy_data(1)
+                    if n == -1:
+                        break
+                    if n == 0:
+                        select.select([pg.socket], [], [], 0.1)
+                        pg.consume_input()
+            except psycopg.Error:
+                pass
+        self._streaming = False
+        self.conn.close()
+
+
+def _ident(name: str) -> str:
+    """Slot names are [a-z0-9_] (the server enforces it); quote anyway."""
+    return '"' + name.replace('"', '""') + '"'

@@ -1,0 +1,186 @@
+"""Captured tables: which ones, their columns, their keys, and what to hide.
+
+Selection: ``--tables``/``--exclude-tables`` are ``schema.table`` patterns (fnmatch:
+``public.*``, ``sales.order_*``); system schemas are never captured. Columns:
+``exclude_columns`` (``schema.table.column`` patterns) are dropped from every image;
+``mask_columns`` are replaced by ``sha256(salt ‖ text)`` in hex, so equal values still
+compare equal downstream without revealing them.
+
+Keys (the record key of every change event, JSON ``{column: value}`` in key order):
+
+1. the primary key, else
+2. columns configured for the table (``key_columns``, Debezium's ``message.key.columns``), else
+3. the replica identity index (``REPLICA IDENTITY USING INDEX``), else
+4. every column, when the table has ``REPLICA IDENTITY FULL``;
+
+a table with none of these is refused with a message naming the fixes (Debezium would
+emit keyless updates, which a compacted topic cannot hold).
+
+Thread-safety: :class:`TableCatalog` is used by the connector thread only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from eventstore.errors import ConfigError
+
+SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
+# varlena types whose values can be TOASTed (and then omitted from an UPDATE by wal2json)
+TOASTABLE_TYPES = ("text", "bytea", "json", "jsonb", "character varying", "xml", "tsvector", "numeric")
+
+
+class TableRefusedError(ConfigError):
+    """A table cannot be captured as configured (no usable key)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableColumn:
+    name: str
+    type_name: str  # format_type(): "numeric(12,2)", "text[]", …
+    type_oid: int
+
+    @property
+    def toastable(self) -> bool:
+        return self.type_name.endswith("[]") or self.type_name.split("(")[0] in TOASTABLE_TYPES
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    schema: str
+    name: str
+    columns: tuple[TableColumn, ...]
+    key: tuple[str, ...]
+    key_source: str  # "primary key" | "configured" | "replica identity index" | "replica identity full"
+    replica_identity: str  # d(efault) n(othing) f(ull) i(ndex)
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def toastable_columns(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns if c.toastable and c.name not in self.key)
+
+
+@dataclass(slots=True)
+class TableFilter:
+    include: list[str] = field(default_factory=list)  # empty: every table
+    exclude: list[str] = field(default_factory=list)
+    exclude_columns: list[str] = field(default_factory=list)
+    mask_columns: list[str] = field(default_factory=list)
+    mask_salt: str = ""
+    key_columns: dict[str, list[str]] = field(default_factory=dict)
+
+    def captures(self, schema: str, table: str) -> bool:
+        if schema in SYSTEM_SCHEMAS:
+            return False
+        name = f"{schema}.{table}"
+        if self.include and not any(fnmatch.fnmatchcase(name, p) for p in self.include):
+            return False
+        return not any(fnmatch.fnmatchcase(name, p) for p in self.exclude)
+
+    def column_action(self, schema: str, table: str, column: str) -> str:
+        """``keep``, ``drop`` or ``mask`` for one column."""
+        name = f"{schema}.{table}.{column}"
+        if any(fnmatch.fnmatchcase(name, p) for p in self.exclude_columns):
+            return "drop"
+        if any(fnmatch.fnmatchcase(name, p) for p in self.mask_columns):
+            return "mask"
+        return "keep"
+
+    def mask(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        text = value if isinstance(value, str) else str(value)
+        return hashlib.sha256(self.mask_salt.encode() + text.encode()).hexdigest()
+
+
+_TABLES_SQL = """
+SELECT n.nspname, c.relname, c.relreplident, c.oid
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+  AND n.nspname NOT LIKE 'pg_temp%%'
+ORDER BY 1, 2
+"""
+_COLUMNS_SQL = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid
+FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum
+"""
+_INDEX_KEY_SQL = """
+SELECT a.attname FROM pg_index i
+JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+WHERE i.indrelid = %s AND {which} ORDER BY k.ord
+"""
+
+
+class TableCatalog:
+    """Table metadata read from the source database, refreshed when the stream shows something new."""
+
+    def __init__(self, dsn: str, table_filter: TableFilter) -> None:
+        self.dsn = dsn
+        self.filter = table_filter
+        self._tables: dict[tuple[str, str], TableInfo] = {}
+
+    def load(self, conn: psycopg.Connection[Any] | None = None) -> list[TableInfo]:
+        """Every captured table (refusing those without a usable key)."""
+        own = conn is None
+        c = conn or psycopg.connect(self.dsn, autocommit=True)
+        try:
+            tables = []
+            for schema, name, ident, oid in c.execute(_TABLES_SQL).fetchall():
+                if self.filter.captures(schema, name):
+                    tables.append(self._describe(c, schema, name, ident, oid))
+            self._tables = {(t.schema, t.name): t for t in tables}
+            return tables
+        finally:
+            if own:
+                c.close()
+
+    def get(self, schema: str, table: str) -> TableInfo | None:
+        """Metadata of a table seen in the stream (None: not captured); reloads on first sight."""
+        info = self._tables.get((schema, table))
+        if info is None and self.filter.captures(schema, table):
+            self.load()
+            info = self._tables.get((schema, table))
+        return info
+
+    def refresh(self, schema: str, table: str) -> TableInfo | None:
+        """Read one table's metadata again (a column appeared or vanished)."""
+        self.load()
+        return self._tables.get((schema, table))
+
+    def _describe(self, c: psycopg.Connection[Any], schema: str, name: str, ident: str, oid: int) -> TableInfo:
+        columns = tuple(TableColumn(n, t, int(o)) for n, t, o in c.execute(_COLUMNS_SQL, (oid,)).fetchall())
+        qualified = f"{schema}.{name}"
+        names = {col.name for col in columns}
+        pk = [r[0] for r in c.execute(_INDEX_KEY_SQL.format(which="i.indisprimary"), (oid,)).fetchall()]
+        if pk:
+            return TableInfo(schema, name, columns, tuple(pk), "primary key", ident)
+        configured = self.filter.key_columns.get(qualified)
+        if configured:
+            missing = [k for k in configured if k not in names]
+            if missing:
+                raise TableRefusedError(f"key columns {missing} configured for {qualified} do not exist")
+            if ident != "f":
+                raise TableRefusedError(
+                    f"{qualified} has no primary key: configured key columns need REPLICA IDENTITY FULL "
+                    f"(ALTER TABLE {qualified} REPLICA IDENTITY FULL) so deletes carry them"
+                )
+            return TableInfo(schema, name, columns, tuple(configured), "configured", ident)
+        if ident == "i":
+            idx = [r[0] for r in c.execute(_INDEX_KEY_SQL.format(which="i.indisreplident"), (oid,)).fetchall()]
+            return TableInfo(schema, name, columns, tuple(idx), "replica identity index", ident)
+        if ident == "f":
+            return TableInfo(schema, name, columns, tuple(col.name for col in columns), "replica identity full", ident)
+        raise TableRefusedError(
+            f"table {qualified} has no primary key and no replica identity to key its events by: add a primary "
+            f"key, set REPLICA IDENTITY FULL or USING INDEX, configure key columns for it, or exclude it "
+            f"(--exclude-tables {qualified})"
+        )

@@ -1,0 +1,95 @@
+"""Helpers for capture tests: a fresh database per test, running the connector, reading topics."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+
+from capture.connector import CaptureConfig, Connector, SnapshotMode, Stats
+from capture.tables import TableFilter
+from eventstore.consumer import Consumer, TopicPartition
+from eventstore.log import Log
+from tideline.pgharness import LocalPostgres
+
+_counter = itertools.count()
+
+
+def fresh_database(postgres: LocalPostgres, tag: str) -> str:
+    """A new database (slots are per database) and its DSN."""
+    return postgres.create_database(f"cap_{tag}_{next(_counter)}_{uuid.uuid4().hex[:6]}")
+
+
+def sql(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for s in statements:
+            c.execute(s.encode())
+
+
+def drop_slots(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = current_database()"
+        )
+
+
+def capture(
+    log_dir: Path,
+    dsn: str,
+    *,
+    slot: str = "t",
+    snapshot: SnapshotMode = SnapshotMode.INITIAL,
+    table_filter: TableFilter | None = None,
+    **kw: Any,
+) -> Stats:
+    """Run the connector until it has stored everything present in the WAL when it started."""
+    config = CaptureConfig(
+        dsn=dsn,
+        slot=slot,
+        topic_prefix="cdc",
+        snapshot=snapshot,
+        table_filter=table_filter or TableFilter(),
+        exit_when_caught_up=True,
+        **kw,
+    )
+    with Log(log_dir) as log:
+        return Connector(config, log).run()
+
+
+def records(log_dir: Path, topic: str, isolation: str = "read_committed") -> list[tuple[Any, Any, dict[str, bytes]]]:
+    """Every (key, value, headers) of a topic as parsed JSON (value None = tombstone), partition by partition."""
+    out: list[tuple[Any, Any, dict[str, bytes]]] = []
+    with Log(log_dir) as log:
+        if topic not in log.topics():
+            return out
+        n = log.topic(topic).partitions
+        with Consumer(log, isolation_level=isolation, enable_auto_commit=False) as consumer:
+            consumer.assign([TopicPartition(topic, p) for p in range(n)])
+            consumer.seek_to_beginning()
+            while batch := consumer.poll(timeout_ms=0):
+                for r in batch:
+                    key = orjson.loads(r.key) if r.key is not None else None
+                    value = orjson.loads(r.value) if r.value is not None else None
+                    out.append((key, value, {k: v for k, v in r.headers if v is not None}))
+    return out
+
+
+def events(log_dir: Path, topic: str) -> list[dict[str, Any]]:
+    """The change events (no tombstones) of a topic, in order."""
+    return [v for _, v, _ in records(log_dir, topic) if v is not None]
+
+
+def latest_by_key(log_dir: Path, topic: str) -> dict[bytes, Any]:
+    """key (canonical JSON) → latest ``after`` image, tombstones and deletes removing the key."""
+    state: dict[bytes, Any] = {}
+    for key, value, _ in records(log_dir, topic):
+        k = orjson.dumps(key, option=orjson.OPT_SORT_KEYS)
+        if value is None or value.get("op") in ("d", "t"):
+            state.pop(k, None)
+        else:
+            state[k] = value["after"]
+    return state

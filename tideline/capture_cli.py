@@ -1,0 +1,161 @@
+"""``tideline capture``: run the CDC connector, and report where it stands."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from tideline.cli_common import fail, one_line_errors
+
+app = typer.Typer(help="Capture Postgres changes (logical replication, wal2json) into the log.", no_args_is_help=True)
+
+DsnOption = Annotated[str, typer.Option("--dsn", help="libpq connection string or URL of the source database.")]
+SlotOption = Annotated[str, typer.Option("--slot", help="Replication slot name (created if missing).")]
+PrefixOption = Annotated[str, typer.Option("--topic-prefix", help="Topics are <prefix>.<schema>.<table>.")]
+
+
+def _split(values: list[str] | None) -> list[str]:
+    return [p.strip() for v in values or [] for p in v.split(",") if p.strip()]
+
+
+def _key_columns(values: list[str] | None) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for v in values or []:
+        table, sep, cols = v.partition(":")
+        if not sep or not cols or "." not in table:
+            raise fail(f"--key-columns expects schema.table:col1,col2, not {v!r}")
+        out[table.strip()] = [c.strip() for c in cols.split(",") if c.strip()]
+    return out
+
+
+@app.command()
+def run(
+    dsn: DsnOption,
+    slot: SlotOption = "tideline",
+    tables: Annotated[list[str] | None, typer.Option("--tables", help="schema.table patterns to capture.")] = None,
+    exclude_tables: Annotated[list[str] | None, typer.Option("--exclude-tables", help="Patterns to skip.")] = None,
+    exclude_columns: Annotated[
+        list[str] | None, typer.Option("--exclude-columns", help="schema.table.column patterns to drop.")
+    ] = None,
+    mask_columns: Annotated[
+        list[str] | None, typer.Option("--mask-columns", help="schema.table.column patterns to hash (sha256).")
+    ] = None,
+    mask_salt: Annotated[str, typer.Option("--mask-salt", envvar="TIDELINE_MASK_SALT", help="Salt for masking.")] = "",
+    key_columns: Annotated[
+        list[str] | None,
+        typer.Option("--key-columns", help="schema.table:col1,col2 — key for a table without a primary key."),
+    ] = None,
+    snapshot: Annotated[str, typer.Option("--snapshot", help="initial | always | never | when_needed.")] = "initial",
+    topic_prefix: PrefixOption = "tideline",
+    partitions: Annotated[int, typer.Option("--partitions", min=1, help="Partitions of new table topics.")] = 1,
+    plugin: Annotated[str, typer.Option("--plugin", help="Logical decoding plugin (wal2json).")] = "wal2json",
+    heartbeat_query: Annotated[
+        str | None, typer.Option("--heartbeat-query", help="SQL run every --heartbeat-interval on the source.")
+    ] = None,
+    heartbeat_interval: Annotated[float, typer.Option("--heartbeat-interval", min=0.1, help="Seconds.")] = 10.0,
+    exit_when_caught_up: Annotated[
+        bool, typer.Option("--exit-when-caught-up", help="Exit 0 once the WAL present at start is stored.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
+) -> None:
+    """Run the connector until SIGINT/SIGTERM (or caught up): snapshot, then stream, exactly once."""
+    from capture.connector import CaptureConfig, Connector, SnapshotMode
+    from capture.messages import Plugin
+    from capture.tables import TableFilter
+    from eventstore.log import Log
+    from tideline.cli import State
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    with one_line_errors():
+        try:
+            plugin_ = Plugin(plugin)
+        except ValueError:
+            raise fail(f"--plugin must be wal2json (pgoutput later), not {plugin!r}") from None
+        config = CaptureConfig(
+            dsn=dsn,
+            slot=slot,
+            topic_prefix=topic_prefix,
+            plugin=plugin_,
+            snapshot=SnapshotMode.parse(snapshot),
+            table_filter=TableFilter(
+                include=_split(tables),
+                exclude=_split(exclude_tables),
+                exclude_columns=_split(exclude_columns),
+                mask_columns=_split(mask_columns),
+                mask_salt=mask_salt,
+                key_columns=_key_columns(key_columns),
+            ),
+            partitions=partitions,
+            heartbeat_query=heartbeat_query,
+            heartbeat_interval_s=heartbeat_interval,
+            exit_when_caught_up=exit_when_caught_up,
+        )
+        with Log(State.data_dir) as log:
+            connector = Connector(config, log)
+            if threading.current_thread() is threading.main_thread():
+
+                def _stop(signum: int, frame: FrameType | None) -> None:
+                    connector.stop()
+
+                signal.signal(signal.SIGINT, _stop)
+                signal.signal(signal.SIGTERM, _stop)
+            stats = connector.run()
+    summary = stats.to_json()
+    if as_json:
+        typer.echo(json.dumps(summary))
+    else:
+        typer.echo(
+            f"captured {summary['events']} events ({summary['transactions']} transactions, "
+            f"{summary['snapshot_rows']} snapshot rows) in {summary['batches']} log transactions; "
+            f"stored up to {summary['last_stored_lsn']}"
+        )
+
+
+@app.command()
+def status(
+    dsn: DsnOption,
+    slot: SlotOption = "tideline",
+    topic_prefix: PrefixOption = "tideline",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """The slot (confirmed LSN, retained WAL), the last stored position, and the lag."""
+    from capture.connector import CaptureConfig, Connector, slot_status
+    from eventstore.log import Log
+    from tideline.cli import State
+
+    with one_line_errors():
+        info = slot_status(dsn, slot)
+        with Log(State.data_dir, create=False) as log:
+            position = Connector(CaptureConfig(dsn=dsn, slot=slot, topic_prefix=topic_prefix), log).read_position()
+    out = {
+        "slot": info,
+        "stored_position": None if position is None else json.loads(position.to_json()),
+    }
+    if info is not None and position is not None:
+        from capture.replication import parse_lsn
+
+        out["lag_bytes"] = max(0, parse_lsn(info["current_wal_lsn"]) - position.confirm_lsn)
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    if info is None:
+        typer.echo(f"slot {slot}: missing")
+    else:
+        typer.echo(
+            f"slot {slot}: plugin {info['plugin']}, active {info['active']}, confirmed {info['confirmed_flush_lsn']}, "
+            f"retained WAL {info['retained_wal_bytes']:,} bytes, wal_status {info['wal_status']}"
+        )
+    if position is None:
+        typer.echo("no position stored in the log")
+    else:
+        typer.echo(
+            f"stored up to commit {json.loads(position.to_json())['commit_lsn_text']} event {position.event_index}"
+            + (f"; lag {out['lag_bytes']:,} bytes" if "lag_bytes" in out else "")
+        )
