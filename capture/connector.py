@@ -68,6 +68,7 @@ from capture.wal2json import Wal2JsonDecoder
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.errors import ConfigError, TidelineError, TopicExistsError
 from eventstore.log import Log
+from eventstore.partitioner import partitions_for_keys
 from eventstore.producer import Producer
 from eventstore.topic import TopicConfig, now_ms, validate_topic_name
 
@@ -566,7 +567,16 @@ class Connector:
         self._producer().begin_transaction()
         self._in_txn = True
 
-    def _send_batch(self, producer: Producer) -> None:
+    def _send_batch(self, producer: Producer, *, extra: tuple[tuple[str, int], ...] = ()) -> None:
+        partitions = set(extra)
+        for topic, keys in self._batch.keys.items():
+            n = self.log.topic(topic).partitions if topic in self._known_topics else self.config.partitions
+            if n == 1:
+                partitions.add((topic, 0))
+            else:
+                parts = set(partitions_for_keys(pa.array(keys, pa.binary()), n).tolist())
+                partitions.update((topic, p) for p in (range(n) if -1 in parts else parts))
+        producer.add_partitions_to_transaction(partitions)  # one coordinator write for all of them
         for topic, keys in self._batch.keys.items():
             self._ensure_topic(topic, compact=not topic.endswith((".transaction", ".message")))
             producer.send_batch(topic, self._batch.values[topic], keys)
@@ -577,8 +587,8 @@ class Connector:
         if not self._in_txn:
             return
         producer = self._producer()
-        self._send_batch(producer)
         position = self._batch_position
+        self._send_batch(producer, extra=((OFFSETS_TOPIC, 0),) if position is not None else ())
         if position is not None:
             producer.send_batch(OFFSETS_TOPIC, [position.to_json()], [self.key])
         producer.commit_transaction()

@@ -150,6 +150,8 @@ class EventBuilder:
     # ------------------------------------------------------------------ images
 
     def _image(self, table: TableInfo, columns: list[Column]) -> dict[str, Any]:
+        if not self.filter.exclude_columns and not self.filter.mask_columns:
+            return {col.name: col.value for col in columns}
         out: dict[str, Any] = {}
         for col in columns:
             action = self.filter.column_action(table.schema, table.name, col.name)

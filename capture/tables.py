@@ -58,14 +58,18 @@ class TableInfo:
     key: tuple[str, ...]
     key_source: str  # "primary key" | "configured" | "replica identity index" | "replica identity full"
     replica_identity: str  # d(efault) n(othing) f(ull) i(ndex)
+    toastable_columns: tuple[str, ...] = ()  # non-key columns whose values may be TOASTed
+
+    @classmethod
+    def make(
+        cls, schema: str, name: str, columns: tuple[TableColumn, ...], key: tuple[str, ...], source: str, ident: str
+    ) -> TableInfo:
+        toastable = tuple(c.name for c in columns if c.toastable and c.name not in key)
+        return cls(schema, name, columns, key, source, ident, toastable)
 
     @property
     def qualified(self) -> str:
         return f"{self.schema}.{self.name}"
-
-    @property
-    def toastable_columns(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.columns if c.toastable and c.name not in self.key)
 
 
 @dataclass(slots=True)
@@ -76,6 +80,7 @@ class TableFilter:
     mask_columns: list[str] = field(default_factory=list)
     mask_salt: str = ""
     key_columns: dict[str, list[str]] = field(default_factory=dict)
+    _actions: dict[tuple[str, str, str], str] = field(default_factory=dict, repr=False, compare=False)
 
     def captures(self, schema: str, table: str) -> bool:
         if schema in SYSTEM_SCHEMAS:
@@ -86,7 +91,14 @@ class TableFilter:
         return not any(fnmatch.fnmatchcase(name, p) for p in self.exclude)
 
     def column_action(self, schema: str, table: str, column: str) -> str:
-        """``keep``, ``drop`` or ``mask`` for one column."""
+        """``keep``, ``drop`` or ``mask`` for one column (memoized: called for every value)."""
+        key = (schema, table, column)
+        action = self._actions.get(key)
+        if action is None:
+            action = self._actions[key] = self._column_action(schema, table, column)
+        return action
+
+    def _column_action(self, schema: str, table: str, column: str) -> str:
         name = f"{schema}.{table}.{column}"
         if any(fnmatch.fnmatchcase(name, p) for p in self.exclude_columns):
             return "drop"
@@ -162,7 +174,7 @@ class TableCatalog:
         names = {col.name for col in columns}
         pk = [r[0] for r in c.execute(_INDEX_KEY_SQL.format(which="i.indisprimary"), (oid,)).fetchall()]
         if pk:
-            return TableInfo(schema, name, columns, tuple(pk), "primary key", ident)
+            return TableInfo.make(schema, name, columns, tuple(pk), "primary key", ident)
         configured = self.filter.key_columns.get(qualified)
         if configured:
             missing = [k for k in configured if k not in names]
@@ -173,12 +185,14 @@ class TableCatalog:
                     f"{qualified} has no primary key: configured key columns need REPLICA IDENTITY FULL "
                     f"(ALTER TABLE {qualified} REPLICA IDENTITY FULL) so deletes carry them"
                 )
-            return TableInfo(schema, name, columns, tuple(configured), "configured", ident)
+            return TableInfo.make(schema, name, columns, tuple(configured), "configured", ident)
         if ident == "i":
             idx = [r[0] for r in c.execute(_INDEX_KEY_SQL.format(which="i.indisreplident"), (oid,)).fetchall()]
-            return TableInfo(schema, name, columns, tuple(idx), "replica identity index", ident)
+            return TableInfo.make(schema, name, columns, tuple(idx), "replica identity index", ident)
         if ident == "f":
-            return TableInfo(schema, name, columns, tuple(col.name for col in columns), "replica identity full", ident)
+            return TableInfo.make(
+                schema, name, columns, tuple(col.name for col in columns), "replica identity full", ident
+            )
         raise TableRefusedError(
             f"table {qualified} has no primary key and no replica identity to key its events by: add a primary "
             f"key, set REPLICA IDENTITY FULL or USING INDEX, configure key columns for it, or exclude it "

@@ -203,7 +203,7 @@ class Producer:
             batch.has_headers = batch.has_headers or headers is not None
             batch.futures.append(future)
             batch.size += RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
-            full = batch.size >= self.batch_size
+            full = batch.size >= self.batch_size or self.linger_ms == 0  # linger 0: send at once
         if full:
             self._drain((topic, partition))
         return future
@@ -374,6 +374,16 @@ class Producer:
         raise InvalidTxnStateError(
             f"transactional producer {self.transactional_id!r} can only send inside begin_transaction()"
         )
+
+    def add_partitions_to_transaction(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Register partitions with the open transaction in one coordinator write.
+
+        Optional (every send registers its partition): a caller about to write to many
+        partitions saves one durable coordinator write per partition.
+        """
+        self._check_can_send()
+        with self._txn_lock:
+            self._add_partitions(partitions)
 
     def init_transactions(self) -> None:
         """Register with the coordinator: fence older instances and finish their transaction."""
@@ -562,7 +572,10 @@ class Producer:
             with self._lock:
                 if self._closed:
                     return
-                self._wake.wait(self.linger_ms / 1000)
+                # linger_ms=0 sends from send() itself: nothing to wait for (no busy loop)
+                self._wake.wait(self.linger_ms / 1000 if self.linger_ms > 0 else None)
+                if self._closed:
+                    return
                 now = time.monotonic()
                 due = [tp for tp, b in self._pending.items() if (now - b.created) * 1000 >= self.linger_ms]
             for tp in due:
