@@ -1,0 +1,139 @@
+"""The connector as a service: CLI, signals, status, reconnects after a dropped connection or a restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from capture_util import drop_slots, events, fresh_database, sql
+
+from capture.connector import CaptureConfig, Connector
+from eventstore.log import Log
+from tideline.pgharness import LocalPostgres
+
+ROOT = Path(__file__).resolve().parents[2]
+TIDELINE = str(Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "tideline")
+
+
+@pytest.fixture
+def db(postgres: LocalPostgres) -> Iterator[str]:
+    dsn = fresh_database(postgres, "svc")
+    yield dsn
+    drop_slots(dsn)
+
+
+def cli(*args: str, data_dir: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [TIDELINE, "--data-dir", str(data_dir), *args], capture_output=True, text=True, check=check, timeout=120
+    )
+
+
+def wait_for(predicate: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting")
+
+
+def test_cli_run_status_and_errors(db: str, tmp_path: Path) -> None:
+    data = tmp_path / "log"
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    out = cli("capture", "run", "--dsn", db, "--slot", "cli", "--topic-prefix", "cdc", "--exit-when-caught-up",
+              "--json", data_dir=data)  # fmt: skip
+    summary = json.loads(out.stdout)
+    assert summary["snapshot_rows"] == 2
+    status = json.loads(cli("capture", "status", "--dsn", db, "--slot", "cli", "--topic-prefix", "cdc", "--json",
+                            data_dir=data).stdout)  # fmt: skip
+    assert status["slot"]["plugin"] == "wal2json" and status["stored_position"]["snapshot_done"] is True
+    assert status["slot"]["retained_wal_bytes"] >= 0
+    bad = cli("capture", "run", "--dsn", db, "--snapshot", "sometimes", data_dir=data, check=False)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: --snapshot must be one of")
+    assert len(bad.stderr.strip().splitlines()) == 1
+    refused = cli("capture", "run", "--dsn", db, "--plugin", "decoderbufs", data_dir=data, check=False)
+    assert refused.returncode == 1 and "wal2json" in refused.stderr
+
+
+def test_sigterm_finishes_the_batch_and_exits_0(db: str, tmp_path: Path) -> None:
+    data = tmp_path / "log"
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY)")
+    proc = subprocess.Popen(
+        [TIDELINE, "--data-dir", str(data), "capture", "run", "--dsn", db, "--slot", "sig", "--topic-prefix", "cdc"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: (data / "_topics" / "__tideline_capture_offsets.json").exists())
+        sql(db, "INSERT INTO t SELECT generate_series(1, 500)")
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "captured" in out
+    assert len(events(data, "cdc.public.t")) == 500
+
+
+def run_in_thread(connector: Connector) -> threading.Thread:
+    thread = threading.Thread(target=connector.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def count(data: Path) -> int:
+    return len(events(data, "cdc.public.t"))
+
+
+def test_reconnects_after_the_walsender_is_terminated(db: str, tmp_path: Path) -> None:
+    data = tmp_path / "log"
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t SELECT generate_series(1, 10)")
+    log = Log(data)
+    connector = Connector(CaptureConfig(dsn=db, slot="drop", topic_prefix="cdc"), log)
+    thread = run_in_thread(connector)
+    try:
+        wait_for(lambda: count(data) == 10)
+        for round_ in range(3):
+            with psycopg.connect(db, autocommit=True) as c:
+                c.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'drop'")
+            sql(db, f"INSERT INTO t SELECT generate_series({100 * (round_ + 1)}, {100 * (round_ + 1) + 9})")
+            wait_for(lambda r=round_: count(data) == 10 * (r + 2))
+    finally:
+        connector.stop()
+        thread.join(30)
+        log.close()
+    ids = [e["after"]["id"] for e in events(data, "cdc.public.t")]
+    assert len(ids) == len(set(ids)) == 40
+
+
+def test_reconnects_after_a_postgres_restart(tmp_path: Path) -> None:
+    data = tmp_path / "log"
+    with LocalPostgres(tmp_path / "pg", fast=True) as pg:
+        sql(pg.dsn, "CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+        log = Log(data)
+        connector = Connector(CaptureConfig(dsn=pg.dsn, slot="restart", topic_prefix="cdc"), log)
+        thread = run_in_thread(connector)
+        try:
+            wait_for(lambda: count(data) == 1)
+            pg.stop()
+            time.sleep(1.0)  # the connector sees the connection drop and backs off
+            pg.start()
+            sql(pg.dsn, "INSERT INTO t VALUES (2), (3)")
+            wait_for(lambda: count(data) == 3, timeout=60)
+        finally:
+            connector.stop()
+            thread.join(60)
+            log.close()
+            drop_slots(pg.dsn)
+    assert sorted(e["after"]["id"] for e in events(data, "cdc.public.t")) == [1, 2, 3]
