@@ -1,10 +1,12 @@
-"""``tideline demo``: the embedded log end to end, verified, with a summary.
+"""``tideline demo``: capture and the log end to end, verified, with a summary.
 
-Until capture exists, the demo exercises the log alone: it creates topics in a fresh
-directory, produces keyed records through the producer API and through the CLI's
-``produce`` path, reads everything back and checks count, offsets, per-partition order
-and partitioning, then compacts a compacted topic and checks that the latest value of
-every key survived. Each check prints ✓ or ✗; any ✗ makes the exit code 1.
+Capture (tideline.demo_capture): a private Postgres with wal2json is started, filled,
+captured (snapshot), put through a workload, captured again (stream), checked against
+the table, and stopped. The log: topics in a fresh directory, keyed records through the
+producer API and the CLI's ``produce`` path, read back and checked (count, offsets,
+per-partition order, partitioning), then a compacted topic is compacted and the latest
+value of every key checked. Each check prints ✓ or ✗; any ✗ makes the exit code 1.
+(Commands, projections and Spark join the demo with their issues.)
 
 Record values start with a 10-digit sequence number (``0000000042|…``), assigned in
 production order: that is what the order and exactly-once checks read back.
@@ -34,6 +36,8 @@ from eventstore.log import Log
 from eventstore.partitioner import partitions_for_keys
 from eventstore.producer import Producer
 from tideline.cli_common import one_line_errors
+from tideline.demo_capture import TOPIC as CAPTURE_TOPIC
+from tideline.demo_capture import CaptureResult, run_capture_demo
 from tideline.log_cli import PartitionCleaning, compact_topic, produce_lines
 
 ORDERS_TOPIC = "demo.orders"
@@ -67,6 +71,7 @@ class DemoResult:
     profile_records: int = 0
     cleaning: list[PartitionCleaning] = field(default_factory=list)
     profiles_after: int = 0
+    capture: CaptureResult | None = None
     bytes_on_disk: int = 0
     checks: list[Check] = field(default_factory=list)
 
@@ -243,8 +248,13 @@ def _check_compaction(log: Log, result: DemoResult, progress: Progress, task: Ta
     )
 
 
-def run_demo(directory: Path, *, records: int, partitions: int, console: Console) -> DemoResult:
-    """Run every phase in ``directory`` (created; must be fresh) and return what happened."""
+def run_demo(
+    directory: Path, *, records: int, partitions: int, console: Console, capture_rows: int = 0, transactions: int = 0
+) -> DemoResult:
+    """Run every phase in ``directory`` (created; must be fresh) and return what happened.
+
+    ``capture_rows`` > 0 runs the capture phase first (it needs the Postgres 15 binaries).
+    """
     result = DemoResult(directory, partitions, api_records=records)
     result.cli_records = max(100, records // 20)
     result.profile_records = max(PROFILE_KEYS * 5, records // 5)
@@ -255,6 +265,11 @@ def run_demo(directory: Path, *, records: int, partitions: int, console: Console
         TimeElapsedColumn(),
     )
     with Log(directory, create=True) as log, Progress(*columns, console=console) as progress:
+        if capture_rows > 0:
+            result.capture = run_capture_demo(
+                directory, log, rows=capture_rows, transactions=transactions, progress=progress
+            )
+            _check_capture(result)
         log.create_topic(ORDERS_TOPIC, partitions, overrides={"segment_bytes": str(8 << 20)})
         log.create_topic(PROFILES_TOPIC, 2, overrides={"cleanup_policy": "compact", "segment_bytes": str(128 << 10)})
         api = progress.add_task("produce (producer API)", total=result.api_records)
@@ -267,6 +282,28 @@ def run_demo(directory: Path, *, records: int, partitions: int, console: Console
         _check_compaction(log, result, progress, compaction)
     result.bytes_on_disk = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
     return result
+
+
+def _check_capture(result: DemoResult) -> None:
+    cap = result.capture
+    assert cap is not None and cap.snapshot is not None and cap.stream is not None
+    result.checks.append(
+        Check(
+            "capture: snapshot has every row",
+            cap.snapshot.snapshot_rows == cap.rows_initial,
+            f"{cap.snapshot.snapshot_rows:,} of {cap.rows_initial:,} rows",
+        )
+    )
+    result.checks.append(
+        Check(
+            "capture: latest value per key = SELECT * FROM shop.orders",
+            cap.mismatches == 0 and cap.table_rows > 0,
+            f"{cap.table_rows:,} rows, {cap.mismatches} differing keys",
+        )
+    )
+    result.checks.append(
+        Check("capture: no event stored twice", cap.duplicates == 0, f"{cap.events_in_topic:,} change events")
+    )
 
 
 # ---------------------------------------------------------------------------- report
@@ -285,6 +322,20 @@ def _print_report(console: Console, result: DemoResult) -> None:
     table.add_column("what")
     table.add_column("value")
     produced = result.api_records + result.cli_records
+    cap = result.capture
+    if cap is not None and cap.stream is not None and cap.snapshot is not None:
+        table.add_row(
+            "capture",
+            f"{cap.snapshot.snapshot_rows:,} snapshot rows in {cap.snapshot_seconds:.1f} s; "
+            f"{cap.stream.events:,} streamed events ({cap.statements:,} statements in {cap.transactions:,} "
+            f"transactions) in {cap.stream_seconds:.1f} s ({_rate(cap.stream.events, cap.stream_seconds)})",
+        )
+        table.add_row(
+            "capture lag",
+            f"{cap.stream.lag_ms():,} ms since the last captured commit; slot retains {cap.retained_wal_bytes:,} B "
+            f"of WAL; {cap.stream.to_json()['lag_bytes']:,} B behind",
+        )
+        table.add_row("capture topic", f"{CAPTURE_TOPIC} ({cap.events_in_topic:,} change events)")
     table.add_row("records produced", f"{produced:,} ({result.api_records:,} API + {result.cli_records:,} CLI)")
     table.add_row("produce, producer API", _rate(result.api_records, result.api_seconds))
     table.add_row("produce, CLI path", _rate(result.cli_records, result.cli_seconds))
@@ -315,6 +366,10 @@ def demo_command(
     ] = None,
     records: Annotated[int, typer.Option("--records", help="Records produced through the producer API.")] = 200_000,
     partitions: Annotated[int, typer.Option("--partitions", help="Partitions of the demo topic.")] = 4,
+    capture_rows: Annotated[
+        int, typer.Option("--capture-rows", help="Rows in the captured table before the snapshot (0: skip capture).")
+    ] = 20_000,
+    transactions: Annotated[int, typer.Option("--transactions", help="Workload transactions to capture.")] = 500,
 ) -> None:
     """Produce, consume, verify and compact on the embedded log; print ✓/✗ per check and a summary.
 
@@ -327,7 +382,16 @@ def demo_command(
         if not 1 <= partitions <= 256:
             raise ConfigError(f"--partitions must be within 1 … 256, got {partitions}")
         target = _prepare_directory(directory)
-        result = run_demo(target, records=records, partitions=partitions, console=console)
+        if capture_rows < 0 or transactions < 0:
+            raise ConfigError("--capture-rows and --transactions must be ≥ 0")
+        result = run_demo(
+            target,
+            records=records,
+            partitions=partitions,
+            console=console,
+            capture_rows=capture_rows,
+            transactions=transactions,
+        )
     _print_report(console, result)
     if not result.ok:
         raise typer.Exit(1)

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from tideline.cli import app
 from tideline.demo import ORDERS_TOPIC, PROFILES_TOPIC
+from tideline.demo_capture import TOPIC as CAPTURE_TOPIC
 
 
 def test_demo_runs_and_passes_its_checks(tmp_path: Path) -> None:
@@ -21,7 +22,8 @@ def test_demo_runs_and_passes_its_checks(tmp_path: Path) -> None:
     assert time.monotonic() - started < 60
     out = result.stdout
     assert "✗" not in out
-    assert out.count("✓") >= 8
+    assert out.count("✓") >= 11
+    assert "capture: latest value per key = SELECT * FROM shop.orders" in out
     assert "all checks passed" in out
     assert "21,000" in out  # 20,000 through the producer API + 1,000 through the CLI produce path
     assert str(target.resolve()) in out.replace("\n", "")
@@ -29,7 +31,7 @@ def test_demo_runs_and_passes_its_checks(tmp_path: Path) -> None:
     # The data stays, and the log commands read it.
     data = ["--data-dir", str(target)]
     topics = json.loads(runner.invoke(app, [*data, "log", "topics", "--json"]).stdout)
-    assert {t["topic"] for t in topics} == {ORDERS_TOPIC, PROFILES_TOPIC}
+    assert {ORDERS_TOPIC, PROFILES_TOPIC, CAPTURE_TOPIC} <= {t["topic"] for t in topics}
     info = json.loads(runner.invoke(app, [*data, "log", "describe", ORDERS_TOPIC, "--json"]).stdout)
     assert info["partitions"] == 3
     assert sum(p["log_end_offset"] for p in info["partition_info"]) == 21_000
@@ -37,7 +39,7 @@ def test_demo_runs_and_passes_its_checks(tmp_path: Path) -> None:
 
 def test_demo_default_directory_is_under_the_data_dir(tmp_path: Path) -> None:
     data_dir = tmp_path / "tideline-data"
-    result = CliRunner().invoke(app, ["--data-dir", str(data_dir), "demo", "--records", "2000"])
+    result = CliRunner().invoke(app, ["--data-dir", str(data_dir), "demo", "--records", "2000", "--capture-rows", "0"])
     assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
     (demo_dir,) = data_dir.glob("demo-*")
     assert (demo_dir / "tideline-log.json").exists()
