@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 OFFSETS_TOPIC = "__tideline_capture_offsets"
 SNAPSHOT_FETCH_ROWS = 5_000
 MAX_BACKOFF_S = 30.0
+WAL_CHECK_S = 30.0
 
 
 class SnapshotMode(enum.Enum):
@@ -230,6 +231,8 @@ class Connector:
         self._batch = _Batch()
         self._batch_position: Position | None = None
         self._in_txn = False
+        self._wal_checked = 0.0
+        self._status_logged = 0.0
         db = psycopg.conninfo.conninfo_to_dict(config.dsn).get("dbname") or "postgres"
         self.builder = EventBuilder(
             config.topic_prefix,
@@ -446,7 +449,6 @@ class Connector:
     def _stream(self, repl: ReplicationConnection, target: int | None) -> None:
         ctx: TxnContext | None = None
         index = 0
-        last_status = time.monotonic()
         last_heartbeat = time.monotonic()
         confirmed = self.position.confirm_lsn if self.position else 0
         while True:
@@ -471,9 +473,7 @@ class Connector:
                     elif msg.reply_requested:
                         repl.send_status(confirmed)
                 now = time.monotonic()
-                if now - last_status >= self.config.status_interval_s:
-                    last_status = now
-                    self._log_status(repl)
+                self._log_status()
                 if self.config.heartbeat_query and now - last_heartbeat >= self.config.heartbeat_interval_s:
                     last_heartbeat = now
                     self._heartbeat()
@@ -598,6 +598,7 @@ class Connector:
             self.position = position
             self.stats.last_stored_lsn = position.commit_lsn
         self._batch_position = None
+        self._log_status()
 
     def _confirm(self, repl: ReplicationConnection) -> int:
         """Tell the server what is durable: the last complete transaction's commit end."""
@@ -653,8 +654,29 @@ class Connector:
 
     # ------------------------------------------------------------------ observability
 
-    def _log_status(self, repl: ReplicationConnection) -> None:
+    def _log_status(self) -> None:
+        """Every ``status_interval_s``: a structured status line; every ``WAL_CHECK_S``: the slot's retained WAL."""
+        now = time.monotonic()
+        if now - self._status_logged < self.config.status_interval_s:
+            return
+        self._status_logged = now
         log.info("capture status %s", orjson.dumps(self.stats.to_json()).decode())
+        if now - self._wal_checked < WAL_CHECK_S:
+            return
+        self._wal_checked = now
+        try:
+            info = slot_status(self.config.dsn, self.config.slot)
+        except psycopg.Error as e:
+            log.warning("capture: cannot read slot status: %s", e)
+            return
+        if info is not None and info["retained_wal_bytes"] > self.config.retained_wal_warn_bytes:
+            log.warning(
+                "capture: slot %s retains %d bytes of WAL (threshold %d): is the connector keeping up, "
+                "or are captured tables idle while others are busy (use --heartbeat-query)?",
+                self.config.slot,
+                info["retained_wal_bytes"],
+                self.config.retained_wal_warn_bytes,
+            )
 
     def _heartbeat(self) -> None:
         assert self.config.heartbeat_query is not None

@@ -262,9 +262,11 @@ class EventBuilder:
         self, m: ChangeMessage, table: TableInfo, topic: str, source: bytes, ctx: TxnContext, now_ms: int
     ) -> list[Event]:
         after = self._image(table, m.columns)
-        before = self._image(table, m.identity) if m.identity else None
-        old_key_image = before if before is not None else after
-        old_key = self.key_of(table, old_key_image)
+        identity = self._image(table, m.identity) if m.identity else None
+        old_key = self.key_of(table, identity if identity is not None else after)
+        # ``before`` is the old row only under REPLICA IDENTITY FULL (Debezium's rule); otherwise
+        # the identity holds just the old key, which decides whether the key changed.
+        before = identity if table.replica_identity == "f" else None
         missing = [c for c in table.toastable_columns if c not in after and self._kept(table, c)]
         if missing:
             self._fill_toast(table, topic, old_key, after, before, missing)

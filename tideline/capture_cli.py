@@ -112,8 +112,8 @@ def run(
         typer.echo(json.dumps(summary))
     else:
         typer.echo(
-            f"captured {summary['events']} events ({summary['transactions']} transactions, "
-            f"{summary['snapshot_rows']} snapshot rows) in {summary['batches']} log transactions; "
+            f"captured {summary['snapshot_rows']} snapshot rows and {summary['events']} change events "
+            f"({summary['transactions']} transactions) in {summary['batches']} log transactions; "
             f"stored up to {summary['last_stored_lsn']}"
         )
 
