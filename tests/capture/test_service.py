@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -137,3 +138,36 @@ def test_reconnects_after_a_postgres_restart(tmp_path: Path) -> None:
             log.close()
             drop_slots(pg.dsn)
     assert sorted(e["after"]["id"] for e in events(data, "cdc.public.t")) == [1, 2, 3]
+
+
+SNAPSHOT_CHILD = r"""
+import sys
+from capture.connector import CaptureConfig, Connector
+from eventstore.log import Log
+with Log(sys.argv[1]) as log:
+    Connector(CaptureConfig(dsn=sys.argv[2], slot="snap", topic_prefix="cdc", batch_bytes=256 << 10), log).run()
+"""
+
+
+def test_snapshot_killed_midway_restarts_without_visible_duplicates(db: str, tmp_path: Path) -> None:
+    data = tmp_path / "log"
+    rows = 100_000
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)", f"INSERT INTO t SELECT g, repeat('v', 100) FROM generate_series(1, {rows}) g")  # fmt: skip # noqa: E501
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", SNAPSHOT_CHILD, str(data), db], env=env, stderr=subprocess.DEVNULL)
+    try:
+        # wait until the snapshot has appended data (uncommitted) to the table topic, then kill it
+        seg = data / "cdc.public.t-0" / "00000000000000000000.log"
+        wait_for(lambda: seg.exists() and seg.stat().st_size > 2 << 20, timeout=60)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert events(data, "cdc.public.t") == []  # read_committed: nothing of the half snapshot
+        config = CaptureConfig(dsn=db, slot="snap", topic_prefix="cdc", exit_when_caught_up=True)
+        with Log(data) as log:
+            stats = Connector(config, log).run()
+        assert stats.snapshot_rows == rows
+        ids = [e["after"]["id"] for e in events(data, "cdc.public.t")]
+        assert len(ids) == rows and len(set(ids)) == rows
+    finally:
+        if proc.poll() is None:
+            proc.kill()
