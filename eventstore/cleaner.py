@@ -31,8 +31,9 @@ Algorithm (one pass over a partition, under its ``.clean.lock``):
 5. Transactions: only segments wholly below the last stable offset are cleanable (an
    open transaction's outcome decides which record of a key is the latest). Batches of
    aborted transactions never count as the latest of their keys and are dropped.
-   Commit and abort markers are kept (they are small; the producer state rebuild after
-   a lost ``producer-state`` snapshot relies on them).
+   Commit and abort markers are dropped (readers never need them: they use the LSO and
+   the aborted-transaction index); the ``cleaner-checkpoint`` file records how far that
+   happened, for a producer-state rebuild after a lost snapshot (eventstore.producer_state).
 
 Swap and crash policy (the ``.cleaned`` / ``.swap`` suffixes)::
 
@@ -70,7 +71,7 @@ import pyarrow.compute as pc
 from eventstore.fileio import fsync_dir, write_fsynced
 from eventstore.index import OFFSET_ENTRY, TIME_ENTRY
 from eventstore.isolation import is_aborted
-from eventstore.producer_state import AbortedTransaction
+from eventstore.producer_state import AbortedTransaction, write_cleaner_checkpoint
 from eventstore.record_batch import BatchHeader, encode_batch, set_base_offset, unpack_header
 from eventstore.segment import (
     CLEANED_SUFFIX,
@@ -318,16 +319,20 @@ def _clean_group(
     chunks: list[bytes | bytearray] = []
     position = 0
     read = kept = dropped_tombstones = 0
+    group_next = first
     for base in group:
         batches = _read_all_batches(readers[base])  # pass 2: one segment in memory at a time
         latest_all = _latest_mask(batches, keep_offsets)
         row = 0
         for i, (header, records) in enumerate(batches):
             group_end = base == group[-1] and i == len(batches) - 1
+            group_next = max(group_next, header.next_offset)
             read += records.num_rows
             latest_slice = latest_all.slice(row, records.num_rows)
             row += records.num_rows
             if header.is_control:
+                if not group_end:
+                    continue  # a marker of a transaction that ended below the LSO: no longer needed
                 out = _reencode(header, records, header.delete_horizon_ms)
             elif is_aborted(header, aborted):
                 if not group_end:
@@ -367,6 +372,7 @@ def _clean_group(
     write_fsynced(tmp_index, [index.offset_entries])
     write_fsynced(tmp_time, [index.time_entries])
     _verify_cleaned(tmp_log, first)
+    write_cleaner_checkpoint(directory, group_next)  # before any marker disappears (producer_state)
     os.replace(tmp_log, log_path(directory, first))  # commit point
     os.replace(tmp_index, index_path(directory, first))
     os.replace(tmp_time, time_index_path(directory, first))

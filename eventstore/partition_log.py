@@ -87,6 +87,7 @@ from eventstore.producer_state import (
     encode_aborted,
     encode_lso,
     parse_control_key,
+    read_cleaner_checkpoint,
     read_lso_file,
     read_snapshot,
     write_snapshot,
@@ -390,10 +391,12 @@ class PartitionLog:
         table = read_snapshot(self.directory)
         bases = list_segment_bases(self.directory)
         start = bases[0] if bases else 0
-        if table is None or table.next_offset > active.next_offset:
+        rebuilt = table is None or table.next_offset > active.next_offset
+        if rebuilt:
             if table is not None:
                 log.warning("%s-%d: producer-state snapshot ahead of the log; rebuilding", self.topic, self.partition)
             table = ProducerStateTable(start)
+        assert table is not None
         table.next_offset = max(table.next_offset, start)
         self._producers = table
         if table.next_offset == active.next_offset:
@@ -413,6 +416,13 @@ class PartitionLog:
             finally:
                 os.close(fd)
         table.next_offset = active.next_offset
+        if rebuilt:
+            # Compaction dropped the markers below its checkpoint, and every transaction that
+            # started there had ended (it only cleans below the LSO): close them.
+            cleaned = read_cleaner_checkpoint(self.directory)
+            for entry in table.producers.values():
+                if 0 <= entry.txn_first_offset < cleaned:
+                    entry.txn_first_offset = -1
         return table
 
     def _append_aborted(self, entry: AbortedTransaction) -> None:

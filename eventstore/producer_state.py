@@ -32,6 +32,11 @@ Files in the partition directory (see also :mod:`eventstore.partition_log`)::
                      finds the entry. A torn last entry is ignored (and cut by the
                      writer); an entry superseded by a later one for the same
                      transaction (same producer, same first offset) is harmless.
+    cleaner-checkpoint  12 bytes ``<qI``: compaction has cleaned (and dropped the
+                     transaction markers of) every offset below this one; CRC32C. Every
+                     transaction that started below it had ended (compaction stays below
+                     the LSO), which is what a rebuild from scratch needs to know once the
+                     markers are gone. Written durably before a cleaned segment is swapped in.
     lso              12 bytes ``<qI``: the first unstable offset (-1: none open) and its
                      CRC32C. Lowered and fsynced *before* the batch that opens a
                      transaction is written; raised after the marker that closes it. A
@@ -63,6 +68,7 @@ from eventstore.record_batch import NO_PRODUCER_ID, BatchHeader
 PRODUCER_STATE_FILE = "producer-state"
 ABORTED_TXNS_FILE = "aborted-txns"
 LSO_FILE = "lso"
+CLEANER_CHECKPOINT_FILE = "cleaner-checkpoint"
 DEDUPE_WINDOW = 5
 SEQUENCE_LIMIT = 1 << 31  # sequences wrap to 0 after 2**31 - 1, as in Kafka
 ABORTED_ENTRY = struct.Struct("<qqqI")
@@ -352,3 +358,21 @@ def read_lso_file(directory: Path) -> int:
 def encode_lso(first_unstable: int) -> bytes:
     body = struct.pack("<q", first_unstable)
     return body + struct.pack("<I", crc32c.crc32c(body))
+
+
+def read_cleaner_checkpoint(directory: Path) -> int:
+    """Offset below which compaction has dropped transaction markers (0: none, or unreadable)."""
+    try:
+        raw = (directory / CLEANER_CHECKPOINT_FILE).read_bytes()
+    except FileNotFoundError:
+        return 0
+    if len(raw) != LSO_ENTRY.size:
+        return 0
+    value, crc = LSO_ENTRY.unpack(raw)
+    return int(value) if crc == crc32c.crc32c(raw[:8]) else 0
+
+
+def write_cleaner_checkpoint(directory: Path, offset: int) -> None:
+    if offset > read_cleaner_checkpoint(directory):
+        body = struct.pack("<q", offset)
+        replace_durably(directory / CLEANER_CHECKPOINT_FILE, body + struct.pack("<I", crc32c.crc32c(body)))

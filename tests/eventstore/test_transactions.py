@@ -355,3 +355,37 @@ def test_many_random_transactions_model(tmp_path: Path) -> None:
             p.close()
         expected.extend(pending[0] + pending[1])
         assert sorted(values_seen(log, tps, "read_committed")) == sorted(expected)
+
+
+def test_compaction_drops_markers_and_a_rebuild_still_knows_they_ended(tmp_path: Path) -> None:
+    from eventstore.producer_state import PRODUCER_STATE_FILE
+
+    path = tmp_path / "log"
+    with Log(path) as log:
+        log.create_topic("state", 1, overrides={"cleanup_policy": "compact"})
+        plog = log.partition("state", 0)
+        producer = Producer(log, transactional_id="m", linger_ms=1)
+        producer.init_transactions()
+        for i in range(50):
+            producer.begin_transaction()
+            producer.send("state", b"v%d" % i, key=b"k%d" % (i % 5))
+            producer.commit_transaction()
+        producer.close()
+        plog.roll()
+        markers_before = sum(f.header.is_control for f in plog.read(0, max_bytes=1 << 30))
+        compact_partition(plog)
+        markers_after = sum(f.header.is_control for f in plog.read(0, max_bytes=1 << 30))
+        assert markers_before >= 50 and markers_after <= 1  # (the group's last batch may be one)
+    (path / "state-0" / PRODUCER_STATE_FILE).unlink()  # force a rebuild from the batch headers
+    with Log(path) as log:
+        plog = log.partition("state", 0)
+        producer = Producer(log, transactional_id="m", linger_ms=1)
+        producer.init_transactions()  # a write-side open: rebuilds the producer state
+        assert plog.last_stable_offset() == plog.log_end_offset(), "a rebuilt state thinks old transactions are open"
+        producer.begin_transaction()
+        producer.send("state", b"after", key=b"k0")
+        producer.commit_transaction()
+        producer.close()
+        assert sorted(values_seen(log, [TopicPartition("state", 0)], "read_committed")) == sorted(
+            [b"v45", b"v46", b"v47", b"v48", b"v49", b"after"]
+        )
