@@ -364,13 +364,16 @@ def test_compaction_drops_markers_and_a_rebuild_still_knows_they_ended(tmp_path:
     with Log(path) as log:
         log.create_topic("state", 1, overrides={"cleanup_policy": "compact"})
         plog = log.partition("state", 0)
-        producer = Producer(log, transactional_id="m", linger_ms=1)
-        producer.init_transactions()
-        for i in range(50):
-            producer.begin_transaction()
-            producer.send("state", b"v%d" % i, key=b"k%d" % (i % 5))
-            producer.commit_transaction()
-        producer.close()
+        producers = [Producer(log, transactional_id=f"m{i}", linger_ms=1) for i in range(2)]
+        for p in producers:
+            p.init_transactions()
+        for i in range(50):  # two producers: the marker kept as a group's last batch closes only one
+            p = producers[i % 2]
+            p.begin_transaction()
+            p.send("state", b"v%d" % i, key=b"k%d" % (i % 5))
+            p.commit_transaction()
+        for p in producers:
+            p.close()
         plog.roll()
         markers_before = sum(f.header.is_control for f in plog.read(0, max_bytes=1 << 30))
         compact_partition(plog)
@@ -379,13 +382,15 @@ def test_compaction_drops_markers_and_a_rebuild_still_knows_they_ended(tmp_path:
     (path / "state-0" / PRODUCER_STATE_FILE).unlink()  # force a rebuild from the batch headers
     with Log(path) as log:
         plog = log.partition("state", 0)
-        producer = Producer(log, transactional_id="m", linger_ms=1)
-        producer.init_transactions()  # a write-side open: rebuilds the producer state
+        with Producer(log) as plain:  # another producer's append: a write-side open rebuilds the state
+            plain.send("state", b"plain", key=b"k9").result()
         assert plog.last_stable_offset() == plog.log_end_offset(), "a rebuilt state thinks old transactions are open"
+        producer = Producer(log, transactional_id="m0", linger_ms=1)
+        producer.init_transactions()
         producer.begin_transaction()
         producer.send("state", b"after", key=b"k0")
         producer.commit_transaction()
         producer.close()
         assert sorted(values_seen(log, [TopicPartition("state", 0)], "read_committed")) == sorted(
-            [b"v45", b"v46", b"v47", b"v48", b"v49", b"after"]
+            [b"v45", b"v46", b"v47", b"v48", b"v49", b"plain", b"after"]
         )
