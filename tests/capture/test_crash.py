@@ -1,0 +1,533 @@
+"""Crash acceptance test: kill -9 the connector at random moments; the log equals an uninterrupted run's.
+
+Two connectors capture the same database, each into its own log directory with its own
+slot (both slots exist before the workload starts):
+
+* the **reference** runs twice, uninterrupted: once for its snapshot before the workload,
+  once at the end (``exit_when_caught_up``);
+* the **crashed** one is a separate process (``sys.executable -c``) killed with SIGKILL at
+  random moments: first during its initial snapshot (a bulk table makes the snapshot last
+  long enough), then while the random workload (tests/capture/workload.py, with logical
+  messages) writes concurrently; each kill is followed by a restart; a final run catches up.
+
+Runs that get killed use 32 KiB log batches, so that long Postgres transactions reach the log
+in several pieces and kills land in the middle of them (the restart then resumes
+mid-transaction); uninterrupted runs use the default 4 MiB.
+
+Then, per topic (every table topic, ``cdc.transaction``, ``cdc.message``) and partition, the
+read_committed sequences of (key, value) are identical, values compared with every number's
+spelling, minus fields that are processing time or slot identity, not data:
+the envelope's top-level ``ts_ms`` (capture time); for snapshot reads (``op=r``) ``source.ts_ms``,
+``source.lsn`` and ``source.commit_lsn`` (the time and consistent point of each slot's own
+snapshot); for non-transactional messages ``source.ts_ms`` (capture time: they have no commit).
+Identical sequences per partition mean no event lost, none duplicated, and the same order
+per key.
+
+After every kill the slot must not have been confirmed past what the log stores: every
+transaction of the reference run that committed before the slot's ``confirmed_flush_lsn``
+must be covered by the position stored in the crashed log at that moment.
+
+Size: ``TIDELINE_SOAK=1`` kills ~200 times (and a bigger snapshot); CI runs ~10 kills.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from capture_util import drop_slots, events, fresh_database, records, sql
+from workload import Workload, run_in_thread, soak
+
+from capture.connector import OFFSETS_TOPIC, CaptureConfig, Connector, Position, slot_status
+from capture.replication import parse_lsn
+from eventstore.consumer import Consumer, TopicPartition
+from eventstore.log import Log
+from eventstore.partition_log import LOCK_FILE
+from eventstore.topic import TopicConfig
+from tideline.pgharness import LocalPostgres
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = "cdc"
+KILLED_BATCH_BYTES = 32 << 10  # runs that get killed: long transactions reach the log in pieces
+FULL_BATCH_BYTES = 4 << 20  # uninterrupted runs (the connector's default)
+PARTITIONS = 3
+
+CHILD = r"""
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+from capture.connector import OFFSETS_TOPIC, CaptureConfig, Connector
+from eventstore.log import Log
+from eventstore.partition_log import LOCK_FILE
+from eventstore.topic import TopicConfig
+from capture.connector import SnapshotMode
+log_dir, dsn, slot, until_caught_up, batch_bytes, partitions, snapshot = sys.argv[1:8]
+with Log(log_dir) as log:
+    stats = Connector(CaptureConfig(dsn=dsn, slot=slot, topic_prefix="cdc", exit_when_caught_up=until_caught_up == "1",
+                                    batch_bytes=int(batch_bytes), partitions=int(partitions),
+                                    snapshot=SnapshotMode(snapshot)), log).run()
+print("done", stats.events, stats.snapshot_rows, flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    bulk_rows: int  # the snapshot's bulk table
+    rows_per_table: int
+    snapshot_kills: int
+    stream_kills: int
+    max_sleep_s: float  # between a start and its kill
+    pause_s: float  # the workload's pause between transactions (keeps the connector within reach)
+
+
+CI = Sizes(bulk_rows=40_000, rows_per_table=200, snapshot_kills=3, stream_kills=8, max_sleep_s=2.5, pause_s=0.3)
+SOAK = Sizes(
+    bulk_rows=300_000, rows_per_table=2_000, snapshot_kills=20, stream_kills=200, max_sleep_s=4.0, pause_s=0.03
+)
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+class Run:
+    """One connector process (its stderr goes to a file, read when it is over)."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        log_dir: Path,
+        dsn: str,
+        slot: str,
+        *,
+        caught_up: bool,
+        partitions: int = PARTITIONS,
+        snapshot: str = "initial",
+    ) -> None:
+        self.stderr_path = tmp / f"{name}.stderr"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        batch_bytes = FULL_BATCH_BYTES if caught_up else KILLED_BATCH_BYTES
+        argv = [sys.executable, "-c", CHILD, str(log_dir), dsn, slot, "1" if caught_up else "0", str(batch_bytes),
+                str(partitions), snapshot]  # fmt: skip
+        self.started = time.monotonic()
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err)
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL by PID; fails the test if the process had already died by itself."""
+        code = self.proc.poll()
+        if code is not None:
+            raise AssertionError(f"connector exited by itself ({code}) before its kill:\n{self.stderr()[-3000:]}")
+        self.proc.kill()
+        self.proc.wait()
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+    def finish(self, timeout: float = 300) -> float:
+        """Wait for an ``exit_when_caught_up`` run; returns its duration in seconds."""
+        out, _ = self.proc.communicate(timeout=timeout)
+        if self.proc.returncode != 0 or not out.startswith(b"done"):
+            raise AssertionError(f"connector failed ({self.proc.returncode}):\n{self.stderr()[-3000:]}")
+        return time.monotonic() - self.started
+
+
+# ---------------------------------------------------------------------------- log reading
+
+
+def stored_position(log_dir: Path, dsn: str, slot: str) -> Position | None:
+    """The crashed connector's stored position (opens only the offsets topic's partition)."""
+    with Log(log_dir) as log:
+        return Connector(CaptureConfig(dsn=dsn, slot=slot, topic_prefix=PREFIX), log).read_position()
+
+
+def exact_json(raw: bytes) -> Any:
+    return json.loads(raw, parse_float=lambda text: ("num", text))
+
+
+def normalize(value: bytes | None) -> Any:
+    """The value minus processing time and slot identity (see the module docstring)."""
+    if value is None:
+        return None
+    v = exact_json(value)
+    if not isinstance(v, dict):
+        return v
+    if "op" in v:
+        v.pop("ts_ms")  # capture time (BEGIN/END records have no "op"; their ts_ms is the commit time: kept)
+    source: dict[str, Any] = v.get("source") or {}
+    if v.get("op") == "r":
+        for k in ("ts_ms", "lsn", "commit_lsn"):
+            source.pop(k)
+    elif v.get("op") == "m" and v.get("transaction") is None:
+        source.pop("ts_ms")
+    return v
+
+
+def visible(log_dir: Path, isolation: str = "read_committed") -> dict[tuple[str, int], list[tuple[bytes | None, Any]]]:
+    """(topic, partition) → [(key, normalized value)] of every non-internal topic, in offset order."""
+    out: dict[tuple[str, int], list[tuple[bytes | None, Any]]] = {}
+    with Log(log_dir) as log:
+        for topic in sorted(t for t in log.topics() if not t.startswith("__")):
+            for p in range(log.topic(topic).partitions):
+                rows: list[tuple[bytes | None, Any]] = []
+                with Consumer(log, isolation_level=isolation, enable_auto_commit=False) as consumer:
+                    consumer.assign([TopicPartition(topic, p)])
+                    consumer.seek_to_beginning()
+                    while batch := consumer.poll(timeout_ms=0):
+                        rows += [(r.key, normalize(r.value)) for r in batch]
+                out[(topic, p)] = rows
+    return out
+
+
+def count(log_dir: Path, isolation: str) -> int:
+    """Records of every non-internal topic visible under ``isolation``."""
+    n = 0
+    with Log(log_dir) as log:
+        for topic in (t for t in log.topics() if not t.startswith("__")):
+            with Consumer(log, isolation_level=isolation, enable_auto_commit=False) as consumer:
+                consumer.assign([TopicPartition(topic, p) for p in range(log.topic(topic).partitions)])
+                consumer.seek_to_beginning()
+                while batch := consumer.poll(timeout_ms=0):
+                    n += len(batch)
+    return n
+
+
+def reference_commits(log_dir: Path) -> list[int]:
+    """Commit LSNs of every transaction (END event) of the reference run."""
+    commits = []
+    topic = f"{PREFIX}.transaction"
+    with Log(log_dir) as log, Consumer(log, enable_auto_commit=False) as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(log.topic(topic).partitions)])
+        consumer.seek_to_beginning()
+        while batch := consumer.poll(timeout_ms=0):
+            for r in batch:
+                assert r.value is not None
+                v = json.loads(r.value)
+                if v["status"] == "END":
+                    commits.append(int(v["id"].split(":")[1]))
+    return commits
+
+
+def first_difference(a: list[Any], b: list[Any]) -> str:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"first difference at visible record {i}:\n  crashed   {x!r:.1500}\n  reference {y!r:.1500}"
+    return f"lengths differ: crashed {len(a)}, reference {len(b)}"
+
+
+# ---------------------------------------------------------------------------- the scenario
+
+
+@dataclass
+class Kill:
+    phase: str  # "snapshot" | "stream"
+    after_s: float
+    landed: str  # where, judged from the stored position and the process's own log
+    confirmed: int  # slot confirmed_flush_lsn after the kill
+    position: Position | None
+
+
+def classify(phase: str, stderr: str, position: Position | None) -> str:
+    if phase == "snapshot":
+        if position is None:
+            return "before the snapshot began (startup, slot creation)"
+        if not position.snapshot_done:
+            return "during the snapshot"
+        return "after the snapshot (streaming, idle)"
+    if "streaming slot" not in stderr:
+        return "startup (before streaming)"
+    if position is not None and not position.complete:
+        return "streaming, stored position mid-transaction"
+    return "streaming, stored position at a transaction end"
+
+
+@dataclass
+class Outcome:
+    crashed: dict[tuple[str, int], list[tuple[bytes | None, Any]]]
+    reference: dict[tuple[str, int], list[tuple[bytes | None, Any]]]
+    hidden: int  # records of aborted log transactions in the crashed log
+    kills: list[Kill]
+    commits: list[int]  # commit LSNs of the reference run's transactions
+    summary: str
+
+
+def crash_scenario(dsn: str, tmp: Path, sizes: Sizes) -> Outcome:
+    rng = random.Random(99)
+    crashed_dir, ref_dir = tmp / "crashed", tmp / "reference"
+    runs = tmp / "runs"
+    runs.mkdir()
+    timings: dict[str, float] = {}
+    clock = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.monotonic()
+        timings[name] = now - clock
+        clock = now
+
+    workload = Workload(dsn, seed=7, messages=True)
+    workload.create_schema()
+    workload.populate(sizes.rows_per_table)
+    sql(
+        dsn,
+        "CREATE TABLE wl_bulk (id int PRIMARY KEY, payload text, n numeric)",
+        "INSERT INTO wl_bulk SELECT g, md5(g::text) || md5((g + 1)::text), g / 7.0 "
+        f"FROM generate_series(1, {sizes.bulk_rows}) g",
+    )
+    lap("setup")
+
+    # The reference slot and snapshot, uninterrupted.
+    snapshot_s = Run(runs, "ref-snapshot", ref_dir, dsn, "ref", caught_up=True).finish()
+    lap("reference snapshot")
+    kills: list[Kill] = []
+
+    def kill_after(phase: str, delay: float) -> None:
+        run = Run(runs, f"{phase}-{len(kills)}", crashed_dir, dsn, "crashed", caught_up=False)
+        time.sleep(delay)
+        run.kill()
+        info = slot_status(dsn, "crashed")  # the slot first: the stored position can only grow after it
+        confirmed = parse_lsn(info["confirmed_flush_lsn"]) if info and info["confirmed_flush_lsn"] else 0
+        position = stored_position(crashed_dir, dsn, "crashed")
+        kills.append(Kill(phase, delay, classify(phase, run.stderr(), position), confirmed, position))
+
+    # Kills during the crashed connector's initial snapshot (no writes yet: both snapshots see the same rows).
+    for _ in range(sizes.snapshot_kills):
+        kill_after("snapshot", rng.uniform(0.4, 1.0) * snapshot_s)
+    Run(runs, "snapshot-final", crashed_dir, dsn, "crashed", caught_up=True).finish()
+    position = stored_position(crashed_dir, dsn, "crashed")
+    assert position is not None and position.snapshot_done
+    lap("snapshot kills")
+
+    # Kills while the workload writes.
+    stop = threading.Event()
+    writer, errors = run_in_thread(workload, stop, pause_s=sizes.pause_s, truncate_p=0.004)
+    try:
+        for _ in range(sizes.stream_kills):
+            kill_after("stream", rng.uniform(0.2, sizes.max_sleep_s))
+            assert not errors, errors
+    finally:
+        stop.set()
+        writer.join()
+    assert not errors, errors
+    lap("stream kills")
+    Run(runs, "final", crashed_dir, dsn, "crashed", caught_up=True).finish()
+    lap("crashed catch-up")
+    Run(runs, "ref-final", ref_dir, dsn, "ref", caught_up=True).finish()
+    lap("reference catch-up")
+
+    crashed, reference = visible(crashed_dir), visible(ref_dir)
+    hidden = count(crashed_dir, "read_uncommitted") - sum(len(v) for v in crashed.values())
+    commits = reference_commits(ref_dir)
+    lap("read logs")
+    landed = Counter(k.landed for k in kills)
+    summary = (
+        f"{len(kills)} kills: " + "; ".join(f"{c}× {where}" for where, c in landed.most_common())
+        + f". {sum(len(v) for v in reference.values())} visible records per log, {hidden} records of aborted "
+        f"log transactions hidden in the crashed log. Workload: {workload.stats.summary()}. Seconds: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in timings.items())
+    )  # fmt: skip
+    print(summary)
+    return Outcome(crashed, reference, hidden, kills, commits, summary)
+
+
+@pytest.fixture(scope="module")
+def outcome(postgres: LocalPostgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
+    dsn = fresh_database(postgres, "crash")
+    try:
+        yield crash_scenario(dsn, tmp_path_factory.mktemp("crash"), SOAK if soak() else CI)
+    finally:
+        drop_slots(dsn)
+
+
+# ---------------------------------------------------------------------------- the tests
+
+
+# Transaction metadata is counted over the events a run *emits*: a restart in the middle of
+# a transaction skips the stored events without counting them (Connector._stream `continue`s
+# before EventBuilder._transaction), so the events after the restart carry total_order and
+# data_collection_order counted from 1 again, and the END record's event_count and
+# data_collections count only the events after the restart. See
+# test_restart_mid_transaction_keeps_transaction_metadata for a deterministic reproduction.
+TRANSACTION_METADATA_BUG = True
+
+
+def without_transaction_metadata(rows: list[tuple[bytes | None, Any]]) -> list[tuple[bytes | None, Any]]:
+    out = []
+    for key, value in rows:
+        if isinstance(value, dict):
+            value = dict(value)
+            if isinstance(value.get("transaction"), dict):
+                value["transaction"] = {"id": value["transaction"]["id"]}
+            if value.get("status") == "END":
+                value.pop("event_count")
+                value.pop("data_collections")
+        out.append((key, value))
+    return out
+
+
+def test_kill9_loses_nothing_duplicates_nothing_keeps_order(outcome: Outcome) -> None:
+    """Every event, once, in the reference's order per partition (transaction counters aside: next test)."""
+    crashed, reference = outcome.crashed, outcome.reference
+    assert sorted(crashed) == sorted(reference), f"topics/partitions differ: {sorted(crashed)} vs {sorted(reference)}"
+    for tp in reference:
+        a, b = without_transaction_metadata(crashed[tp]), without_transaction_metadata(reference[tp])
+        assert a == b, f"{tp}: " + first_difference(a, b)
+    assert sum(len(v) for v in reference.values()) > 0
+
+
+def test_kill9_keeps_transaction_metadata(outcome: Outcome) -> None:
+    """The same, exactly: total_order, data_collection_order, END event counts included."""
+    differing = [tp for tp in outcome.reference if outcome.crashed.get(tp) != outcome.reference[tp]]
+    if differing and TRANSACTION_METADATA_BUG:
+        tp = differing[0]
+        pytest.xfail(
+            "known bug: transaction metadata restarts counting after a mid-transaction restart; "
+            f"{len(differing)} partitions differ, {tp}: {first_difference(outcome.crashed[tp], outcome.reference[tp])}"
+        )
+    for tp in outcome.reference:
+        assert outcome.crashed[tp] == outcome.reference[tp], f"{tp}: " + first_difference(
+            outcome.crashed[tp], outcome.reference[tp]
+        )
+
+
+def test_slot_never_confirmed_past_the_log(outcome: Outcome) -> None:
+    checked = 0
+    for k in outcome.kills:
+        if k.position is None or not k.position.snapshot_done:
+            continue
+        ahead = [lsn for lsn in outcome.commits if lsn < k.confirmed and not k.position.covers(lsn, 1 << 62)]
+        assert not ahead, f"slot confirmed {k.confirmed:X} past stored {k.position}: unstored commits {ahead[:3]}"
+        checked += 1
+    assert checked >= len(outcome.kills) // 2, outcome.summary
+
+
+def test_kills_landed_in_the_snapshot_and_mid_stream(outcome: Outcome) -> None:
+    """The scenario did what it claims (timing-dependent, so only loosely)."""
+    landed = Counter(k.landed for k in outcome.kills)
+    sizes = SOAK if soak() else CI
+    assert landed["during the snapshot"] >= 1, outcome.summary
+    assert sum(c for where, c in landed.items() if where.startswith("streaming")) >= sizes.stream_kills // 2, (
+        outcome.summary
+    )
+    assert outcome.hidden > 0, outcome.summary
+
+
+@pytest.mark.xfail(
+    TRANSACTION_METADATA_BUG,
+    strict=True,
+    reason="after a restart in the middle of a transaction, total_order/data_collection_order count from 1 again "
+    "and END counts only the events after the restart; once this passes, set TRANSACTION_METADATA_BUG = False",
+)
+def test_restart_mid_transaction_keeps_transaction_metadata(postgres: LocalPostgres, tmp_path: Path) -> None:
+    """Deterministic: kill -9 once the stored position is inside a 50,000-row transaction, restart."""
+    rows = 50_000
+    dsn = fresh_database(postgres, "midtxn")
+    log_dir = tmp_path / "log"
+    try:
+        sql(dsn, "CREATE TABLE t (id int PRIMARY KEY, payload text)")
+        Run(tmp_path, "first", log_dir, dsn, "s", caught_up=True, partitions=1).finish()
+        sql(dsn, f"INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, {rows}) g")  # one transaction
+        run = Run(tmp_path, "killed", log_dir, dsn, "s", caught_up=False, partitions=1)
+        deadline = time.monotonic() + 120
+        while not ((p := stored_position(log_dir, dsn, "s")) and p.commit_lsn and not p.complete):
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.stderr()[-2000:]
+            time.sleep(0.01)
+        run.kill()
+        position = stored_position(log_dir, dsn, "s")
+        assert position is not None and not position.complete and position.event_index < rows - 1, position
+        Run(tmp_path, "restart", log_dir, dsn, "s", caught_up=True, partitions=1).finish()
+    finally:
+        drop_slots(dsn)
+    changes = events(log_dir, "cdc.public.t")
+    assert [e["after"]["id"] for e in changes] == list(range(1, rows + 1))  # nothing lost or repeated
+    assert [e["source"]["event_index"] for e in changes] == list(range(rows))
+    assert [e["transaction"]["total_order"] for e in changes] == list(range(1, rows + 1))
+    assert [e["transaction"]["data_collection_order"] for e in changes] == list(range(1, rows + 1))
+    [end] = [t for t in events(log_dir, "cdc.transaction") if t["status"] == "END" and t["event_count"]]
+    assert end["event_count"] == rows
+    assert end["data_collections"] == [{"data_collection": "public.t", "event_count": rows}]
+
+
+# The connector creates its slot (CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT), *then* commits
+# the "snapshot under way" position (Connector._prepare_slot). A kill -9 between the two:
+#
+# * on the very first start leaves a slot and no stored position: every later start refuses
+#   with ConfigError "slot … exists but this connector stored no position" (it cannot tell
+#   its own slot from a foreign one);
+# * when re-creating a lost slot (--snapshot when_needed) leaves the new slot next to the old
+#   position (snapshot_done): the restart streams from the new slot without a snapshot, and
+#   the changes made while the old slot was gone are silently missing.
+#
+# DESIGN.md §5: a restart after kill -9 at any point yields the uninterrupted run's log. The
+# window is one log commit (a few ms); the test widens it by holding the offsets partition's
+# append lock (as another process appending there would), kills the connector while it
+# waits, and restarts it.
+SLOT_BEFORE_POSITION_BUG = True
+
+
+@pytest.mark.parametrize("case", ["first start", "slot lost, when_needed"])
+@pytest.mark.xfail(
+    SLOT_BEFORE_POSITION_BUG,
+    strict=True,
+    reason="kill -9 between slot creation and the snapshot-under-way position: the restart refuses (first start) or "
+    "skips the snapshot and loses rows (when_needed); once this passes, set SLOT_BEFORE_POSITION_BUG = False",
+)
+def test_kill_between_slot_creation_and_its_position(postgres: LocalPostgres, tmp_path: Path, case: str) -> None:
+    dsn = fresh_database(postgres, "slotwindow")
+    log_dir = tmp_path / "log"
+    mode = "initial" if case == "first start" else "when_needed"
+    try:
+        sql(
+            dsn,
+            "CREATE TABLE t (id int PRIMARY KEY, v text)",
+            "INSERT INTO t SELECT g, 'v' FROM generate_series(1, 100) g",
+        )
+        with Log(log_dir) as log:  # the offsets topic, exactly as the connector creates it
+            log.create_topic(OFFSETS_TOPIC, 1, TopicConfig(), overrides={"cleanup_policy": "compact"})
+        if mode == "when_needed":
+            Run(tmp_path, "first", log_dir, dsn, "s", caught_up=True, partitions=1).finish()
+            drop_slots(dsn)  # the slot is lost; these rows can only come from a new snapshot:
+            sql(dsn, "INSERT INTO t SELECT g, 'while the slot was gone' FROM generate_series(101, 110) g")
+        before = stored_position(log_dir, dsn, "s")
+        fd = os.open(log_dir / f"{OFFSETS_TOPIC}-0" / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # the connector's next position append waits for it
+            run = Run(tmp_path, "killed", log_dir, dsn, "s", caught_up=False, partitions=1, snapshot=mode)
+            deadline = time.monotonic() + 60
+            while slot_status(dsn, "s") is None:
+                assert run.proc.poll() is None and time.monotonic() < deadline, run.stderr()[-2000:]
+                time.sleep(0.01)
+            time.sleep(0.5)  # the slot exists; the connector waits to store its position
+            run.kill()
+        finally:
+            os.close(fd)
+        assert stored_position(log_dir, dsn, "s") == before
+        Run(tmp_path, "restart", log_dir, dsn, "s", caught_up=True, partitions=1, snapshot=mode).finish()
+    finally:
+        drop_slots(dsn)
+    rows = 100 if mode == "initial" else 110
+    assert sorted(latest(log_dir, "cdc.public.t")) == list(range(1, rows + 1))
+
+
+def latest(log_dir: Path, topic: str) -> dict[int, Any]:
+    """id → latest image, for a table keyed by ``id``."""
+    state: dict[int, Any] = {}
+    for key, value in ((k, v) for k, v, _ in records(log_dir, topic)):
+        if value is None or value["op"] in ("d", "t"):
+            state.pop(key.get("id"), None)
+        else:
+            state[key["id"]] = value["after"]
+    return state

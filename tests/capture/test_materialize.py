@@ -1,0 +1,261 @@
+"""Materialization acceptance test: the log, compacted, *is* the table.
+
+A random workload (tests/capture/workload.py: every value shape, key changes, deletes,
+TRUNCATE, long and short transactions, rollbacks, unchanged TOAST) runs against three
+tables; the connector takes a snapshot while the workload is already writing, then
+restarts twice to stream the rest. The latest non-tombstone value per key in the log must
+equal ``SELECT * FROM table`` exactly — before compaction, and after a compaction that
+is allowed to drop tombstones — keys and values byte-for-byte in their JSON form, every
+numeric digit and every JSON number's spelling included.
+
+Expected values are what the snapshot path would produce for the table as it is now: the
+columns read uncast in text format under capture.pgtypes.SESSION_OPTIONS, converted with
+``text_converter`` for the catalog's type name and OID, written with
+``capture.pgtypes.dumps``. JSON is compared with numbers kept as their digits.
+
+Size: ``TIDELINE_SOAK=1`` runs ~20x more transactions and rows.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from capture_util import capture, drop_slots, fresh_database
+from workload import TABLES, TOAST_FILL_JSON_BUG, Workload, soak
+
+from capture.events import UNAVAILABLE, table_topic
+from capture.pgtypes import SESSION_OPTIONS, dumps, text_converter
+from capture.tables import TableCatalog, TableFilter, TableInfo
+from eventstore.cleaner import compact_partition
+from eventstore.consumer import Consumer, TopicPartition
+from eventstore.log import Log
+from eventstore.topic import now_ms
+from tideline.pgharness import LocalPostgres
+
+PARTITIONS = 3
+SIZES = {  # initial rows per table, transactions while the snapshot runs, then two more rounds
+    "ci": (300, 60, 150, 150),
+    "soak": (5_000, 1_000, 3_000, 3_000),
+}
+
+
+@pytest.fixture
+def db(postgres: LocalPostgres) -> Iterator[str]:
+    dsn = fresh_database(postgres, "materialize")
+    yield dsn
+    drop_slots(dsn)
+
+
+def exact_json(raw: bytes | str) -> Any:
+    """Parse JSON keeping every number's spelling: fractions as ("num", text), integers as int."""
+    return json.loads(raw, parse_float=lambda text: ("num", text))
+
+
+def tables(dsn: str) -> dict[str, TableInfo]:
+    return {t.name: t for t in TableCatalog(dsn, TableFilter()).load() if t.name in TABLES}
+
+
+def tables_named(dsn: str, name: str) -> TableInfo:
+    [table] = [t for t in TableCatalog(dsn, TableFilter()).load() if t.name == name]
+    return table
+
+
+def table_state(dsn: str, table: TableInfo) -> dict[bytes, Any]:
+    """key JSON bytes → the row's image in exact JSON form, read as the snapshot reads it."""
+    converters = [text_converter(col.type_name, col.type_oid) for col in table.columns]
+    columns = ", ".join(f'"{col.name}"' for col in table.columns)
+    out: dict[bytes, Any] = {}
+    with psycopg.connect(dsn, options=SESSION_OPTIONS) as c:
+        res = c.execute(f'SELECT {columns} FROM "{table.schema}"."{table.name}"'.encode()).pgresult
+        assert res is not None
+        for r in range(res.ntuples):
+            row: dict[str, Any] = {}
+            for j, col in enumerate(table.columns):
+                raw = res.get_value(r, j)
+                row[col.name] = None if raw is None else converters[j](raw.decode())
+            key = dumps({k: row[k] for k in table.key})
+            assert key not in out
+            out[key] = exact_json(dumps(row))
+    return out
+
+
+def topic_records(log_dir: Path, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(partition, key, value) of every record, read_committed, partition by partition."""
+    out: list[tuple[int, bytes | None, bytes | None]] = []
+    with Log(log_dir) as log:
+        if topic not in log.topics():
+            return out
+        partitions = log.topic(topic).partitions
+        for p in range(partitions):
+            with Consumer(log, enable_auto_commit=False) as consumer:
+                consumer.assign([TopicPartition(topic, p)])
+                consumer.seek_to_beginning()
+                while batch := consumer.poll(timeout_ms=0):
+                    out += [(p, r.key, r.value) for r in batch]
+    return out
+
+
+def log_state(log_dir: Path, topic: str, ops: Counter[str] | None = None) -> dict[bytes, Any]:
+    """key → latest ``after`` (exact JSON form); tombstones, deletes and truncates remove the key."""
+    state: dict[bytes, Any] = {}
+    for _, key, value in topic_records(log_dir, topic):
+        assert key is not None, f"keyless record in {topic}"
+        if value is None:
+            state.pop(key, None)
+            continue
+        assert UNAVAILABLE.encode() not in value, f"an unchanged TOAST value was not filled: {value[:300]!r}"
+        envelope = exact_json(value)
+        if ops is not None:
+            ops[envelope["op"]] += 1
+        if envelope["op"] in ("d", "t"):
+            state.pop(key, None)
+        else:
+            state[key] = envelope["after"]
+    return state
+
+
+def assert_log_equals_tables(log_dir: Path, dsn: str, when: str) -> Counter[str]:
+    ops: Counter[str] = Counter()
+    for name, table in tables(dsn).items():
+        expected = table_state(dsn, table)
+        actual = log_state(log_dir, table_topic("cdc", table.schema, name), ops)
+        missing = expected.keys() - actual.keys()
+        extra = actual.keys() - expected.keys()
+        assert not missing and not extra, (
+            f"{when}: {name}: keys in the table but not the log {sorted(missing)[:5]} ({len(missing)}), "
+            f"in the log but not the table {sorted(extra)[:5]} ({len(extra)})"
+        )
+        wrong = [k for k in expected if expected[k] != actual[k]]
+        if wrong:
+            k = wrong[0]
+            diff = {
+                c: (expected[k][c], actual[k].get(c, "<absent>"))
+                for c in expected[k]
+                if expected[k][c] != actual[k].get(c)
+            }
+            raise AssertionError(f"{when}: {name}: {len(wrong)} rows differ; first {k!r}: column → (table, log) {diff}")
+    return ops
+
+
+def compact_table_topics(log_dir: Path, dsn: str) -> dict[str, int]:
+    """Roll and compact every table topic twice (tombstones marked, then dropped); stats summed."""
+    totals: Counter[str] = Counter()
+    with Log(log_dir) as log:
+        for name, table in tables(dsn).items():
+            topic = table_topic("cdc", table.schema, name)
+            log.alter_topic_config(topic, {"delete_retention_ms": "0", "min_compaction_lag_ms": "0"})
+            for p in range(log.topic(topic).partitions):
+                plog = log.partition(topic, p)
+                plog.roll()
+                first = compact_partition(plog, now=now_ms())
+                second = compact_partition(plog, now=now_ms() + 1)  # past the tombstones' delete horizon
+                totals["records_read"] += first.records_read
+                totals["records_kept"] += second.records_kept
+                totals["tombstones_dropped"] += first.tombstones_dropped + second.tombstones_dropped
+    return dict(totals)
+
+
+def test_compacted_log_equals_tables(db: str, tmp_path: Path) -> None:
+    initial_rows, during_snapshot, round1, round2 = SIZES["soak" if soak() else "ci"]
+    log_dir = tmp_path / "log"
+    workload = Workload(db, seed=20240331)  # JSON numbers limited while TOAST_FILL_JSON_BUG stands
+    workload.create_schema()
+    workload.populate(initial_rows)
+
+    # 1. Snapshot while the workload writes (changes after the slot's consistent point are streamed).
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            workload.run(during_snapshot, stop=stop, pause_s=0.01)
+        except BaseException as e:
+            errors.append(e)
+
+    writer = threading.Thread(target=write, name="workload")
+    writer.start()
+    try:
+        stats = capture(log_dir, db, partitions=PARTITIONS)
+    finally:
+        writer.join()
+    assert not errors, errors
+    assert stats.snapshot_rows > 0
+
+    # 2. Restart: stream what the snapshot run did not reach, then compare.
+    capture(log_dir, db, partitions=PARTITIONS)
+    assert_log_equals_tables(log_dir, db, "after the snapshot and the first restart")
+
+    # 3. More workload, restart, compare (uncompacted).
+    workload.run(round1)
+    capture(log_dir, db, partitions=PARTITIONS)
+    workload.run(round2)
+    capture(log_dir, db, partitions=PARTITIONS)
+    ops = assert_log_equals_tables(log_dir, db, "before compaction")
+    assert {"r", "c", "u", "d", "t"} <= set(ops), ops
+    print(f"workload: {workload.stats.summary()}; log events by op: {dict(ops)}")
+    kinds = workload.stats.statements
+    assert kinds["truncate"] and kinds["update key"] and workload.stats.rolled_back, workload.stats.summary()
+
+    # 4. Compact (tombstones may go), compare again: one record per live key, no tombstones.
+    totals = compact_table_topics(log_dir, db)
+    assert totals["tombstones_dropped"] > 0 and totals["records_kept"] < totals["records_read"], totals
+    assert_log_equals_tables(log_dir, db, "after compaction")
+    for name, table in tables(db).items():
+        records = topic_records(log_dir, table_topic("cdc", table.schema, name))
+        keys = [k for _, k, _ in records]
+        assert all(v is not None for _, _, v in records), f"{name}: a tombstone survived compaction"
+        assert len(keys) == len(set(keys)), f"{name}: a key appears twice after compaction"
+        live = set(table_state(db, table))
+        assert set(keys) - {b"{}"} == live, f"{name}: compacted keys differ from the table's"
+
+
+# A connector bug the random workload above would hit (workload.py leaves these numbers out
+# while TOAST_FILL_JSON_BUG is True): an UPDATE that leaves a TOASTed column alone is filled
+# from the key's latest value in the log when the TOAST cache misses, and
+# Connector._latest_in_log parses that envelope with orjson.loads, which reads JSON
+# fractions and integers beyond 64 bits inside json/jsonb values as binary floats
+# ("1.10" → 1.1, 18446744073709551623 → 1.8446744073709552e+19) and refuses numbers
+# beyond a double's range (jsonb prints 1e400 as 401 digits: JSONDecodeError, the
+# connector stops). The cache misses for every row whose big value is a jsonb document
+# (ToastCache.size_of counts a dict or list as 16 bytes, so such rows are "small" and never
+# cached), and for every row after a restart.
+
+
+@pytest.mark.parametrize(
+    "number",
+    [
+        pytest.param("1.10", id="fraction"),
+        pytest.param("18446744073709551623", id="beyond-64-bit"),
+        pytest.param("1e400", id="beyond-double"),
+    ],
+)
+@pytest.mark.xfail(
+    TOAST_FILL_JSON_BUG,
+    strict=True,
+    reason="Connector._latest_in_log parses the log with orjson.loads: JSON numbers inside a TOAST value filled "
+    "from the log become floats or fail to parse; once this passes, set workload.TOAST_FILL_JSON_BUG = False",
+)
+def test_unchanged_toasted_jsonb_filled_from_the_log_is_exact(db: str, tmp_path: Path, number: str) -> None:
+    log_dir = tmp_path / "log"
+    sql = [
+        "CREATE TABLE docs (id int PRIMARY KEY, meta jsonb, n int)",
+        "ALTER TABLE docs ALTER COLUMN meta SET STORAGE EXTERNAL",
+    ]
+    with psycopg.connect(db, autocommit=True) as c:
+        for s in sql:
+            c.execute(s.encode())
+    capture(log_dir, db)
+    doc = f'{{"x": {number}, "pad": "{"ab" * 3000}"}}'  # 6 KB: TOASTed out of line
+    with psycopg.connect(db, autocommit=True) as c:
+        c.execute(b"INSERT INTO docs VALUES (1, %s::jsonb, 0)", [doc])
+        c.execute(b"UPDATE docs SET n = 1 WHERE id = 1")  # meta unchanged: wal2json omits it
+    capture(log_dir, db)
+    table = tables_named(db, "docs")
+    assert log_state(log_dir, "cdc.public.docs") == table_state(db, table)
