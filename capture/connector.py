@@ -48,6 +48,7 @@ thread or a signal handler.
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import threading
 import time
@@ -61,7 +62,7 @@ import pyarrow.compute as pc
 
 from capture.events import Event, EventBuilder, ToastCache, TxnContext, table_topic
 from capture.messages import ChangeMessage, Column, DecodeError, Kind, Plugin
-from capture.pgtypes import SESSION_OPTIONS, text_converter
+from capture.pgtypes import SESSION_OPTIONS, JsonNumber, text_converter
 from capture.replication import Keepalive, ReplicationConnection, XLogData, format_lsn, parse_lsn
 from capture.tables import TableCatalog, TableFilter, TableInfo
 from capture.wal2json import Wal2JsonDecoder
@@ -382,16 +383,18 @@ class Connector:
                 repl.create_slot(self.config.slot, self.config.plugin, export_snapshot=False)
                 log.info("capture: created slot %s (no snapshot)", self.config.slot)
             return 0
+        # Remember that a snapshot is under way (its own small transaction) *before* the slot
+        # exists: if anything from here on is interrupted, the next start knows the slot is
+        # ours to drop and re-create, and that the snapshot must be taken again.
+        if pos is None or pos.snapshot_done:
+            self._begin()
+            self._batch_position = Position(0, -1, False, 0, snapshot_done=False)
+            self._commit()
         if slot is not None:
             log.warning("capture: dropping slot %s to take a consistent snapshot (%s)", self.config.slot, mode.value)
             self._drop_slot()
         created = repl.create_slot(self.config.slot, self.config.plugin, export_snapshot=True)
         assert created.snapshot_name is not None
-        # Remember that a snapshot is under way (its own small transaction): if it is
-        # interrupted, the next start knows the slot is ours to drop and re-create.
-        self._begin()
-        self._batch_position = Position(0, -1, False, 0, snapshot_done=False)
-        self._commit()
         self._snapshot(created.snapshot_name, created.consistent_point)
         return created.consistent_point
 
@@ -513,6 +516,7 @@ class Connector:
                 i = index
                 index += 1
                 if self._stored(ctx.commit_lsn, i):
+                    self._count_skipped(m, ctx)  # stored before a restart: counts in the metadata all the same
                     continue
                 for e in self._events_for(m, ctx, i):
                     self._add(e)
@@ -547,6 +551,14 @@ class Connector:
         topic = table_topic(self.config.topic_prefix, table.schema, table.name)
         self._ensure_topic(topic, compact=True)
         return self.builder.change(m, table, ctx, index, now_ms())
+
+    def _count_skipped(self, m: ChangeMessage, ctx: TxnContext) -> None:
+        """Advance the transaction's counters past an event stored before a restart."""
+        if m.kind is Kind.MESSAGE or m.schema is None or m.table is None:
+            return
+        table = self.catalog.get(m.schema, m.table)
+        if table is not None:
+            self.builder.count(table, ctx)
 
     def _check_columns(self, table: TableInfo, m: ChangeMessage) -> TableInfo:
         """A column the catalog does not know: the table changed (ALTER TABLE): read it again."""
@@ -638,11 +650,16 @@ class Connector:
 
     def _latest_in_log(self, topic: str, key: bytes) -> dict[str, Any] | None:
         """The key's last ``after`` image in the log (TOAST fill after a cache miss: rare, O(topic))."""
-        latest: dict[str, Any] | None = None
+        latest: bytes | None = None
         for k, v in self._read_topic(topic):
             if k == key:
-                latest = orjson.loads(v).get("after") if v is not None else None
-        return latest
+                latest = v
+        if latest is None:
+            return None
+        # Exact: fractions inside json/jsonb stay JsonNumber (written back as the same bare
+        # number), integers stay ints of any size, everything else is already a JSON string.
+        after: dict[str, Any] | None = json.loads(latest, parse_float=JsonNumber).get("after")
+        return after
 
     def _live_keys_in_log(self, topic: str) -> list[bytes]:
         """Keys whose latest record is not a tombstone (what a TRUNCATE removes)."""

@@ -88,8 +88,16 @@ class ToastCache:
 
     @staticmethod
     def size_of(values: dict[str, Any]) -> int:
-        """Rough bytes of an image (strings and bytes by length, anything else 16)."""
-        return sum(len(v) if isinstance(v, (str, bytes)) else 16 for v in values.values())
+        """Rough bytes of an image: strings and bytes by length, JSON and arrays by their JSON, else 16."""
+        total = 0
+        for v in values.values():
+            if isinstance(v, (str, bytes)):
+                total += len(v)
+            elif isinstance(v, (dict, list)):
+                total += len(dumps(v))
+            else:
+                total += 16
+        return total
 
     @classmethod
     def _size(cls, values: dict[str, Any]) -> int:
@@ -187,13 +195,18 @@ class EventBuilder:
         lsn = m.lsn if m is not None else ctx.commit_lsn
         return prefix + b',"lsn":%d,"event_index":%d}' % (lsn, index)
 
-    def _transaction(self, table: TableInfo, ctx: TxnContext) -> bytes | None:
-        if ctx.xid is None:
-            return None
+    def count(self, table: TableInfo, ctx: TxnContext) -> int:
+        """Count one change of ``table`` in its transaction; its order within the table."""
         ctx.total_order += 1
         if ctx.per_table is None:
             ctx.per_table = {}
         n = ctx.per_table[table.qualified] = ctx.per_table.get(table.qualified, 0) + 1
+        return n
+
+    def _transaction(self, table: TableInfo, ctx: TxnContext) -> bytes | None:
+        if ctx.xid is None:
+            return None
+        n = self.count(table, ctx)
         return b'{"id":"%d:%d","total_order":%d,"data_collection_order":%d}' % (
             ctx.xid,
             ctx.commit_lsn,

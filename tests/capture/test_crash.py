@@ -355,15 +355,6 @@ def outcome(postgres: LocalPostgres, tmp_path_factory: pytest.TempPathFactory) -
 # ---------------------------------------------------------------------------- the tests
 
 
-# Transaction metadata is counted over the events a run *emits*: a restart in the middle of
-# a transaction skips the stored events without counting them (Connector._stream `continue`s
-# before EventBuilder._transaction), so the events after the restart carry total_order and
-# data_collection_order counted from 1 again, and the END record's event_count and
-# data_collections count only the events after the restart. See
-# test_restart_mid_transaction_keeps_transaction_metadata for a deterministic reproduction.
-TRANSACTION_METADATA_BUG = True
-
-
 def without_transaction_metadata(rows: list[tuple[bytes | None, Any]]) -> list[tuple[bytes | None, Any]]:
     out = []
     for key, value in rows:
@@ -390,13 +381,6 @@ def test_kill9_loses_nothing_duplicates_nothing_keeps_order(outcome: Outcome) ->
 
 def test_kill9_keeps_transaction_metadata(outcome: Outcome) -> None:
     """The same, exactly: total_order, data_collection_order, END event counts included."""
-    differing = [tp for tp in outcome.reference if outcome.crashed.get(tp) != outcome.reference[tp]]
-    if differing and TRANSACTION_METADATA_BUG:
-        tp = differing[0]
-        pytest.xfail(
-            "known bug: transaction metadata restarts counting after a mid-transaction restart; "
-            f"{len(differing)} partitions differ, {tp}: {first_difference(outcome.crashed[tp], outcome.reference[tp])}"
-        )
     for tp in outcome.reference:
         assert outcome.crashed[tp] == outcome.reference[tp], f"{tp}: " + first_difference(
             outcome.crashed[tp], outcome.reference[tp]
@@ -425,12 +409,6 @@ def test_kills_landed_in_the_snapshot_and_mid_stream(outcome: Outcome) -> None:
     assert outcome.hidden > 0, outcome.summary
 
 
-@pytest.mark.xfail(
-    TRANSACTION_METADATA_BUG,
-    strict=True,
-    reason="after a restart in the middle of a transaction, total_order/data_collection_order count from 1 again "
-    "and END counts only the events after the restart; once this passes, set TRANSACTION_METADATA_BUG = False",
-)
 def test_restart_mid_transaction_keeps_transaction_metadata(postgres: LocalPostgres, tmp_path: Path) -> None:
     """Deterministic: kill -9 once the stored position is inside a 50,000-row transaction, restart."""
     rows = 50_000
@@ -461,30 +439,14 @@ def test_restart_mid_transaction_keeps_transaction_metadata(postgres: LocalPostg
     assert end["data_collections"] == [{"data_collection": "public.t", "event_count": rows}]
 
 
-# The connector creates its slot (CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT), *then* commits
-# the "snapshot under way" position (Connector._prepare_slot). A kill -9 between the two:
-#
-# * on the very first start leaves a slot and no stored position: every later start refuses
-#   with ConfigError "slot … exists but this connector stored no position" (it cannot tell
-#   its own slot from a foreign one);
-# * when re-creating a lost slot (--snapshot when_needed) leaves the new slot next to the old
-#   position (snapshot_done): the restart streams from the new slot without a snapshot, and
-#   the changes made while the old slot was gone are silently missing.
-#
-# DESIGN.md §5: a restart after kill -9 at any point yields the uninterrupted run's log. The
-# window is one log commit (a few ms); the test widens it by holding the offsets partition's
-# append lock (as another process appending there would), kills the connector while it
-# waits, and restarts it.
-SLOT_BEFORE_POSITION_BUG = True
+# The connector commits its "snapshot under way" position *before* it creates the slot
+# (Connector._prepare_slot), so a kill -9 around slot creation never leaves a slot the next
+# start cannot account for. The test holds the offsets partition's append lock (as another
+# process appending there would), checks that no slot appears while the position waits,
+# kills the connector, and restarts it.
 
 
 @pytest.mark.parametrize("case", ["first start", "slot lost, when_needed"])
-@pytest.mark.xfail(
-    SLOT_BEFORE_POSITION_BUG,
-    strict=True,
-    reason="kill -9 between slot creation and the snapshot-under-way position: the restart refuses (first start) or "
-    "skips the snapshot and loses rows (when_needed); once this passes, set SLOT_BEFORE_POSITION_BUG = False",
-)
 def test_kill_between_slot_creation_and_its_position(postgres: LocalPostgres, tmp_path: Path, case: str) -> None:
     dsn = fresh_database(postgres, "slotwindow")
     log_dir = tmp_path / "log"
@@ -506,11 +468,9 @@ def test_kill_between_slot_creation_and_its_position(postgres: LocalPostgres, tm
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # the connector's next position append waits for it
             run = Run(tmp_path, "killed", log_dir, dsn, "s", caught_up=False, partitions=1, snapshot=mode)
-            deadline = time.monotonic() + 60
-            while slot_status(dsn, "s") is None:
-                assert run.proc.poll() is None and time.monotonic() < deadline, run.stderr()[-2000:]
-                time.sleep(0.01)
-            time.sleep(0.5)  # the slot exists; the connector waits to store its position
+            time.sleep(2.0)  # the connector waits to store "snapshot under way", which it does before the slot
+            assert run.proc.poll() is None, run.stderr()[-2000:]
+            assert slot_status(dsn, "s") is None, "the slot was created before its position was stored"
             run.kill()
         finally:
             os.close(fd)

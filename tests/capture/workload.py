@@ -69,12 +69,6 @@ SCHEMA = [
 ]
 
 
-# A connector bug (see tests/capture/test_materialize.py, test_unchanged_toasted_jsonb_filled_from_the_log_is_exact):
-# while it stands, the workload leaves out JSON numbers that a TOAST fill from the log would
-# corrupt (fractions and > 64-bit integers inside TOASTed jsonb) or choke on (1e400 in any jsonb).
-TOAST_FILL_JSON_BUG = True
-
-
 def soak() -> bool:
     return os.environ.get("TIDELINE_SOAK") == "1"
 
@@ -330,8 +324,8 @@ class Workload:
         seed: int,
         *,
         big_values: bool = True,
-        toast_json_numbers: bool = not TOAST_FILL_JSON_BUG,
-        huge_json_numbers: bool = not TOAST_FILL_JSON_BUG,
+        toast_json_numbers: bool = True,
+        huge_json_numbers: bool = True,
         messages: bool = False,
     ) -> None:
         self.dsn = dsn
