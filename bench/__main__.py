@@ -33,6 +33,7 @@ REPO = BENCHMARKS_MD.parent
 
 MODULES: list[str] = [
     "bench.log_bench",
+    "bench.capture_bench",
 ]
 
 

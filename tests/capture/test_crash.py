@@ -67,11 +67,8 @@ PARTITIONS = 3
 CHILD = r"""
 import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
-from capture.connector import OFFSETS_TOPIC, CaptureConfig, Connector
+from capture.connector import CaptureConfig, Connector, SnapshotMode
 from eventstore.log import Log
-from eventstore.partition_log import LOCK_FILE
-from eventstore.topic import TopicConfig
-from capture.connector import SnapshotMode
 log_dir, dsn, slot, until_caught_up, batch_bytes, partitions, snapshot = sys.argv[1:8]
 with Log(log_dir) as log:
     stats = Connector(CaptureConfig(dsn=dsn, slot=slot, topic_prefix="cdc", exit_when_caught_up=until_caught_up == "1",
