@@ -332,9 +332,7 @@ class EventBuilder:
             return
         self.toast.put(topic, key, values)
 
-    def _truncate(
-        self, table: TableInfo, topic: str, source: bytes, ctx: TxnContext, now_ms: int
-    ) -> list[Event]:
+    def _truncate(self, table: TableInfo, topic: str, source: bytes, ctx: TxnContext, now_ms: int) -> list[Event]:
         txn = self._transaction(table, ctx)
         events = [Event(topic, b"{}", self._envelope(b"t", None, None, source, txn, now_ms))]
         events += [Event(topic, key, None) for key in self.live_keys_in_log(topic) if key != b"{}"]
