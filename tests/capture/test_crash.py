@@ -98,6 +98,26 @@ SOAK = Sizes(
 # ---------------------------------------------------------------------------- processes
 
 
+_LIVE: list[Run] = []  # every Run started, so that a failing test leaves no connector process behind
+
+
+def reap_runs() -> None:
+    """SIGKILL (by PID) every connector process this module started that is still running."""
+    while _LIVE:
+        run = _LIVE.pop()
+        if run.proc.poll() is None:
+            run.proc.kill()
+        run.proc.wait()
+        if run.proc.stdout is not None:
+            run.proc.stdout.close()
+
+
+@pytest.fixture(autouse=True)
+def _reaper() -> Iterator[None]:
+    yield
+    reap_runs()
+
+
 class Run:
     """One connector process (its stderr goes to a file, read when it is over)."""
 
@@ -122,6 +142,7 @@ class Run:
         self.wall_started = time.time()
         with open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=err)
+        _LIVE.append(self)
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
@@ -362,7 +383,11 @@ def crash_scenario(dsn: str, tmp: Path, sizes: Sizes) -> Outcome:
 def outcome(postgres: LocalPostgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
     dsn = fresh_database(postgres, "crash")
     try:
-        yield crash_scenario(dsn, tmp_path_factory.mktemp("crash"), SOAK if soak() else CI)
+        try:
+            result = crash_scenario(dsn, tmp_path_factory.mktemp("crash"), SOAK if soak() else CI)
+        finally:
+            reap_runs()
+        yield result
     finally:
         drop_slots(dsn)
 
@@ -443,6 +468,7 @@ def test_restart_mid_transaction_keeps_transaction_metadata(postgres: LocalPostg
         assert position is not None and not position.complete and position.event_index < rows - 1, position
         Run(tmp_path, "restart", log_dir, dsn, "s", caught_up=True, partitions=1).finish()
     finally:
+        reap_runs()
         drop_slots(dsn)
     changes = events(log_dir, "cdc.public.t")
     assert [e["after"]["id"] for e in changes] == list(range(1, rows + 1))  # nothing lost or repeated
@@ -492,6 +518,7 @@ def test_kill_between_slot_creation_and_its_position(postgres: LocalPostgres, tm
         assert stored_position(log_dir, dsn, "s") == before
         Run(tmp_path, "restart", log_dir, dsn, "s", caught_up=True, partitions=1, snapshot=mode).finish()
     finally:
+        reap_runs()
         drop_slots(dsn)
     rows = 100 if mode == "initial" else 110
     assert sorted(latest(log_dir, "cdc.public.t")) == list(range(1, rows + 1))
