@@ -459,13 +459,21 @@ class Connector:
                 self._commit()
                 self._confirm(repl)
                 return
-            timeout = self.config.linger_ms / 1000 if self._batch.events else 0.1
+            age_ms = (time.monotonic() - self._batch.started) * 1000 if self._batch.events else 0.0
+            linger_left = self.config.linger_ms - age_ms
+            timeout = max(0.001, linger_left / 1000) if self._batch.events else 0.1
             msg = repl.read(timeout)
             if msg is None and target is not None and ctx is None and not self._batch.events:
                 repl.send_status(confirmed, reply=True)  # ask for a keepalive: how far is the server?
             if msg is None or isinstance(msg, Keepalive):
-                if self._batch.events and ctx is None:
-                    self._commit()  # idle: commit what we have
+                if (
+                    self._batch.events
+                    and ctx is None
+                    and (msg is None or (time.monotonic() - self._batch.started) * 1000 >= self.config.linger_ms)
+                ):
+                    # idle (a read timed out) or the linger expired. A keepalive alone is no sign
+                    # of idleness: under load the server sends one after nearly every transaction.
+                    self._commit()
                 if isinstance(msg, Keepalive):
                     self.stats.server_wal_end = max(self.stats.server_wal_end, msg.wal_end)
                     if ctx is None and not self._batch.events and not self._in_txn:

@@ -109,12 +109,14 @@ class ReplicationConnection:
             n, data = pg.get_copy_data(1)
             if n == 0:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                readable, _, _ = select.select([pg.socket], [], [], remaining)
+                readable, _, _ = select.select([pg.socket], [], [], max(0.0, remaining))
                 if readable:
-                    pg.consume_input()
-                continue
+                    pg.consume_input()  # also with timeout 0: what has arrived is read
+                    n, data = pg.get_copy_data(1)
+                if n == 0:
+                    if remaining <= 0:
+                        return None
+                    continue
             if n < 0:
                 raise psycopg.OperationalError(
                     f"replication stream ended: {pg.error_message.decode(errors='replace') or 'copy done'}"
