@@ -570,7 +570,7 @@ class Connector:
 
     def _check_columns(self, table: TableInfo, m: ChangeMessage) -> TableInfo:
         """A column the catalog does not know: the table changed (ALTER TABLE): read it again."""
-        known = {c.name for c in table.columns}
+        known = table.column_names
         if any(c.name not in known for c in m.columns) or any(c.name not in known for c in m.identity):
             refreshed = self.catalog.refresh(table.schema, table.name)
             if refreshed is not None:

@@ -59,13 +59,14 @@ class TableInfo:
     key_source: str  # "primary key" | "configured" | "replica identity index" | "replica identity full"
     replica_identity: str  # d(efault) n(othing) f(ull) i(ndex)
     toastable_columns: tuple[str, ...] = ()  # non-key columns whose values may be TOASTed
+    column_names: frozenset[str] = frozenset()
 
     @classmethod
     def make(
         cls, schema: str, name: str, columns: tuple[TableColumn, ...], key: tuple[str, ...], source: str, ident: str
     ) -> TableInfo:
         toastable = tuple(c.name for c in columns if c.toastable and c.name not in key)
-        return cls(schema, name, columns, key, source, ident, toastable)
+        return cls(schema, name, columns, key, source, ident, toastable, frozenset(c.name for c in columns))
 
     @property
     def qualified(self) -> str:
