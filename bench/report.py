@@ -52,12 +52,14 @@ def measured(
     baseline_value: float | None = None,
     min_ratio: float | None = None,
     min_value: float | None = None,
+    max_value: float | None = None,
     note: str = "",
 ) -> Result:
     """Build a :class:`Result`, computing the ratio and whether the target is met.
 
     ``min_ratio``: target ``value / baseline_value ≥ min_ratio``; ``min_value``: target
-    ``value ≥ min_value`` (in ``unit``). Neither: an informational figure.
+    ``value ≥ min_value`` (in ``unit``); ``max_value``: target ``value ≤ max_value`` (latencies).
+    None of them: an informational figure.
     """
     ratio = value / baseline_value if baseline_value else None
     if min_ratio is not None:
@@ -66,6 +68,9 @@ def measured(
     elif min_value is not None:
         target = f"≥ {fmt_value(min_value)} {unit}"
         met = value >= min_value
+    elif max_value is not None:
+        target = f"≤ {fmt_value(max_value)} {unit}"
+        met = value <= max_value
     else:
         target, met = "— (informational)", None
     return Result(name, value, unit, baseline_name, baseline_value, ratio, target, met, note)
