@@ -61,10 +61,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from capture.events import Event, EventBuilder, ToastCache, TxnContext, table_topic
-from capture.messages import ChangeMessage, Column, DecodeError, Kind, Plugin
-from capture.pgtypes import SESSION_OPTIONS, JsonNumber, text_converter
+from capture.messages import ChangeMessage, DecodeError, Kind, Plugin
+from capture.pgtypes import SESSION_OPTIONS, JsonNumber
 from capture.replication import Keepalive, ReplicationConnection, XLogData, format_lsn, parse_lsn
-from capture.tables import TableCatalog, TableFilter, TableInfo
+from capture.tables import TableCatalog, TableFilter, TableInfo, result_rows, select_columns_sql
 from capture.wal2json import Wal2JsonDecoder
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.errors import ConfigError, TidelineError, TopicExistsError
@@ -421,20 +421,13 @@ class Connector:
             for t_i, table in enumerate(tables):
                 topic = table_topic(self.config.topic_prefix, table.schema, table.name)
                 self._ensure_topic(topic, compact=True)
-                convs = [text_converter(col.type_name, col.type_oid) for col in table.columns]
-                cols = ", ".join(f'"{col.name}"' for col in table.columns)
                 cursor = f"tideline_snapshot_{t_i}"
-                c.execute(f'DECLARE {cursor} NO SCROLL CURSOR FOR SELECT {cols} FROM "{table.schema}"."{table.name}"')
+                c.execute(f"DECLARE {cursor} NO SCROLL CURSOR FOR {select_columns_sql(table)}")
                 while True:
                     res = c.execute(f"FETCH {SNAPSHOT_FETCH_ROWS} FROM {cursor}").pgresult
                     if res is None or res.ntuples == 0:
                         break
-                    for r in range(res.ntuples):
-                        columns = []
-                        for j, col in enumerate(table.columns):
-                            raw = res.get_value(r, j)
-                            value = None if raw is None else convs[j](raw.decode())
-                            columns.append(Column(col.name, col.type_name, col.type_oid, value))
+                    for columns in result_rows(res, table):
                         self._batch.add(self.builder.snapshot_read(table, columns, ctx, index, now_ms()))
                         index += 1
                         self.stats.snapshot_rows += 1

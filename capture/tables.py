@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg.pq.abc import PGresult
 
+from capture.messages import Column
+from capture.pgtypes import text_converter
 from eventstore.errors import ConfigError
 
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
@@ -199,3 +203,24 @@ class TableCatalog:
             f"key, set REPLICA IDENTITY FULL or USING INDEX, configure key columns for it, or exclude it "
             f"(--exclude-tables {qualified})"
         )
+
+
+def select_columns_sql(table: TableInfo) -> str:
+    """``SELECT`` of every column, uncast: a text-format result then holds each type's output text."""
+    cols = ", ".join(f'"{col.name}"' for col in table.columns)
+    return f'SELECT {cols} FROM "{table.schema}"."{table.name}"'
+
+
+def result_rows(res: PGresult, table: TableInfo) -> Iterator[list[Column]]:
+    """The rows of a text-format result of :func:`select_columns_sql`, converted as the stream's values are.
+
+    Uncast text is the type's output function, exactly what wal2json prints (``::text``
+    differs for char(n) and inet), so snapshot and stream agree value for value.
+    """
+    convs = [text_converter(col.type_name, col.type_oid) for col in table.columns]
+    for r in range(res.ntuples):
+        row = []
+        for j, col in enumerate(table.columns):
+            raw = res.get_value(r, j)
+            row.append(Column(col.name, col.type_name, col.type_oid, None if raw is None else convs[j](raw.decode())))
+        yield row

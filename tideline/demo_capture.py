@@ -20,8 +20,8 @@ import orjson
 import psycopg
 
 from capture.connector import CaptureConfig, Connector, Stats, slot_status
-from capture.pgtypes import SESSION_OPTIONS, dumps, text_converter
-from capture.tables import TableCatalog, TableFilter
+from capture.pgtypes import SESSION_OPTIONS, dumps
+from capture.tables import TableCatalog, TableFilter, result_rows, select_columns_sql
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
 from tideline.pgharness import LocalPostgres
@@ -100,16 +100,12 @@ def _table_state(dsn: str) -> dict[bytes, Any]:
     """Every row as the connector would write it: uncast text → converters → JSON form."""
     catalog = TableCatalog(dsn, TableFilter(include=[TABLE]))
     (info,) = catalog.load()
-    convs = [text_converter(col.type_name, col.type_oid) for col in info.columns]
     out: dict[bytes, Any] = {}
     with psycopg.connect(dsn, options=SESSION_OPTIONS) as c:
-        res = c.execute("SELECT * FROM shop.orders").pgresult
+        res = c.execute(select_columns_sql(info)).pgresult
         assert res is not None
-        for r in range(res.ntuples):
-            row = {}
-            for j, col in enumerate(info.columns):
-                raw = res.get_value(r, j)
-                row[col.name] = None if raw is None else convs[j](raw.decode())
+        for columns in result_rows(res, info):
+            row = {col.name: col.value for col in columns}
             out[dumps({"id": row["id"]})] = orjson.loads(dumps(row))
     return out
 
