@@ -6,9 +6,12 @@ the events, one record on the compacted topic ``__tideline_capture_offsets`` (ke
 connector) holding the *source position* of the last event in it: ``(commit_lsn,
 event_index)`` plus whether that Postgres transaction is complete. Events and position
 commit atomically (Kafka Connect's offsets topic, made transactional). A log transaction
-spans many Postgres transactions (committed when it holds ``batch_bytes`` or is
-``linger_ms`` old, or the stream is idle) and, for a huge Postgres transaction, ends in
-the middle of it (memory stays bounded).
+spans many Postgres transactions and, for a huge Postgres transaction, ends in the
+middle of it (memory stays bounded). It commits at a transaction boundary once it is
+``linger_ms`` old and the next message has not arrived yet (caught up: latency is about
+``linger_ms`` plus one commit), or once it is ``max_linger_ms`` old (behind: a backlog
+keeps the batch filling, so one commit's fixed cost — a dozen fsyncs — is spread over
+many more events), or when it holds ``batch_bytes``, or when the stream is idle.
 
 On (re)start the connector reads its position (read_committed), starts replication at
 the slot's confirmed position, and skips every event at or before the stored position:
@@ -109,7 +112,8 @@ class CaptureConfig:
     table_filter: TableFilter = field(default_factory=TableFilter)
     partitions: int = 1
     batch_bytes: int = 4 << 20
-    linger_ms: int = 20  # one log commit costs ~4 fsyncs: batches of ≥ 20 ms keep that below 20 %
+    linger_ms: int = 10  # caught up: commit a batch this old at the first gap in the stream
+    max_linger_ms: int = 250  # behind (messages waiting): let the batch grow this long
     status_interval_s: float = 1.0
     heartbeat_query: str | None = None
     heartbeat_interval_s: float = 10.0
@@ -125,6 +129,8 @@ class CaptureConfig:
             raise ConfigError(f"plugin {self.plugin.value} is not implemented yet (wal2json is)")
         if self.partitions < 1 or self.batch_bytes < 1 or self.linger_ms < 0:
             raise ConfigError("partitions and batch_bytes must be ≥ 1, linger_ms ≥ 0")
+        if self.max_linger_ms < self.linger_ms:
+            raise ConfigError(f"max_linger_ms ({self.max_linger_ms}) must be ≥ linger_ms ({self.linger_ms})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,12 +465,8 @@ class Connector:
             if msg is None and target is not None and ctx is None and not self._batch.events:
                 repl.send_status(confirmed, reply=True)  # ask for a keepalive: how far is the server?
             if msg is None or isinstance(msg, Keepalive):
-                if (
-                    self._batch.events
-                    and ctx is None
-                    and (msg is None or (time.monotonic() - self._batch.started) * 1000 >= self.config.linger_ms)
-                ):
-                    # idle (a read timed out) or the linger expired. A keepalive alone is no sign
+                if self._batch.events and ctx is None and (msg is None or self._batch_due(repl)):
+                    # idle (a read timed out) or the batch is due. A keepalive alone is no sign
                     # of idleness: under load the server sends one after nearly every transaction.
                     self._commit()
                 if isinstance(msg, Keepalive):
@@ -525,11 +527,17 @@ class Connector:
                 if self._batch.bytes >= self.config.batch_bytes:
                     self._commit()  # mid-transaction: bounded memory; the position says how far
             if self._batch.events and (
-                self._batch.bytes >= self.config.batch_bytes
-                or (ctx is None and (time.monotonic() - self._batch.started) * 1000 >= self.config.linger_ms)
+                self._batch.bytes >= self.config.batch_bytes or (ctx is None and self._batch_due(repl))
             ):
                 self._commit()
                 confirmed = max(confirmed, self._confirm(repl))
+
+    def _batch_due(self, repl: ReplicationConnection) -> bool:
+        """At a transaction boundary: is the batch old enough to commit now? (see the module docstring)"""
+        age_ms = (time.monotonic() - self._batch.started) * 1000
+        if age_ms < self.config.linger_ms:
+            return False
+        return age_ms >= self.config.max_linger_ms or not repl.pending()
 
     def _confirm_floor(self) -> int:
         """The confirm position carried by positions inside a transaction: the last complete one."""

@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 
 from capture.messages import ChangeMessage, Column, Kind
-from capture.pgtypes import dumps
+from capture.pgtypes import dumps, dumps_values
 from capture.tables import TableFilter, TableInfo
 
 UNAVAILABLE = "__debezium_unavailable_value"
@@ -172,7 +172,7 @@ class EventBuilder:
         return out
 
     def key_of(self, table: TableInfo, image: dict[str, Any]) -> bytes:
-        return dumps({k: image.get(k) for k in table.key})
+        return dumps_values({k: image.get(k) for k in table.key})
 
     def _source(self, m: ChangeMessage | None, table: TableInfo | None, ctx: TxnContext, index: int) -> bytes:
         """``source`` as JSON: the part shared by a transaction's events of one table is rendered once."""
@@ -227,9 +227,9 @@ class EventBuilder:
         return b"".join(
             (
                 b'{"before":',
-                b"null" if before is None else dumps(before),
+                b"null" if before is None else dumps_values(before),
                 b',"after":',
-                b"null" if after is None else dumps(after),
+                b"null" if after is None else dumps_values(after),
                 b',"source":',
                 source,
                 b',"op":"',
@@ -322,12 +322,16 @@ class EventBuilder:
                 self.unavailable_filled += 1
 
     def _remember(self, table: TableInfo, topic: str, key: bytes, after: dict[str, Any]) -> None:
-        """Cache the TOAST-able values of rows big enough to have been TOASTed at all."""
+        """Cache the TOAST-able values of rows big enough to have been TOASTed at all.
+
+        The row's size is judged by its TOAST-able (variable-length) columns alone: the
+        others are a few bytes each, far below the threshold's margin.
+        """
         cols = table.toastable_columns
         if not cols:
             return
         values = {c: after[c] for c in cols if c in after and after[c] != UNAVAILABLE}
-        if ToastCache.size_of(after) < TOAST_MIN_ROW_BYTES:
+        if ToastCache.size_of(values) < TOAST_MIN_ROW_BYTES:
             self.toast.drop(topic, key)  # a small row is stored inline: nothing to fill later
             return
         self.toast.put(topic, key, values)

@@ -104,10 +104,13 @@ __all__ = [
     "Interval",
     "JsonNumber",
     "NonFiniteFloat",
+    "OffsetSecondsDatetime",
+    "ZonedTime",
     "convert",
     "convert_text",
     "converter",
     "dumps",
+    "dumps_values",
     "json_default",
     "parse_array",
     "parse_interval",
@@ -239,20 +242,37 @@ def _date_text(text: str) -> date | str:
         return _special_datetime(text, e)
 
 
+class OffsetSecondsDatetime(datetime):
+    """An aware datetime whose UTC offset has seconds (historic local mean time, '+05:53:28').
+
+    Equal to the plain datetime; its own class only so that :func:`dumps_values` sends it
+    through :func:`json_default` (orjson's own output would drop the offset's seconds).
+    """
+
+
+class ZonedTime(time):
+    """A time with a zone (timetz): its own class so that :func:`dumps_values` renders it (orjson refuses it)."""
+
+
 def _datetime_text(text: str) -> datetime | str:
     try:
-        return datetime.fromisoformat(text)  # naive for timestamp, aware with the offset for timestamptz
+        moment = datetime.fromisoformat(text)  # naive for timestamp, aware with the offset for timestamptz
     except ValueError as e:
         return _special_datetime(text, e)
+    offset = moment.utcoffset()
+    if offset is not None and (offset.seconds % 60 or offset.microseconds):
+        return OffsetSecondsDatetime.fromisoformat(text)
+    return moment
 
 
 def _time_text(text: str) -> time | str:
     try:
-        return time.fromisoformat(text)
+        value = time.fromisoformat(text)
     except ValueError:
         if text.startswith("24:00:00"):
             return text
         raise
+    return value if value.tzinfo is None else ZonedTime.fromisoformat(text)
 
 
 _INTERVAL = re.compile(
@@ -593,6 +613,28 @@ def json_default(obj: Any) -> Any:
 
 
 _DUMPS_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+_VALUES_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS
+
+
+def dumps_values(value: Any) -> bytes:
+    """:func:`dumps` for values made by this module's converters only: the change events' hot path.
+
+    orjson writes plain ``datetime``/``date``/``time`` values itself (the same text as
+    ``isoformat()``, measured ≈ 1 µs a value faster than through ``json_default``); the two
+    cases where its text would differ — an offset with seconds, a time with a zone — are
+    built by the converters as :class:`OffsetSecondsDatetime` and :class:`ZonedTime`,
+    which go through ``json_default``. A datetime from elsewhere with an offset in seconds
+    would lose them here: use :func:`dumps` for such values.
+
+    >>> dumps_values([_datetime_text("1900-01-01 00:00:00+05:53:28"), _datetime_text("2024-03-31 01:30:00.5+00")])
+    b'["1900-01-01T00:00:00+05:53:28","2024-03-31T01:30:00.500000+00:00"]'
+    """
+    try:
+        return orjson.dumps(value, default=json_default, option=_VALUES_OPTIONS)
+    except TypeError as e:
+        if "64-bit" not in str(e):
+            raise
+    return orjson.dumps(_big_ints_as_fragments(value), default=json_default, option=_VALUES_OPTIONS)
 
 
 def dumps(value: Any) -> bytes:

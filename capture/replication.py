@@ -86,6 +86,7 @@ class ReplicationConnection:
             replication_dsn(dsn), autocommit=True, connect_timeout=connect_timeout, options=SESSION_OPTIONS
         )
         self._streaming = False
+        self._ahead: XLogData | Keepalive | None = None  # read by pending(), returned by the next read()
 
     def create_slot(self, name: str, plugin: Plugin, *, export_snapshot: bool) -> CreatedSlot:
         """``CREATE_REPLICATION_SLOT``; with ``export_snapshot`` the snapshot stays valid until the next command."""
@@ -101,8 +102,17 @@ class ReplicationConnection:
         self.conn.execute(f"START_REPLICATION SLOT {_ident(slot)} LOGICAL {format_lsn(start_lsn)} ({opts})")
         self._streaming = True
 
+    def pending(self) -> bool:
+        """Whether a message is ready without waiting (already received): the stream is behind."""
+        if self._ahead is None:
+            self._ahead = self.read(0.0)
+        return self._ahead is not None
+
     def read(self, timeout_s: float) -> XLogData | Keepalive | None:
         """The next message, or None after ``timeout_s`` without one."""
+        if self._ahead is not None:
+            msg, self._ahead = self._ahead, None
+            return msg
         pg = self.conn.pgconn
         deadline = time.monotonic() + timeout_s
         while True:

@@ -28,9 +28,12 @@ from capture.pgtypes import (
     Interval,
     JsonNumber,
     NonFiniteFloat,
+    OffsetSecondsDatetime,
+    ZonedTime,
     convert,
     convert_text,
     dumps,
+    dumps_values,
     json_default,
     parse_array,
     parse_interval,
@@ -40,6 +43,18 @@ from tideline.pgharness import LocalPostgres
 
 def test_docstring_examples_run() -> None:
     assert doctest.testmod(pgtypes).failed == 0
+
+
+def test_values_orjson_would_misrender_get_their_own_classes() -> None:
+    """dumps_values relies on these: orjson drops an offset's seconds and refuses a zoned time."""
+    lmt = convert_text("timestamp with time zone", 1184, "1900-01-01 05:21:10+05:21:10")
+    assert type(lmt) is OffsetSecondsDatetime
+    assert dumps_values([lmt]) == b'["1900-01-01T05:21:10+05:21:10"]'
+    assert type(convert_text("timestamp with time zone", 1184, "2024-03-31 01:30:00+00")) is datetime
+    zoned = convert_text("time with time zone", 1266, "04:05:06+05:30")
+    assert type(zoned) is ZonedTime
+    assert dumps_values([zoned]) == b'["04:05:06+05:30"]'
+    assert type(convert_text("time without time zone", 1083, "04:05:06")) is time
 
 
 # -- array literals --------------------------------------------------------------------
@@ -250,8 +265,8 @@ def _shape(value: Any) -> Any:
         return ["list", [_shape(v) for v in value]]
     if isinstance(value, dict):
         return {k: _shape(v) for k, v in value.items()}
-    if isinstance(value, datetime | time):
-        return (type(value).__name__, value.utcoffset())
+    if isinstance(value, datetime | time):  # OffsetSecondsDatetime / ZonedTime count as their base class
+        return ("datetime" if isinstance(value, datetime) else "time", value.utcoffset())
     return type(value).__name__
 
 
@@ -259,6 +274,8 @@ def assert_same(actual: Any, expected: Any) -> None:
     """Equal as values, in type, and in every digit (Decimal('1.10') is not Decimal('1.1'))."""
     assert _shape(actual) == _shape(expected)
     assert dumps(actual) == dumps(expected)
+    # the change events' fast path writes converter output exactly as the general one
+    assert dumps_values(actual) == dumps(actual)
 
 
 @pytest.mark.parametrize(("type_name", "oid", "raw", "text", "expected"), SCALAR_CASES)
