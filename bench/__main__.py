@@ -34,6 +34,7 @@ REPO = BENCHMARKS_MD.parent
 MODULES: list[str] = [
     "bench.log_bench",
     "bench.capture_bench",
+    "bench.schemas_bench",
 ]
 
 
