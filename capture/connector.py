@@ -34,7 +34,8 @@ see a partial snapshot), drops the slot the interrupted snapshot created, and st
 over.
 
 Topics: ``<prefix>.<schema>.<table>`` (compacted, created on first sight),
-``<prefix>.transaction`` (BEGIN/END with per-table counts), ``<prefix>.message``
+``<prefix>.transaction`` (BEGIN/END with per-table counts, when ``transaction_metadata``
+is on), ``<prefix>.message``
 (logical messages). Values and keys: see capture.events.
 
 Failures: a dropped connection or a Postgres restart → the open log transaction is
@@ -120,6 +121,10 @@ class CaptureConfig:
     retained_wal_warn_bytes: int = 1 << 30
     toast_cache_bytes: int = 64 << 20
     exit_when_caught_up: bool = False
+    # BEGIN/END records on <prefix>.transaction (Debezium's provide.transaction.metadata, off
+    # by default there too): one more partition in every log transaction, two events per
+    # Postgres transaction. Events carry their ``transaction`` block either way.
+    transaction_metadata: bool = False
 
     def validate(self) -> None:
         validate_topic_name(f"{self.topic_prefix}.transaction")
@@ -491,14 +496,15 @@ class Connector:
                     ctx = TxnContext(m.xid, m.lsn, m.timestamp_ms or 0, per_table={})
                     ctx_next = m.next_lsn or m.lsn
                     index = 0
-                    if not self._stored(ctx.commit_lsn, -1):
+                    if self.config.transaction_metadata and not self._stored(ctx.commit_lsn, -1):
                         self._add(self.builder.transaction_begin(ctx))
                     continue
                 if m.kind is Kind.COMMIT:
                     if ctx is None:
                         raise DecodeError(f"COMMIT without BEGIN at {format_lsn(m.lsn)}")
                     if not self._stored(ctx.commit_lsn, 1 << 62):
-                        self._add(self.builder.transaction_end(ctx))
+                        if self.config.transaction_metadata:
+                            self._add(self.builder.transaction_end(ctx))
                         self.stats.transactions += 1
                     self._batch_position = Position(ctx.commit_lsn, index - 1, True, m.next_lsn or ctx_next)
                     self.stats.last_commit_ts_ms = ctx.ts_ms

@@ -63,6 +63,13 @@ def run(
     exit_when_caught_up: Annotated[
         bool, typer.Option("--exit-when-caught-up", help="Exit 0 once the WAL present at start is stored.")
     ] = False,
+    transaction_metadata: Annotated[
+        bool,
+        typer.Option(
+            "--transaction-metadata",
+            help="Also write BEGIN/END records with per-table event counts to <prefix>.transaction.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
 ) -> None:
     """Run the connector until SIGINT/SIGTERM (or caught up): snapshot, then stream, exactly once."""
@@ -96,6 +103,7 @@ def run(
             heartbeat_query=heartbeat_query,
             heartbeat_interval_s=heartbeat_interval,
             exit_when_caught_up=exit_when_caught_up,
+            transaction_metadata=transaction_metadata,
         )
         with Log(State.data_dir) as log:
             connector = Connector(config, log)

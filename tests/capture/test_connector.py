@@ -18,6 +18,7 @@ from capture.connector import SlotLostError, SnapshotMode
 from capture.events import UNAVAILABLE
 from capture.tables import TableFilter, TableRefusedError
 from eventstore.errors import ConfigError
+from eventstore.log import Log
 from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +29,18 @@ def db(postgres: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]
     dsn = fresh_database(postgres, request.node.name[:20].lower().replace("[", "_").replace("]", ""))
     yield dsn
     drop_slots(dsn)
+
+
+def test_transaction_metadata_is_off_by_default(db: str, tmp_path: Path) -> None:
+    """As Debezium's provide.transaction.metadata: no BEGIN/END records unless asked for."""
+    sql(db, "CREATE TABLE quiet (id int PRIMARY KEY)")
+    capture(tmp_path / "log", db)
+    sql(db, "INSERT INTO quiet VALUES (1)", "INSERT INTO quiet VALUES (2)")
+    stats = capture(tmp_path / "log", db)
+    assert stats.transactions == 2
+    assert [e["transaction"]["total_order"] for e in events(tmp_path / "log", "cdc.public.quiet")] == [1, 1]
+    with Log(tmp_path / "log") as log:
+        assert "cdc.transaction" not in log.topics()
 
 
 def test_snapshot_then_every_op(db: str, tmp_path: Path) -> None:
@@ -50,7 +63,7 @@ def test_snapshot_then_every_op(db: str, tmp_path: Path) -> None:
         "UPDATE accounts SET id = 30 WHERE id = 3",  # a key change
         "SELECT pg_logical_emit_message(true, 'audit', 'hello')",
     )
-    capture(tmp_path / "log", db)  # stream (restart from the stored position)
+    capture(tmp_path / "log", db, transaction_metadata=True)  # stream (restart from the stored position)
     recs = records(tmp_path / "log", "cdc.public.accounts")
     streamed = recs[2:]
     ops = [(k, v["op"] if v else None) for k, v, _ in streamed]

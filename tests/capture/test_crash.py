@@ -74,7 +74,7 @@ log_dir, dsn, slot, until_caught_up, batch_bytes, partitions, snapshot = sys.arg
 with Log(log_dir) as log:
     stats = Connector(CaptureConfig(dsn=dsn, slot=slot, topic_prefix="cdc", exit_when_caught_up=until_caught_up == "1",
                                     batch_bytes=int(batch_bytes), partitions=int(partitions),
-                                    snapshot=SnapshotMode(snapshot)), log).run()
+                                    snapshot=SnapshotMode(snapshot), transaction_metadata=True), log).run()
 print("done", stats.events, stats.snapshot_rows, flush=True)
 """
 
@@ -339,8 +339,20 @@ def crash_scenario(dsn: str, tmp: Path, sizes: Sizes) -> Outcome:
         kills.append(Kill(phase, delay, classify(phase, run.stderr(), position), confirmed, position))
 
     # Kills during the crashed connector's initial snapshot (no writes yet: both snapshots see the same rows).
-    for _ in range(sizes.snapshot_kills):
-        kill_after("snapshot", rng.uniform(began, ended))
+    # The window comes from the reference run's timing, which a loaded machine stretches: a kill that
+    # lands before or after the snapshot narrows the window, and a few extra kills are allowed until
+    # at least one lands inside it.
+    lo, hi = began, ended
+    for attempt in range(sizes.snapshot_kills + 6):
+        inside = sum(k.landed == "during the snapshot" for k in kills)
+        if attempt >= sizes.snapshot_kills and inside:
+            break
+        delay = rng.uniform(lo, hi)
+        kill_after("snapshot", delay)
+        if kills[-1].landed.startswith("before"):
+            lo = delay
+        elif kills[-1].landed.startswith("after"):
+            hi = delay
     Run(runs, "snapshot-final", crashed_dir, dsn, "crashed", caught_up=True).finish()
     position = stored_position(crashed_dir, dsn, "crashed")
     assert position is not None and position.snapshot_done
