@@ -1,0 +1,278 @@
+"""Command handling: load, decide, append with optimistic concurrency, retry on conflict.
+
+::
+
+    handler = CommandHandler(dsn, HandlerConfig(snapshot_every=100))
+    result = handler.handle(RESERVATION, ReserveSeat(...), command_id="c-42")
+    result.version, result.commit_lsn
+
+One attempt: load the stream's latest snapshot + later events and the command id's
+record (one statement); if the command id was seen, return its stored result; else fold,
+``decide``, and append the events at ``expected version + 1 …`` with the command record
+and the claims, in one transaction. A version conflict (another writer took the next
+version first) starts a new attempt from a fresh load, after a short random pause, up to
+``max_attempts``; then :class:`ConcurrencyError`. ``decide``'s :class:`DomainError` and
+:class:`DuplicateClaimError` end the command at once: nothing was written.
+
+Thread safety: a handler may be shared by threads (each call checks a connection out of
+the engine's pool). After ``fork()``, make a new handler in the child.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import orjson
+from sqlalchemy import Connection, Engine
+
+from commands import store
+from commands.aggregate import AggregateType, claim_changes
+from commands.codec import from_json, to_json
+from commands.db import make_engine
+from commands.errors import CommandIdReusedError, ConcurrencyError
+from commands.events import Event
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+C = TypeVar("C")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerConfig:
+    """How commands are handled.
+
+    ``max_attempts``: loads + decides per command before ConcurrencyError (≥ 1).
+    ``snapshot_every``: store a snapshot when a stream's version crosses a multiple of
+    it (None: never). ``use_snapshots``: start folds from the latest snapshot.
+    ``retry_pause_seconds``: before attempt n+1, sleep a random time up to n × this
+    (spreads writers that collided so they do not collide again).
+    ``pool_size``: connections the handler's engine keeps.
+    """
+
+    max_attempts: int = 10
+    snapshot_every: int | None = 100
+    use_snapshots: bool = True
+    retry_pause_seconds: float = 0.001
+    pool_size: int = 5
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be ≥ 1, not {self.max_attempts}")
+        if self.snapshot_every is not None and self.snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be ≥ 1 or None, not {self.snapshot_every}")
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    """What an accepted command did."""
+
+    command_id: str
+    stream_id: str
+    stream_type: str
+    version: int  # the stream's version after the command (its last event's version)
+    events: tuple[str, ...]  # event types appended, in order (empty: accepted, nothing to record)
+    commit_lsn: str  # a WAL position past the commit: the read side has these events once it has applied it
+    replayed: bool = False  # True: the command id was seen before; this is the stored result, nothing appended
+    attempts: int = 1  # loads + decides it took (1 = no conflict)
+
+    def to_json(self) -> dict[str, Any]:
+        result = to_json(self)
+        assert isinstance(result, dict)
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded(Generic[T]):
+    """An aggregate's state at ``version``."""
+
+    state: T
+    version: int
+
+
+class CommandHandler:
+    """Handles commands for any aggregate type against one database (see module docstring)."""
+
+    def __init__(self, dsn_or_engine: str | Engine, config: HandlerConfig | None = None) -> None:
+        self.config = config or HandlerConfig()
+        if isinstance(dsn_or_engine, str):
+            self.engine = make_engine(
+                dsn_or_engine,
+                isolation_level="AUTOCOMMIT",
+                pool_size=self.config.pool_size,
+                json_deserializer=orjson.loads,
+                json_serializer=lambda v: orjson.dumps(v).decode(),
+            )
+            self._owns_engine = True
+        else:
+            self.engine = dsn_or_engine.execution_options(isolation_level="AUTOCOMMIT")
+            self._owns_engine = False
+
+    def close(self) -> None:
+        if self._owns_engine:
+            self.engine.dispose()
+
+    def __enter__(self) -> CommandHandler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reads -----------------------------------------------------------------
+
+    def load(self, aggregate: AggregateType[S, C], stream_id: str) -> Loaded[S]:
+        """The aggregate's current state and version (version 0: no events yet)."""
+        with self.engine.connect() as conn:
+            loaded = store.load_stream(
+                conn, stream_id, state_version=aggregate.state_version, use_snapshot=self.config.use_snapshots
+            )
+        return self._fold(aggregate, loaded)
+
+    def _fold(self, aggregate: AggregateType[S, C], loaded: store.LoadedStream) -> Loaded[S]:
+        state = aggregate.initial
+        if loaded.snapshot is not None:
+            state = from_json(aggregate.state_type, loaded.snapshot.state)
+        decode = aggregate.events.decode
+        for e in loaded.events:
+            state = aggregate.apply(state, decode(e.event_type, e.schema_version, e.payload))
+        return Loaded(state, loaded.version)
+
+    # -- commands --------------------------------------------------------------
+
+    def handle(
+        self,
+        aggregate: AggregateType[S, C],
+        command: C,
+        *,
+        command_id: str | None = None,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+    ) -> CommandResult:
+        """Decide ``command`` against the current state and store its events.
+
+        ``command_id`` makes the command idempotent (default: a fresh UUID, i.e. no
+        protection against a client's retry). Raises the aggregate's DomainError,
+        DuplicateClaimError, CommandIdReusedError or ConcurrencyError.
+        """
+        command_id = command_id or str(uuid.uuid4())
+        stream_id = aggregate.stream_id(command)
+        metadata = {
+            "command_id": command_id,
+            "command_type": type(command).__name__,
+            "correlation_id": correlation_id or command_id,
+            "causation_id": causation_id or command_id,
+        }
+        expected = 0
+        with self.engine.connect() as conn:
+            for attempt in range(1, self.config.max_attempts + 1):
+                loaded = store.load_stream(
+                    conn,
+                    stream_id,
+                    state_version=aggregate.state_version,
+                    use_snapshot=self.config.use_snapshots,
+                    command_id=command_id,
+                )
+                if loaded.recorded is not None:
+                    return self._replay(conn, loaded.recorded, command_id, stream_id, attempt)
+                current = self._fold(aggregate, loaded)
+                expected = current.version
+                events = list(aggregate.decide(current.state, command))
+                decision = self._decision(aggregate, command, command_id, stream_id, expected, events, metadata)
+                try:
+                    if not store.append(conn, decision):
+                        recorded = store.recorded_command(conn, command_id)
+                        assert recorded is not None, "command row vanished"  # rows are never deleted
+                        return self._replay(conn, recorded, command_id, stream_id, attempt)
+                except (store.VersionConflict, store.ClaimReleased) as e:
+                    log.debug("attempt %d of command %s on %s: %s", attempt, command_id, stream_id, e)
+                    self._pause(attempt)
+                    continue
+                lsn = store.wal_insert_lsn(conn)
+                self._maybe_snapshot(conn, aggregate, stream_id, current, events)
+                return CommandResult(
+                    command_id=command_id,
+                    stream_id=stream_id,
+                    stream_type=aggregate.name,
+                    version=expected + len(events),
+                    events=tuple(type(e).event_type for e in events),
+                    commit_lsn=lsn,
+                    attempts=attempt,
+                )
+        raise ConcurrencyError(stream_id, expected, self.config.max_attempts)
+
+    def _decision(
+        self,
+        aggregate: AggregateType[S, C],
+        command: C,
+        command_id: str,
+        stream_id: str,
+        expected: int,
+        events: list[Event],
+        metadata: dict[str, Any],
+    ) -> store.Append:
+        claims = claim_changes(aggregate, events)
+        result = {
+            "stream_id": stream_id,
+            "stream_type": aggregate.name,
+            "version": expected + len(events),
+            "events": [type(e).event_type for e in events],
+        }
+        return store.Append(
+            command_id=command_id,
+            command_type=type(command).__name__,
+            stream_id=stream_id,
+            stream_type=aggregate.name,
+            expected_version=expected,
+            events=[aggregate.events.encode(e) for e in events],
+            metadata=metadata,
+            result=result,
+            acquire=claims.acquire,
+            release=claims.release,
+        )
+
+    def _replay(
+        self, conn: Connection, recorded: store.RecordedCommand, command_id: str, stream_id: str, attempt: int
+    ) -> CommandResult:
+        if recorded.stream_id != stream_id:
+            raise CommandIdReusedError(command_id, stream_id, recorded.stream_id)
+        r = recorded.result
+        return CommandResult(
+            command_id=command_id,
+            stream_id=r["stream_id"],
+            stream_type=r["stream_type"],
+            version=r["version"],
+            events=tuple(r["events"]),
+            commit_lsn=store.wal_insert_lsn(conn),  # past the original commit, which is visible to us
+            replayed=True,
+            attempts=attempt,
+        )
+
+    def _pause(self, attempt: int) -> None:
+        if attempt < self.config.max_attempts and self.config.retry_pause_seconds > 0:
+            time.sleep(random.uniform(0, attempt * self.config.retry_pause_seconds))
+
+    def _maybe_snapshot(
+        self, conn: Connection, aggregate: AggregateType[S, C], stream_id: str, before: Loaded[S], events: list[Event]
+    ) -> None:
+        every = self.config.snapshot_every
+        after = before.version + len(events)
+        if every is None or not events or after // every == before.version // every:
+            return
+        state = aggregate.fold(events, before.state)
+        try:
+            store.save_snapshot(
+                conn,
+                stream_id=stream_id,
+                stream_type=aggregate.name,
+                version=after,
+                schema_version=aggregate.state_version,
+                state=to_json(state),
+            )
+        except Exception:  # a snapshot is a cache: the command is already committed
+            log.warning("could not store the snapshot of %s at version %d", stream_id, after, exc_info=True)

@@ -1,0 +1,1 @@
+"""Example applications built on Tideline (``examples.reservations``: theatre seats and users)."""
