@@ -64,6 +64,7 @@ import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from capture.avro import AvroEncoder
 from capture.events import Event, EventBuilder, ToastCache, TxnContext, table_topic
 from capture.messages import ChangeMessage, DecodeError, Kind, Plugin
 from capture.pgtypes import SESSION_OPTIONS, JsonNumber
@@ -75,7 +76,9 @@ from eventstore.errors import ConfigError, TidelineError, TopicExistsError
 from eventstore.log import Log
 from eventstore.partitioner import partitions_for_keys
 from eventstore.producer import Producer
+from eventstore.schema_store import LogSchemaStore
 from eventstore.topic import TopicConfig, now_ms, validate_topic_name
+from schemas.registry import SchemaRegistry
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,18 @@ class SnapshotMode(enum.Enum):
             return cls(text)
         except ValueError:
             raise ConfigError(f"--snapshot must be one of initial, always, never, when_needed; not {text!r}") from None
+
+
+class ValueFormat(enum.Enum):
+    JSON = "json"
+    AVRO = "avro"
+
+    @classmethod
+    def parse(cls, text: str) -> ValueFormat:
+        try:
+            return cls(text)
+        except ValueError:
+            raise ConfigError(f"--value-format must be json or avro, not {text!r}") from None
 
 
 class SlotLostError(TidelineError):
@@ -125,6 +140,7 @@ class CaptureConfig:
     # by default there too): one more partition in every log transaction, two events per
     # Postgres transaction. Events carry their ``transaction`` block either way.
     transaction_metadata: bool = False
+    value_format: ValueFormat = ValueFormat.JSON  # avro: table topics through the schema registry (capture.avro)
 
     def validate(self) -> None:
         validate_topic_name(f"{self.topic_prefix}.transaction")
@@ -246,6 +262,9 @@ class Connector:
         self._wal_checked = 0.0
         self._status_logged = 0.0
         db = psycopg.conninfo.conninfo_to_dict(config.dsn).get("dbname") or "postgres"
+        self.avro: AvroEncoder | None = None
+        if config.value_format is ValueFormat.AVRO:
+            self.avro = AvroEncoder(SchemaRegistry(LogSchemaStore(log_)), config.topic_prefix, config.table_filter)
         self.builder = EventBuilder(
             config.topic_prefix,
             str(db),
@@ -253,6 +272,7 @@ class Connector:
             ToastCache(config.toast_cache_bytes),
             self._latest_in_log,
             self._live_keys_in_log,
+            self.avro,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -576,9 +596,19 @@ class Connector:
             self.builder.count(table, ctx)
 
     def _check_columns(self, table: TableInfo, m: ChangeMessage) -> TableInfo:
-        """A column the catalog does not know: the table changed (ALTER TABLE): read it again."""
+        """The table changed (ALTER TABLE) if a change has a column the catalog does not know, an
+        INSERT lacks one (it carries every column), or, when the schema matters (Avro), a column
+        has another type: read the catalog again."""
         known = table.column_names
-        if any(c.name not in known for c in m.columns) or any(c.name not in known for c in m.identity):
+        changed = (
+            any(c.name not in known for c in m.columns)
+            or any(c.name not in known for c in m.identity)
+            or (m.kind is Kind.INSERT and len(m.columns) != len(known))
+        )
+        if not changed and self.avro is not None:
+            types = table.column_types
+            changed = any((c.name, c.type_oid) not in types for c in m.columns)
+        if changed:
             refreshed = self.catalog.refresh(table.schema, table.name)
             if refreshed is not None:
                 return refreshed
@@ -663,7 +693,7 @@ class Connector:
         out.extend(zip(self._batch.keys.get(topic, []), self._batch.values.get(topic, []), strict=True))
         return out
 
-    def _latest_in_log(self, topic: str, key: bytes) -> dict[str, Any] | None:
+    def _latest_in_log(self, table: TableInfo, topic: str, key: bytes) -> dict[str, Any] | None:
         """The key's last ``after`` image in the log (TOAST fill after a cache miss: rare, O(topic))."""
         latest: bytes | None = None
         for k, v in self._read_topic(topic):
@@ -671,6 +701,8 @@ class Connector:
                 latest = v
         if latest is None:
             return None
+        if self.avro is not None and latest[:1] == b"\x00":
+            return self.avro.after_image(table, latest)
         # Exact: fractions inside json/jsonb stay JsonNumber (written back as the same bare
         # number), integers stay ints of any size, everything else is already a JSON string.
         after: dict[str, Any] | None = json.loads(latest, parse_float=JsonNumber).get("after")

@@ -41,11 +41,12 @@ from typing import Any
 
 import orjson
 
+from capture.avro import UNAVAILABLE, AvroEncoder
 from capture.messages import ChangeMessage, Column, Kind
 from capture.pgtypes import dumps, dumps_values
 from capture.tables import TableFilter, TableInfo
 
-UNAVAILABLE = "__debezium_unavailable_value"
+__all__ = ["UNAVAILABLE", "Event", "EventBuilder", "ToastCache", "TxnContext", "table_topic"]
 # Postgres TOASTs a row only when it exceeds TOAST_TUPLE_THRESHOLD (≈ 2 KB by default), so
 # smaller rows are never cached (a table with a lower toast_tuple_target falls back to the log).
 TOAST_MIN_ROW_BYTES = 1024
@@ -145,9 +146,11 @@ class EventBuilder:
         db: str,
         table_filter: TableFilter,
         toast_cache: ToastCache,
-        latest_in_log: Callable[[str, bytes], dict[str, Any] | None],
+        latest_in_log: Callable[[TableInfo, str, bytes], dict[str, Any] | None],
         live_keys_in_log: Callable[[str], list[bytes]],
+        avro: AvroEncoder | None = None,
     ) -> None:
+        self.avro = avro  # None: JSON keys and values (the default value format)
         self.prefix = prefix
         self.db = db
         self.filter = table_filter
@@ -172,6 +175,8 @@ class EventBuilder:
         return out
 
     def key_of(self, table: TableInfo, image: dict[str, Any]) -> bytes:
+        if self.avro is not None:
+            return self.avro.key(table, image)
         return dumps_values({k: image.get(k) for k in table.key})
 
     def _source(self, m: ChangeMessage | None, table: TableInfo | None, ctx: TxnContext, index: int) -> bytes:
@@ -216,6 +221,7 @@ class EventBuilder:
 
     def _envelope(
         self,
+        table: TableInfo,
         op: bytes,
         before: dict[str, Any] | None,
         after: dict[str, Any] | None,
@@ -224,6 +230,8 @@ class EventBuilder:
         now_ms: int,
     ) -> bytes:
         """The envelope, concatenated from its JSON parts (the same JSON as one ``dumps`` of it, faster)."""
+        if self.avro is not None:
+            return self.avro.envelope(table, op.decode(), before, after, source, transaction, now_ms)
         return b"".join(
             (
                 b'{"before":',
@@ -247,7 +255,7 @@ class EventBuilder:
         after = self._image(table, columns)
         key = self.key_of(table, after)
         self._remember(table, topic, key, after)
-        value = self._envelope(b"r", None, after, self._source(None, table, ctx, index), None, now_ms)
+        value = self._envelope(table, b"r", None, after, self._source(None, table, ctx, index), None, now_ms)
         return Event(topic, key, value)
 
     def change(self, m: ChangeMessage, table: TableInfo, ctx: TxnContext, index: int, now_ms: int) -> list[Event]:
@@ -258,13 +266,16 @@ class EventBuilder:
             key = self.key_of(table, after)
             self._remember(table, topic, key, after)
             txn = self._transaction(table, ctx)
-            return [Event(topic, key, self._envelope(b"c", None, after, source, txn, now_ms))]
+            return [Event(topic, key, self._envelope(table, b"c", None, after, source, txn, now_ms))]
         if m.kind is Kind.DELETE:
             before = self._image(table, m.identity)
             key = self.key_of(table, before)
             self.toast.drop(topic, key)
             txn = self._transaction(table, ctx)
-            return [Event(topic, key, self._envelope(b"d", before, None, source, txn, now_ms)), Event(topic, key, None)]
+            return [
+                Event(topic, key, self._envelope(table, b"d", before, None, source, txn, now_ms)),
+                Event(topic, key, None),
+            ]
         if m.kind is Kind.UPDATE:
             return self._update(m, table, topic, source, ctx, now_ms)
         if m.kind is Kind.TRUNCATE:
@@ -287,12 +298,12 @@ class EventBuilder:
         self._remember(table, topic, key, after)
         txn = self._transaction(table, ctx)
         if key == old_key:
-            return [Event(topic, key, self._envelope(b"u", before, after, source, txn, now_ms))]
+            return [Event(topic, key, self._envelope(table, b"u", before, after, source, txn, now_ms))]
         self.toast.drop(topic, old_key)
         return [
-            Event(topic, old_key, self._envelope(b"d", before, None, source, txn, now_ms)),
+            Event(topic, old_key, self._envelope(table, b"d", before, None, source, txn, now_ms)),
             Event(topic, old_key, None),
-            Event(topic, key, self._envelope(b"c", None, after, source, txn, now_ms)),
+            Event(topic, key, self._envelope(table, b"c", None, after, source, txn, now_ms)),
         ]
 
     def _kept(self, table: TableInfo, column: str) -> bool:
@@ -313,7 +324,7 @@ class EventBuilder:
         if known is None:
             known = self.toast.get(topic, key)
         if known is None or not all(c in known for c in missing):
-            known = self.latest_in_log(topic, key)
+            known = self.latest_in_log(table, topic, key)
         for c in missing:
             if known is not None and c in known:
                 after[c] = known[c]
@@ -338,7 +349,7 @@ class EventBuilder:
 
     def _truncate(self, table: TableInfo, topic: str, source: bytes, ctx: TxnContext, now_ms: int) -> list[Event]:
         txn = self._transaction(table, ctx)
-        events = [Event(topic, b"{}", self._envelope(b"t", None, None, source, txn, now_ms))]
+        events = [Event(topic, b"{}", self._envelope(table, b"t", None, None, source, txn, now_ms))]
         events += [Event(topic, key, None) for key in self.live_keys_in_log(topic) if key != b"{}"]
         self.toast.drop_topic(topic)
         return events

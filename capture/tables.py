@@ -64,13 +64,24 @@ class TableInfo:
     replica_identity: str  # d(efault) n(othing) f(ull) i(ndex)
     toastable_columns: tuple[str, ...] = ()  # non-key columns whose values may be TOASTed
     column_names: frozenset[str] = frozenset()
+    column_types: frozenset[tuple[str, int]] = frozenset()  # (name, type OID): what a change must match
 
     @classmethod
     def make(
         cls, schema: str, name: str, columns: tuple[TableColumn, ...], key: tuple[str, ...], source: str, ident: str
     ) -> TableInfo:
         toastable = tuple(c.name for c in columns if c.toastable and c.name not in key)
-        return cls(schema, name, columns, key, source, ident, toastable, frozenset(c.name for c in columns))
+        return cls(
+            schema,
+            name,
+            columns,
+            key,
+            source,
+            ident,
+            toastable,
+            frozenset(c.name for c in columns),
+            frozenset((c.name, c.type_oid) for c in columns),
+        )
 
     @property
     def qualified(self) -> str:

@@ -56,6 +56,7 @@ DECIMAL_SPECIAL = "io.tideline.DecimalSpecial"
 JSON_NAME = "io.debezium.data.Json"
 INTERVAL_NAME = "io.debezium.time.Interval"
 ZONED_TIME_NAME = "io.debezium.time.ZonedTime"
+PG_ARRAY_NAMESPACE = "io.tideline.pgarray"
 PG_TYPE_PROP = "tideline.pg_type"  # the column's Postgres type name, on each row field
 
 
@@ -177,19 +178,42 @@ def variable_scale_decimal_schema() -> dict[str, Any]:
     }  # fmt: skip
 
 
+def array_record_name(ctype: ColumnType) -> str:
+    """``io.tideline.pgarray.<element>``: one named array record per element type in a schema."""
+    element = ctype.kind.value
+    if ctype.kind is Kind.DECIMAL:
+        element = f"decimal_{ctype.precision}_{ctype.scale}"
+    return f"{PG_ARRAY_NAMESPACE}.{element}"
+
+
 def avro_type(ctype: ColumnType, defined: set[str] | None = None) -> Any:
     """The Avro type of a (non-null) value of ``ctype``.
+
+    Arrays, of any dimensionality, are a record ``{"dims": [int], "items": [T | null]}``:
+    the length of each dimension (outermost first; ``[]`` for an empty array) and the
+    elements in row-major order, as Postgres itself stores them. A Postgres column of
+    type ``T[]`` takes values of any number of dimensions (the declared count is not
+    enforced), so a nested Avro array of fixed depth could not hold every value.
 
     ``defined``: the named types already written in the enclosing schema (Avro defines a
     name once; later uses name it). Updated in place.
     """
     defined = set() if defined is None else defined
-    node = _scalar(ctype, defined)
-    if ctype.dimensions:
-        node = {"type": "array", "items": ["null", node]}
-        for _ in range(ctype.dimensions - 1):
-            node = {"type": "array", "items": node}  # inner arrays of a Postgres array are never NULL
-    return node
+    if not ctype.dimensions:
+        return _scalar(ctype, defined)
+    name = array_record_name(ctype)
+    if name in defined:
+        return name
+    defined.add(name)
+    return {
+        "type": "record",
+        "name": name,
+        "doc": "A Postgres array: dimension lengths (outermost first) and the elements in row-major order.",
+        "fields": [
+            {"name": "dims", "type": {"type": "array", "items": "int"}},
+            {"name": "items", "type": {"type": "array", "items": ["null", _scalar(ctype, defined)]}},
+        ],
+    }
 
 
 def _scalar(ctype: ColumnType, defined: set[str]) -> Any:

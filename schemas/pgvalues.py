@@ -281,20 +281,57 @@ def _nullable(convert: Converter) -> Converter:
     return lambda value: None if value is None else convert(value)
 
 
-def _array(convert: Converter, dimensions: int) -> Converter:
-    """Apply ``convert`` to the items of a ``dimensions``-deep nested list (items may be None)."""
-    inner = _nullable(convert)
-    for depth in range(dimensions):
+def _array_to_avro(convert: Converter) -> Converter:
+    """A nested list (any depth, items may be None) → ``{"dims": [...], "items": [...]}`` (row-major)."""
+    item = _nullable(convert)
 
-        def level(value: Any, item: Converter = inner, outer: bool = depth > 0) -> list[Any]:
-            if not isinstance(value, list):
-                raise ValueConversionError(f"expected a list, got {type(value).__name__}")
-            if outer and any(not isinstance(v, list) for v in value):
-                raise ValueConversionError("array nesting is shallower than the column's declared dimensions")
-            return [item(v) for v in value]
+    def flatten(value: Any) -> dict[str, Any]:
+        if not isinstance(value, list):
+            raise ValueConversionError(f"expected a list, got {type(value).__name__}")
+        dims: list[int] = []
+        level: Any = value
+        while isinstance(level, list):
+            dims.append(len(level))
+            if not level:
+                break
+            level = level[0]
+        if dims == [0]:
+            return {"dims": [], "items": []}
+        items: list[Any] = []
+        _flatten(value, dims, 0, item, items)
+        return {"dims": dims, "items": items}
 
-        inner = level
-    return inner
+    return flatten
+
+
+def _flatten(value: list[Any], dims: list[int], depth: int, item: Converter, out: list[Any]) -> None:
+    if len(value) != dims[depth]:
+        raise ValueConversionError(f"array is not rectangular: {len(value)} elements where {dims[depth]} were")
+    if depth == len(dims) - 1:
+        for v in value:
+            if isinstance(v, list):
+                raise ValueConversionError("array is not rectangular: a sub-array where an element was")
+            out.append(item(v))
+        return
+    for v in value:
+        if not isinstance(v, list):
+            raise ValueConversionError("array is not rectangular: an element where a sub-array was")
+        _flatten(v, dims, depth + 1, item, out)
+
+
+def _array_from_avro(convert: Converter) -> Converter:
+    """``{"dims", "items"}`` → the nested lists capture writes (items converted, None kept)."""
+    item = _nullable(convert)
+
+    def nest(value: Any) -> list[Any]:
+        dims, flat = list(value["dims"]), [item(v) for v in value["items"]]
+        if not dims:
+            return []
+        for size in reversed(dims[1:]):
+            flat = [flat[i : i + size] for i in range(0, len(flat), size)]
+        return flat
+
+    return nest
 
 
 def to_avro_converter(ctype: ColumnType) -> Converter:
@@ -304,13 +341,13 @@ def to_avro_converter(ctype: ColumnType) -> Converter:
         base = _decimal_to_avro(ctype.precision, ctype.scale)
     else:
         base = _TO_AVRO[ctype.kind]
-    return _array(base, ctype.dimensions) if ctype.dimensions else base
+    return _array_to_avro(base) if ctype.dimensions else base
 
 
 def to_json_converter(ctype: ColumnType) -> Converter:
     """Avro datum → the JSON form capture writes, for one non-null value of ``ctype``."""
     base = _decimal_json(ctype.scale or 0) if ctype.kind is Kind.DECIMAL else _TO_JSON[ctype.kind]
-    return _array(base, ctype.dimensions) if ctype.dimensions else base
+    return _array_from_avro(base) if ctype.dimensions else base
 
 
 class RowCodec:

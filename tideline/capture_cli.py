@@ -70,10 +70,18 @@ def run(
             help="Also write BEGIN/END records with per-table event counts to <prefix>.transaction.",
         ),
     ] = False,
+    value_format: Annotated[
+        str,
+        typer.Option(
+            "--value-format",
+            help="json (default) or avro: Confluent-framed Avro keys and values of table topics, schemas "
+            "registered in the log's __schemas topic.",
+        ),
+    ] = "json",
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
 ) -> None:
     """Run the connector until SIGINT/SIGTERM (or caught up): snapshot, then stream, exactly once."""
-    from capture.connector import CaptureConfig, Connector, SnapshotMode
+    from capture.connector import CaptureConfig, Connector, SnapshotMode, ValueFormat
     from capture.messages import Plugin
     from capture.tables import TableFilter
     from eventstore.log import Log
@@ -104,6 +112,7 @@ def run(
             heartbeat_interval_s=heartbeat_interval,
             exit_when_caught_up=exit_when_caught_up,
             transaction_metadata=transaction_metadata,
+            value_format=ValueFormat.parse(value_format),
         )
         with Log(State.data_dir) as log:
             connector = Connector(config, log)

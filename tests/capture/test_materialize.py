@@ -25,18 +25,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 import pytest
 from capture_util import capture, drop_slots, fresh_database
 from workload import TABLES, Workload, soak
 
+from capture.connector import ValueFormat
 from capture.events import UNAVAILABLE, table_topic
 from capture.pgtypes import SESSION_OPTIONS, dumps, text_converter
 from capture.tables import TableCatalog, TableFilter, TableInfo
 from eventstore.cleaner import compact_partition
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
+from eventstore.schema_store import LogSchemaStore
 from eventstore.topic import now_ms
+from schemas.pgavro import PgColumn
+from schemas.pgvalues import RowCodec
+from schemas.registry import SchemaRegistry
+from schemas.wire import AvroWire
 from tideline.pgharness import LocalPostgres
 
 PARTITIONS = 3
@@ -86,6 +93,30 @@ def table_state(dsn: str, table: TableInfo) -> dict[bytes, Any]:
     return out
 
 
+def avro_as_json(log_dir: Path, table: TableInfo, records: list[Any]) -> list[Any]:
+    """``(partition, key, value)`` records with Avro keys and values turned into capture's JSON bytes.
+
+    Decoded through the log's schema registry (each value under its own writer schema) and
+    ``schemas.pgvalues.RowCodec`` of the table's columns: the JSON capture writes for the
+    same row, so the comparisons below hold for both value formats unchanged.
+    """
+    columns = [PgColumn(c.name, c.type_name, c.type_oid, not_null=c.name in table.key) for c in table.columns]
+    by_name = {c.name: c for c in columns}
+    rows, keys = RowCodec(columns), RowCodec([by_name[k] for k in table.key])
+    with Log(log_dir) as log:
+        registry = SchemaRegistry(LogSchemaStore(log))
+        wire = AvroWire(registry.schema_by_id, logical_types=False)
+        out = []
+        for p, key, value in records:
+            if key is not None and key[:1] == b"\x00":
+                key = dumps(keys.to_json(wire.decode(key)))
+            if value is not None:
+                assert value[:1] == b"\x00", f"a JSON value in an Avro topic: {value[:100]!r}"
+                value = orjson.dumps(rows.envelope_to_json(wire.decode(value)))
+            out.append((p, key, value))
+    return out
+
+
 def topic_records(log_dir: Path, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
     """(partition, key, value) of every record, read_committed, partition by partition."""
     out: list[tuple[int, bytes | None, bytes | None]] = []
@@ -102,10 +133,18 @@ def topic_records(log_dir: Path, topic: str) -> list[tuple[int, bytes | None, by
     return out
 
 
-def log_state(log_dir: Path, topic: str, ops: Counter[str] | None = None) -> dict[bytes, Any]:
-    """key → latest ``after`` (exact JSON form); tombstones, deletes and truncates remove the key."""
+def log_state(
+    log_dir: Path, topic: str, ops: Counter[str] | None = None, avro_table: TableInfo | None = None
+) -> dict[bytes, Any]:
+    """key → latest ``after`` (exact JSON form); tombstones, deletes and truncates remove the key.
+
+    ``avro_table``: the topic holds Avro (``--value-format avro``) of this table.
+    """
     state: dict[bytes, Any] = {}
-    for _, key, value in topic_records(log_dir, topic):
+    records = topic_records(log_dir, topic)
+    if avro_table is not None:
+        records = avro_as_json(log_dir, avro_table, records)
+    for _, key, value in records:
         assert key is not None, f"keyless record in {topic}"
         if value is None:
             state.pop(key, None)
@@ -121,11 +160,12 @@ def log_state(log_dir: Path, topic: str, ops: Counter[str] | None = None) -> dic
     return state
 
 
-def assert_log_equals_tables(log_dir: Path, dsn: str, when: str) -> Counter[str]:
+def assert_log_equals_tables(log_dir: Path, dsn: str, when: str, value_format: str = "json") -> Counter[str]:
     ops: Counter[str] = Counter()
     for name, table in tables(dsn).items():
         expected = table_state(dsn, table)
-        actual = log_state(log_dir, table_topic("cdc", table.schema, name), ops)
+        avro = table if value_format == "avro" else None
+        actual = log_state(log_dir, table_topic("cdc", table.schema, name), ops, avro)
         missing = expected.keys() - actual.keys()
         extra = actual.keys() - expected.keys()
         assert not missing and not extra, (
@@ -162,7 +202,10 @@ def compact_table_topics(log_dir: Path, dsn: str) -> dict[str, int]:
     return dict(totals)
 
 
-def test_compacted_log_equals_tables(db: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("value_format", ["json", "avro"])
+def test_compacted_log_equals_tables(db: str, tmp_path: Path, value_format: str) -> None:
+    """Also the Avro round trip: every type of the workload's tables, written as Avro, reads back as the row."""
+    fmt = ValueFormat(value_format)
     initial_rows, during_snapshot, round1, round2 = SIZES["soak" if soak() else "ci"]
     log_dir = tmp_path / "log"
     workload = Workload(db, seed=20240331)
@@ -182,22 +225,22 @@ def test_compacted_log_equals_tables(db: str, tmp_path: Path) -> None:
     writer = threading.Thread(target=write, name="workload")
     writer.start()
     try:
-        stats = capture(log_dir, db, partitions=PARTITIONS)
+        stats = capture(log_dir, db, partitions=PARTITIONS, value_format=fmt)
     finally:
         writer.join()
     assert not errors, errors
     assert stats.snapshot_rows > 0
 
     # 2. Restart: stream what the snapshot run did not reach, then compare.
-    capture(log_dir, db, partitions=PARTITIONS)
-    assert_log_equals_tables(log_dir, db, "after the snapshot and the first restart")
+    capture(log_dir, db, partitions=PARTITIONS, value_format=fmt)
+    assert_log_equals_tables(log_dir, db, "after the snapshot and the first restart", value_format)
 
     # 3. More workload, restart, compare (uncompacted).
     workload.run(round1)
-    capture(log_dir, db, partitions=PARTITIONS)
+    capture(log_dir, db, partitions=PARTITIONS, value_format=fmt)
     workload.run(round2)
-    capture(log_dir, db, partitions=PARTITIONS)
-    ops = assert_log_equals_tables(log_dir, db, "before compaction")
+    capture(log_dir, db, partitions=PARTITIONS, value_format=fmt)
+    ops = assert_log_equals_tables(log_dir, db, "before compaction", value_format)
     assert {"r", "c", "u", "d", "t"} <= set(ops), ops
     print(f"workload: {workload.stats.summary()}; log events by op: {dict(ops)}")
     kinds = workload.stats.statements
@@ -206,9 +249,11 @@ def test_compacted_log_equals_tables(db: str, tmp_path: Path) -> None:
     # 4. Compact (tombstones may go), compare again: one record per live key, no tombstones.
     totals = compact_table_topics(log_dir, db)
     assert totals["tombstones_dropped"] > 0 and totals["records_kept"] < totals["records_read"], totals
-    assert_log_equals_tables(log_dir, db, "after compaction")
+    assert_log_equals_tables(log_dir, db, "after compaction", value_format)
     for name, table in tables(db).items():
         records = topic_records(log_dir, table_topic("cdc", table.schema, name))
+        if fmt is ValueFormat.AVRO:
+            records = avro_as_json(log_dir, table, records)
         keys = [k for _, k, _ in records]
         assert all(v is not None for _, _, v in records), f"{name}: a tombstone survived compaction"
         assert len(keys) == len(set(keys)), f"{name}: a key appears twice after compaction"
@@ -229,8 +274,12 @@ def test_compacted_log_equals_tables(db: str, tmp_path: Path) -> None:
         pytest.param("1e400", id="beyond-double"),
     ],
 )
-def test_unchanged_toasted_jsonb_filled_from_the_log_is_exact(db: str, tmp_path: Path, number: str) -> None:
+@pytest.mark.parametrize("value_format", ["json", "avro"])
+def test_unchanged_toasted_jsonb_filled_from_the_log_is_exact(
+    db: str, tmp_path: Path, number: str, value_format: str
+) -> None:
     log_dir = tmp_path / "log"
+    fmt = ValueFormat(value_format)
     sql = [
         "CREATE TABLE docs (id int PRIMARY KEY, meta jsonb, n int)",
         "ALTER TABLE docs ALTER COLUMN meta SET STORAGE EXTERNAL",
@@ -238,13 +287,14 @@ def test_unchanged_toasted_jsonb_filled_from_the_log_is_exact(db: str, tmp_path:
     with psycopg.connect(db, autocommit=True) as c:
         for s in sql:
             c.execute(s.encode())
-    capture(log_dir, db)
+    capture(log_dir, db, value_format=fmt)
     doc = f'{{"x": {number}, "pad": "{"ab" * 3000}"}}'  # 6 KB: TOASTed out of line
     with psycopg.connect(db, autocommit=True) as c:
         c.execute(b"INSERT INTO docs VALUES (1, %s::jsonb, 0)", [doc])
-    capture(log_dir, db)  # a new run for the update: its TOAST cache is empty, the value comes from the log
+    capture(log_dir, db, value_format=fmt)  # a new run: its TOAST cache is empty, the value comes from the log
     with psycopg.connect(db, autocommit=True) as c:
         c.execute(b"UPDATE docs SET n = 1 WHERE id = 1")  # meta unchanged: wal2json omits it
-    capture(log_dir, db)
+    capture(log_dir, db, value_format=fmt)
     table = tables_named(db, "docs")
-    assert log_state(log_dir, "cdc.public.docs") == table_state(db, table)
+    avro = table if fmt is ValueFormat.AVRO else None
+    assert log_state(log_dir, "cdc.public.docs", avro_table=avro) == table_state(db, table)
