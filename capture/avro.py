@@ -7,6 +7,11 @@ registry (``__schemas``, see :mod:`schemas.registry`), and writes keys and value
 Confluent wire format: magic byte 0, the 4-byte big-endian schema id, Avro binary. Types
 follow docs/schemas.md (the same table as capture's JSON mapping).
 
+Column defaults: a column added with ``ADD COLUMN … DEFAULT <constant>`` (Postgres
+keeps the value rows written before it read as, ``attmissingval``) gets that value as its
+Avro field default, so events written before the column existed read, under the new
+schema, as the row reads in Postgres — Debezium propagates defaults the same way.
+
 Schema changes: the column list is read from the catalog (``capture.tables``), which the
 connector refreshes when a change carries a column it does not know, lacks one it knows
 (an INSERT has every column), or carries one under another type OID. A new column list
@@ -35,17 +40,18 @@ Thread-safety: none; owned by the connector thread.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
 import orjson
 
-from capture.pgtypes import JsonNumber
+from capture.pgtypes import JsonNumber, text_converter
 from capture.tables import TableFilter, TableInfo
 from eventstore.errors import TidelineError
 from schemas.errors import IncompatibleSchemaError, ValueConversionError, WireFormatError
 from schemas.pgavro import Kind, PgColumn
-from schemas.pgvalues import to_json_converter
+from schemas.pgvalues import avro_default_json, to_json_converter
 from schemas.registry import SchemaRegistry
 from schemas.tables import TableSchemaIds, TableSchemas
 from schemas.wire import AvroWire
@@ -81,10 +87,15 @@ class AvroEncoder:
             action = self.filter.column_action(table.schema, table.name, col.name)
             if action == "drop":
                 continue
+            not_null = col.name in table.key
             if action == "mask":
-                out.append(PgColumn(col.name, "text", 25, not_null=col.name in table.key))
-            else:
-                out.append(PgColumn(col.name, col.type_name, col.type_oid, not_null=col.name in table.key))
+                out.append(PgColumn(col.name, "text", 25, not_null=not_null))
+                continue
+            column = PgColumn(col.name, col.type_name, col.type_oid, not_null=not_null)
+            if col.missing_value is not None and not not_null:
+                value = text_converter(col.type_name, col.type_oid)(col.missing_value)
+                column = replace(column, default_json=avro_default_json(column.column_type, value))
+            out.append(column)
         return out
 
     def ids(self, table: TableInfo) -> TableSchemaIds:

@@ -31,7 +31,7 @@ import psycopg
 from psycopg.pq.abc import PGresult
 
 from capture.messages import Column
-from capture.pgtypes import text_converter
+from capture.pgtypes import parse_array, text_converter
 from eventstore.errors import ConfigError
 
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
@@ -48,6 +48,9 @@ class TableColumn:
     name: str
     type_name: str  # format_type(): "numeric(12,2)", "text[]", …
     type_oid: int
+    # After ADD COLUMN … DEFAULT without a rewrite, the value rows written before read as
+    # (pg_attribute.attmissingval, as the type's text output); None when there is none.
+    missing_value: str | None = None
 
     @property
     def toastable(self) -> bool:
@@ -137,7 +140,8 @@ WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_s
 ORDER BY 1, 2
 """
 _COLUMNS_SQL = """
-SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
+       CASE WHEN a.atthasmissing THEN a.attmissingval::text END
 FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum
 """
 _INDEX_KEY_SQL = """
@@ -185,7 +189,10 @@ class TableCatalog:
         return self._tables.get((schema, table))
 
     def _describe(self, c: psycopg.Connection[Any], schema: str, name: str, ident: str, oid: int) -> TableInfo:
-        columns = tuple(TableColumn(n, t, int(o)) for n, t, o in c.execute(_COLUMNS_SQL, (oid,)).fetchall())
+        columns = tuple(
+            TableColumn(n, t, int(o), None if m is None else parse_array(m)[0])
+            for n, t, o, m in c.execute(_COLUMNS_SQL, (oid,)).fetchall()
+        )
         qualified = f"{schema}.{name}"
         names = {col.name for col in columns}
         pk = [r[0] for r in c.execute(_INDEX_KEY_SQL.format(which="i.indisprimary"), (oid,)).fetchall()]

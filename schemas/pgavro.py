@@ -44,6 +44,7 @@ Thread-safety: pure functions.
 from __future__ import annotations
 
 import enum
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -129,6 +130,10 @@ class PgColumn:
     type_oid: int = 0
     not_null: bool = False
     dimensions: int | None = None  # array dimensions (pg_attribute.attndims) when the name does not say
+    # The Avro default of the field, as JSON text (schemas.pgvalues.avro_default_json): the value
+    # rows written before the column existed read as (Postgres's attmissingval after ADD COLUMN
+    # … DEFAULT); None: the default is null.
+    default_json: str | None = None
 
     @property
     def column_type(self) -> ColumnType:
@@ -248,6 +253,8 @@ def record_schema(name: str, columns: Sequence[PgColumn], *, doc: str = "") -> d
         field: dict[str, Any] = {"name": col.name, PG_TYPE_PROP: col.type_name}
         if col.not_null:
             field["type"] = node
+        elif col.default_json is not None:  # a union's default belongs to its first branch
+            field["type"], field["default"] = [node, "null"], json.loads(col.default_json)
         else:
             field["type"], field["default"] = ["null", node], None
         fields.append(field)

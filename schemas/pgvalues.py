@@ -21,6 +21,7 @@ Thread-safety: pure functions and immutable converter objects.
 from __future__ import annotations
 
 import base64
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, date, datetime, time, timedelta
@@ -348,6 +349,36 @@ def to_json_converter(ctype: ColumnType) -> Converter:
     """Avro datum → the JSON form capture writes, for one non-null value of ``ctype``."""
     base = _decimal_json(ctype.scale or 0) if ctype.kind is Kind.DECIMAL else _TO_JSON[ctype.kind]
     return _array_from_avro(base) if ctype.dimensions else base
+
+
+def _json_default_form(datum: Any) -> Any:
+    """An Avro datum in the JSON form of schema defaults: bytes as one char per byte (U+0000–U+00FF)."""
+    if isinstance(datum, bytes):
+        return datum.decode("latin-1")
+    if isinstance(datum, dict):
+        return {k: _json_default_form(v) for k, v in datum.items()}
+    if isinstance(datum, list):
+        return [_json_default_form(v) for v in datum]
+    return datum
+
+
+def avro_default_json(ctype: ColumnType, value: Any) -> str | None:
+    """The Avro field default (JSON text) for a capture value of ``ctype``; None if Avro cannot say it.
+
+    Arrays with non-null elements cannot be a default under ``["null", T]`` items (a union's
+    default is its first branch), nor can ``numeric(p,s)`` NaN; and bytes-based values
+    (bytea, numeric) are left out because fastavro hands such defaults to readers as the
+    raw JSON string instead of bytes or a Decimal. Those columns default to null.
+    """
+    if value is None or ctype.kind in (Kind.BYTES, Kind.DECIMAL, Kind.VARIABLE_DECIMAL):
+        return None
+    if ctype.dimensions and any(v is not None for v in _array_to_avro(_same)(value)["items"]):
+        return None
+    try:
+        datum = to_avro_converter(ctype)(value)
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return json.dumps(_json_default_form(datum), sort_keys=True)
 
 
 class RowCodec:
