@@ -17,6 +17,7 @@ import enum
 import functools
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from commands.errors import CodecError
@@ -48,89 +49,150 @@ def _sort_key(v: Any) -> tuple[str, str]:
 
 def from_json(tp: type[T], data: JsonValue) -> T:
     """Decode ``data`` (as produced by :func:`to_json`) into an instance of ``tp``."""
-    return cast(T, _decode(tp, data, tp.__name__ if isinstance(tp, type) else str(tp)))
+    return cast(T, _decoder(cast(Any, tp))(data, _name(tp)))
+
+
+Decoder = Callable[[JsonValue, str], Any]
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _decode(tp: Any, data: JsonValue, where: str) -> Any:
+def _decoder(tp: Any) -> Decoder:
+    """A decoding function for ``tp``, built once per type (folds decode every stored event)."""
     if tp is Any:
-        return data
+        return lambda data, where: data
     origin = typing.get_origin(tp)
     if origin is typing.Union or origin is types.UnionType:
-        return _decode_union(tp, data, where)
-    if data is None:
-        if tp is type(None):
-            return None
-        raise CodecError(f"{where}: null where {_name(tp)} is required")
+        return _union_decoder(tp)
     if origin is not None:
-        return _decode_generic(tp, origin, data, where)
+        return _generic_decoder(tp, origin)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _decode_dataclass(tp, data, where)
+        return _dataclass_decoder(tp)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum_decoder(tp)
+    if tp is float:
+        return _float
+    if tp in (str, int, bool):
+        return _exact(tp)
+    if tp is type(None):
+        return _none
+    raise CodecError(f"unsupported field type {_name(tp)}")
+
+
+def _mismatch(tp: Any, data: JsonValue, where: str) -> CodecError:
+    if data is None:
+        return CodecError(f"{where}: null where {_name(tp)} is required")
+    return CodecError(f"{where}: expected {_name(tp)}, got {type(data).__name__} {data!r}")
+
+
+def _exact(tp: type) -> Decoder:
+    def decode(data: JsonValue, where: str) -> Any:
+        if type(data) is tp:
+            return data
+        raise _mismatch(tp, data, where)
+
+    return decode
+
+
+def _float(data: JsonValue, where: str) -> float:
+    if isinstance(data, int | float) and not isinstance(data, bool):
+        return float(data)
+    raise _mismatch(float, data, where)
+
+
+def _none(data: JsonValue, where: str) -> None:
+    if data is not None:
+        raise _mismatch(type(None), data, where)
+
+
+def _enum_decoder(tp: type[enum.Enum]) -> Decoder:
+    def decode(data: JsonValue, where: str) -> Any:
         try:
             return tp(data)
         except ValueError as e:
             raise CodecError(f"{where}: {data!r} is not a {tp.__name__}") from e
-    if tp is float and isinstance(data, int | float) and not isinstance(data, bool):
-        return float(data)
-    if tp in (str, int, bool) and type(data) is tp:
-        return data
-    raise CodecError(f"{where}: expected {_name(tp)}, got {type(data).__name__} {data!r}")
+
+    return decode
 
 
-def _decode_union(tp: Any, data: JsonValue, where: str) -> Any:
+def _union_decoder(tp: Any) -> Decoder:
     args = typing.get_args(tp)
-    if data is None and type(None) in args:
-        return None
-    errors = []
-    for arg in args:
-        if arg is type(None):
-            continue
-        try:
-            return _decode(arg, data, where)
-        except CodecError as e:
-            errors.append(str(e))
-    raise CodecError(f"{where}: {data!r} fits none of {_name(tp)} ({'; '.join(errors)})")
+    optional = type(None) in args
+    decoders = [_decoder(a) for a in args if a is not type(None)]
+
+    def decode(data: JsonValue, where: str) -> Any:
+        if data is None and optional:
+            return None
+        errors = []
+        for d in decoders:
+            try:
+                return d(data, where)
+            except CodecError as e:
+                errors.append(str(e))
+        raise CodecError(f"{where}: {data!r} fits none of {_name(tp)} ({'; '.join(errors)})")
+
+    return decode
 
 
-def _decode_generic(tp: Any, origin: Any, data: JsonValue, where: str) -> Any:
+def _generic_decoder(tp: Any, origin: Any) -> Decoder:
     args = typing.get_args(tp)
     if origin in (tuple, list, frozenset, set):
-        if not isinstance(data, list):
-            raise CodecError(f"{where}: expected a list for {_name(tp)}, got {type(data).__name__}")
         if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
-            if len(args) != len(data):
-                raise CodecError(f"{where}: expected {len(args)} items for {_name(tp)}, got {len(data)}")
-            return tuple(_decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, data, strict=True)))
-        items = [_decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(data)]
-        return origin(items)
+            return _fixed_tuple_decoder(tp, args)
+        item = _decoder(args[0])
+
+        def decode_items(data: JsonValue, where: str) -> Any:
+            if not isinstance(data, list):
+                raise CodecError(f"{where}: expected a list for {_name(tp)}, got {type(data).__name__}")
+            return origin(item(v, f"{where}[{i}]") for i, v in enumerate(data))
+
+        return decode_items
     if origin is dict:
+        key, value = _decoder(args[0]), _decoder(args[1])
+
+        def decode_dict(data: JsonValue, where: str) -> Any:
+            if not isinstance(data, dict):
+                raise CodecError(f"{where}: expected an object for {_name(tp)}, got {type(data).__name__}")
+            return {key(k, where): value(v, f"{where}.{k}") for k, v in data.items()}
+
+        return decode_dict
+    raise CodecError(f"unsupported field type {_name(tp)}")
+
+
+def _fixed_tuple_decoder(tp: Any, args: tuple[Any, ...]) -> Decoder:
+    items = [_decoder(a) for a in args]
+
+    def decode(data: JsonValue, where: str) -> Any:
+        if not isinstance(data, list) or len(data) != len(items):
+            raise CodecError(f"{where}: expected a list of {len(items)} items for {_name(tp)}, got {data!r}")
+        return tuple(d(v, f"{where}[{i}]") for i, (d, v) in enumerate(zip(items, data, strict=True)))
+
+    return decode
+
+
+def _dataclass_decoder(cls: type) -> Decoder:
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    names = frozenset(f.name for f in fields)
+    plan = [
+        (f.name, _decoder(hints[f.name]), f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        for f in fields
+    ]
+
+    def decode(data: JsonValue, where: str) -> Any:
         if not isinstance(data, dict):
-            raise CodecError(f"{where}: expected an object for {_name(tp)}, got {type(data).__name__}")
-        key_type, value_type = args
-        return {_decode(key_type, k, where): _decode(value_type, v, f"{where}.{k}") for k, v in data.items()}
-    raise CodecError(f"{where}: unsupported field type {_name(tp)}")
+            raise CodecError(f"{where}: expected an object for {cls.__name__}, got {type(data).__name__}")
+        if not names.issuperset(data):
+            unknown = ", ".join(sorted(set(data) - names))
+            raise CodecError(f"{where}: unknown field(s) {unknown} for {cls.__name__}")
+        kwargs: dict[str, Any] = {}
+        for name, field_decoder, required in plan:
+            if name in data:
+                kwargs[name] = field_decoder(data[name], f"{where}.{name}")
+            elif required:
+                raise CodecError(f"{where}: missing field {name!r} of {cls.__name__}")
+        return cls(**kwargs)
 
-
-def _decode_dataclass(cls: type, data: JsonValue, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise CodecError(f"{where}: expected an object for {cls.__name__}, got {type(data).__name__}")
-    hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = set(data) - set(fields)
-    if unknown:
-        raise CodecError(f"{where}: unknown field(s) {', '.join(sorted(unknown))} for {cls.__name__}")
-    kwargs: dict[str, Any] = {}
-    for name, f in fields.items():
-        if name in data:
-            kwargs[name] = _decode(hints[name], data[name], f"{where}.{name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise CodecError(f"{where}: missing field {name!r} of {cls.__name__}")
-    return cls(**kwargs)
+    return decode
 
 
 def _name(tp: Any) -> str:

@@ -14,7 +14,7 @@ version first) starts a new attempt from a fresh load, after a short random paus
 ``max_attempts``; then :class:`ConcurrencyError`. ``decide``'s :class:`DomainError` and
 :class:`DuplicateClaimError` end the command at once: nothing was written.
 
-Thread safety: a handler may be shared by threads (each call checks a connection out of
+Thread safety: a handler may be shared by threads (each thread keeps one connection of
 the engine's pool). After ``fork()``, make a new handler in the child.
 """
 
@@ -22,13 +22,18 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import orjson
-from sqlalchemy import Connection, Engine
+from psycopg import Connection
+from psycopg.pq import TransactionStatus
+from sqlalchemy import Connection as SqlConnection
+from sqlalchemy import Engine
 
 from commands import store
 from commands.aggregate import AggregateType, claim_changes
@@ -102,19 +107,54 @@ class CommandHandler:
     def __init__(self, dsn_or_engine: str | Engine, config: HandlerConfig | None = None) -> None:
         self.config = config or HandlerConfig()
         if isinstance(dsn_or_engine, str):
-            self.engine = make_engine(
-                dsn_or_engine,
-                isolation_level="AUTOCOMMIT",
-                pool_size=self.config.pool_size,
-                json_deserializer=orjson.loads,
-                json_serializer=lambda v: orjson.dumps(v).decode(),
-            )
+            self.engine = make_engine(dsn_or_engine, isolation_level="AUTOCOMMIT", pool_size=self.config.pool_size)
             self._owns_engine = True
         else:
             self.engine = dsn_or_engine.execution_options(isolation_level="AUTOCOMMIT")
             self._owns_engine = False
 
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._pinned: list[SqlConnection] = []
+
+    @contextmanager
+    def _connection(self) -> Iterator[Connection[Any]]:
+        """This thread's psycopg connection (autocommit, orjson for jsonb), under a pooled SQLAlchemy one.
+
+        Each thread keeps its connection checked out between commands (a pool checkout
+        and return cost about as much as a statement); one that fails or is left inside a
+        transaction is invalidated, and the next call checks out a fresh one.
+        """
+        sa_conn: SqlConnection | None = getattr(self._local, "conn", None)
+        if sa_conn is None:
+            sa_conn = self.engine.connect()
+            driver = sa_conn.connection.driver_connection
+            assert isinstance(driver, Connection)
+            store.prepare(driver)
+            self._local.conn = sa_conn
+            with self._lock:
+                self._pinned.append(sa_conn)
+        conn = sa_conn.connection.driver_connection
+        assert isinstance(conn, Connection)
+        healthy = False
+        try:
+            yield conn
+            healthy = True
+        finally:
+            if not healthy and (conn.closed or conn.info.transaction_status != TransactionStatus.IDLE):
+                self._local.conn = None
+                with self._lock:
+                    self._pinned.remove(sa_conn)
+                sa_conn.invalidate()
+                sa_conn.close()
+
     def close(self) -> None:
+        """Return every thread's connection (call when no thread is handling a command)."""
+        with self._lock:
+            pinned, self._pinned = self._pinned, []
+        for sa_conn in pinned:
+            sa_conn.close()
+        self._local = threading.local()
         if self._owns_engine:
             self.engine.dispose()
 
@@ -128,7 +168,7 @@ class CommandHandler:
 
     def load(self, aggregate: AggregateType[S, C], stream_id: str) -> Loaded[S]:
         """The aggregate's current state and version (version 0: no events yet)."""
-        with self.engine.connect() as conn:
+        with self._connection() as conn:
             loaded = store.load_stream(
                 conn, stream_id, state_version=aggregate.state_version, use_snapshot=self.config.use_snapshots
             )
@@ -169,7 +209,7 @@ class CommandHandler:
             "causation_id": causation_id or command_id,
         }
         expected = 0
-        with self.engine.connect() as conn:
+        with self._connection() as conn:
             for attempt in range(1, self.config.max_attempts + 1):
                 loaded = store.load_stream(
                     conn,
@@ -237,7 +277,7 @@ class CommandHandler:
         )
 
     def _replay(
-        self, conn: Connection, recorded: store.RecordedCommand, command_id: str, stream_id: str, attempt: int
+        self, conn: Connection[Any], recorded: store.RecordedCommand, command_id: str, stream_id: str, attempt: int
     ) -> CommandResult:
         if recorded.stream_id != stream_id:
             raise CommandIdReusedError(command_id, stream_id, recorded.stream_id)
@@ -258,7 +298,12 @@ class CommandHandler:
             time.sleep(random.uniform(0, attempt * self.config.retry_pause_seconds))
 
     def _maybe_snapshot(
-        self, conn: Connection, aggregate: AggregateType[S, C], stream_id: str, before: Loaded[S], events: list[Event]
+        self,
+        conn: Connection[Any],
+        aggregate: AggregateType[S, C],
+        stream_id: str,
+        before: Loaded[S],
+        events: list[Event],
     ) -> None:
         every = self.config.snapshot_every
         after = before.version + len(events)

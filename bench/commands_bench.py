@@ -1,0 +1,432 @@
+"""Commands benchmark: accepted commands/s with optimistic concurrency, three writers side by side.
+
+All three run in the same run on one private PostgreSQL 15 cluster (``LocalPostgres``,
+fsync **on**: a command is a durable commit, as in production), each in its own
+database, against the same workload:
+
+- **tideline**: ``commands.handler.CommandHandler`` with a ``Tally`` aggregate (command
+  ``Add(amount)``, validated by ``decide``: amount > 0 and the total stays under a
+  limit; one ``Added`` event per command), snapshots every 50 events.
+- **eventsourcing**: the ``eventsourcing`` library's PostgreSQL recorder (an
+  ``Application`` with an equivalent ``Tally`` aggregate: ``repository.get`` →
+  ``add()`` → ``save``), snapshotting every 50 events; the worker processes start with
+  table creation off (``CREATE_TABLE=n``), the tables being made once by the parent.
+- **plain loop**: psycopg, ``SELECT max(version)`` then ``INSERT version + 1`` and
+  commit, nothing else: the ceiling of an optimistic-concurrency append in Python.
+
+A conflict (unique violation on ``(stream, version)``) is retried from a fresh read by
+every writer, up to 10 attempts; a command counts when accepted. Scenarios: 1 and 8
+worker processes × a pool of 1,000 aggregates and a hot pool of 10 (each command picks
+an aggregate uniformly at random). The pools are created before timing; each run lasts a
+fixed time, all workers of a run start together (after connecting) and count only the
+commands that completed inside the window. Latency is per accepted command, retries
+included.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection as Pipe
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import psycopg
+from eventsourcing.application import Application
+from eventsourcing.domain import Aggregate, event
+from eventsourcing.persistence import IntegrityError
+
+from bench.report import Section, measured
+from commands.aggregate import AggregateType
+from commands.errors import ConcurrencyError, DomainError
+from commands.events import Event, EventRegistry
+from commands.handler import CommandHandler, HandlerConfig
+from tideline.pgharness import LocalPostgres
+
+if TYPE_CHECKING:
+    from bench.__main__ import Context
+
+KEY = "commands"
+TITLE = "Commands: validated appends with optimistic concurrency"
+
+MAX_ATTEMPTS = 10
+SNAPSHOT_EVERY = 50
+LIMIT = 10**15
+POOL = 1000
+HOT_POOL = 10
+WORKER_COUNTS = (1, 8)
+CONTENDERS = ("plain loop", "eventsourcing", "tideline")
+
+
+# -- the Tideline aggregate ----------------------------------------------------------------
+
+registry = EventRegistry()
+
+
+@dataclass(frozen=True, slots=True)
+class Add:
+    tally_id: str
+    amount: int
+
+
+@registry.register
+@dataclass(frozen=True, slots=True)
+class Added(Event):
+    event_type: ClassVar[str] = "Added"
+    amount: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    total: int = 0
+    count: int = 0
+
+
+class AmountRefused(DomainError):
+    """Add with a non-positive amount or past the limit."""
+
+
+def apply_tally(state: Tally, event: Event) -> Tally:
+    return Tally(state.total + event.amount, state.count + 1) if isinstance(event, Added) else state
+
+
+def decide_tally(state: Tally, command: Add) -> Sequence[Event]:
+    if command.amount <= 0 or state.total + command.amount > LIMIT:
+        raise AmountRefused(f"cannot add {command.amount} to {state.total}")
+    return [Added(command.amount)]
+
+
+TALLY: AggregateType[Tally, Add] = AggregateType(
+    name="tally",
+    state_type=Tally,
+    initial=Tally(),
+    apply=apply_tally,
+    decide=decide_tally,
+    stream_id=lambda c: f"tally-{c.tally_id}",
+    events=registry,
+)
+
+
+# -- writers: one "issue a command on aggregate i" callable per contender --------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    dsn: str
+    ids: tuple[str, ...]  # the pool's aggregate ids, per contender's own id scheme
+
+
+def tideline_writer(dsn: str) -> Callable[[str], bool]:
+    handler = CommandHandler(dsn, HandlerConfig(max_attempts=MAX_ATTEMPTS, snapshot_every=SNAPSHOT_EVERY, pool_size=1))
+
+    def issue(tally_id: str) -> bool:
+        try:
+            handler.handle(TALLY, Add(tally_id, random.randint(1, 100)))
+        except ConcurrencyError:
+            return False
+        return True
+
+    return issue
+
+
+def plain_writer(dsn: str) -> Callable[[str], bool]:
+    conn = psycopg.connect(dsn)
+
+    def issue(stream_id: str) -> bool:
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                row = conn.execute(
+                    "SELECT max(version) FROM plain_events WHERE stream_id = %s", (stream_id,)
+                ).fetchone()
+                version = (row[0] if row and row[0] is not None else 0) + 1
+                conn.execute(
+                    "INSERT INTO plain_events (stream_id, version, payload) VALUES (%s, %s, %s)",
+                    (stream_id, version, '{"amount": 1}'),
+                )
+                conn.commit()
+                return True
+            except psycopg.errors.UniqueViolation:
+                conn.rollback()
+        return False
+
+    return issue
+
+
+def eventsourcing_env(dsn_parts: dict[str, str], create_table: bool) -> dict[str, str]:
+    return {
+        "PERSISTENCE_MODULE": "eventsourcing.postgres",
+        "POSTGRES_DBNAME": dsn_parts["dbname"],
+        "POSTGRES_HOST": dsn_parts["host"],
+        "POSTGRES_PORT": dsn_parts["port"],
+        "POSTGRES_USER": dsn_parts["user"],
+        "POSTGRES_PASSWORD": "unused (trust)",
+        "POSTGRES_POOL_SIZE": "1",
+        "CREATE_TABLE": "y" if create_table else "n",
+    }
+
+
+class EsTally(Aggregate):
+    """The eventsourcing library's version of Tally: the same rule as ``decide_tally``."""
+
+    @event("Created")
+    def __init__(self) -> None:
+        self.total = 0
+        self.count = 0
+
+    def add(self, amount: int) -> None:
+        if amount <= 0 or self.total + amount > LIMIT:
+            raise ValueError(f"cannot add {amount} to {self.total}")
+        self._added(amount)
+
+    @event("Added")
+    def _added(self, amount: int) -> None:
+        self.total += amount
+        self.count += 1
+
+
+class TallyApp(Application[uuid.UUID]):
+    snapshotting_intervals: ClassVar[dict[type[Any], int]] = {EsTally: SNAPSHOT_EVERY}
+
+
+def eventsourcing_app(dsn: str, create_table: bool) -> TallyApp:
+    parts = psycopg.conninfo.conninfo_to_dict(dsn)
+    return TallyApp(env=eventsourcing_env({k: str(v) for k, v in parts.items()}, create_table))
+
+
+def eventsourcing_writer(dsn: str) -> Callable[[str], bool]:
+    app = eventsourcing_app(dsn, create_table=False)
+
+    def issue(tally_id: str) -> bool:
+        for _ in range(MAX_ATTEMPTS):
+            tally = app.repository.get(uuid.UUID(tally_id))
+            tally.add(random.randint(1, 100))
+            try:
+                app.save(tally)
+                return True
+            except IntegrityError:
+                continue
+        return False
+
+    return issue
+
+
+WRITERS: dict[str, Callable[[str], Callable[[str], bool]]] = {
+    "tideline": tideline_writer,
+    "eventsourcing": eventsourcing_writer,
+    "plain loop": plain_writer,
+}
+
+
+# -- setup -----------------------------------------------------------------------------------
+
+
+def setup_tideline(dsn: str, n: int) -> tuple[str, ...]:
+    import migrations
+
+    migrations.upgrade(dsn)
+    ids = tuple(f"t{i}" for i in range(n))
+    with CommandHandler(dsn, HandlerConfig(snapshot_every=SNAPSHOT_EVERY)) as handler:
+        for tally_id in ids:
+            handler.handle(TALLY, Add(tally_id, 1))
+    return ids
+
+
+def setup_plain(dsn: str, n: int) -> tuple[str, ...]:
+    ids = tuple(f"p{i}" for i in range(n))
+    with psycopg.connect(dsn) as conn:
+        conn.execute(
+            "CREATE TABLE plain_events (stream_id text, version int, payload jsonb, PRIMARY KEY (stream_id, version))"
+        )
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO plain_events VALUES (%s, 1, '{\"amount\": 1}')", [(i,) for i in ids])
+    return ids
+
+
+def setup_eventsourcing(dsn: str, n: int) -> tuple[str, ...]:
+    app = eventsourcing_app(dsn, create_table=True)
+    ids = []
+    for _ in range(n):
+        tally = EsTally()
+        tally.add(1)
+        app.save(tally)
+        ids.append(str(tally.id))
+    app.close()
+    return tuple(ids)
+
+
+SETUPS: dict[str, Callable[[str, int], tuple[str, ...]]] = {
+    "tideline": setup_tideline,
+    "eventsourcing": setup_eventsourcing,
+    "plain loop": setup_plain,
+}
+
+
+# -- running ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    accepted: int
+    gave_up: int  # commands that lost the race MAX_ATTEMPTS times
+    latencies: list[float]  # seconds, accepted commands only
+
+
+def worker_main(pipe: Pipe, contender: str, dsn: str, ids: tuple[str, ...], start_at: float, stop_at: float) -> None:
+    try:
+        issue = WRITERS[contender](dsn)
+        rng = random.Random(os.getpid())
+        accepted = gave_up = 0
+        latencies: list[float] = []
+        while time.time() < start_at:
+            time.sleep(0.001)
+        while True:
+            t0 = time.perf_counter()
+            ok = issue(rng.choice(ids))
+            t1 = time.perf_counter()
+            if time.time() > stop_at:
+                break
+            if ok:
+                accepted += 1
+                latencies.append(t1 - t0)
+            else:
+                gave_up += 1
+        pipe.send(WorkerReport(accepted, gave_up, latencies))
+    except BaseException as e:
+        pipe.send(e)
+        raise
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    contender: str
+    workers: int
+    pool: int
+    per_second: float
+    p50_ms: float
+    p99_ms: float
+    gave_up: int
+
+
+def run_once(contender: str, target: Target, workers: int, seconds: float, pool: int) -> RunResult:
+    ctx = multiprocessing.get_context("fork")
+    start_at = time.time() + 1.0 + 0.15 * workers  # time to connect before the window opens
+    stop_at = start_at + seconds
+    pipes, procs = [], []
+    for _ in range(workers):
+        parent, child = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=worker_main, args=(child, contender, target.dsn, target.ids, start_at, stop_at))
+        p.start()
+        pipes.append(parent)
+        procs.append(p)
+    reports = []
+    try:
+        for pipe in pipes:
+            report = pipe.recv()
+            if isinstance(report, BaseException):
+                raise RuntimeError(f"{contender} worker failed: {report!r}") from report
+            reports.append(report)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive() and p.pid is not None:
+                os.kill(p.pid, 9)
+    latencies = sorted(x for r in reports for x in r.latencies)
+    accepted = sum(r.accepted for r in reports)
+    return RunResult(
+        contender,
+        workers,
+        pool,
+        accepted / seconds,
+        percentile(latencies, 0.50) * 1e3,
+        percentile(latencies, 0.99) * 1e3,
+        sum(r.gave_up for r in reports),
+    )
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def run(ctx: Context, section: Section) -> None:
+    seconds = 1.5 if ctx.quick else 6.0
+    pg = LocalPostgres(ctx.workdir / "pg", fast=False)
+    section.notes += [
+        "Server: a private PostgreSQL 15 cluster (`tideline.pgharness.LocalPostgres`, fsync on, "
+        "synchronous_commit on), one database per writer.",
+        f"Workload: aggregates created before timing; each command adds to one aggregate picked at random from "
+        f"the pool (a pool of {POOL:,} and a hot pool of {HOT_POOL}); conflicts retried from a fresh read up to "
+        f"{MAX_ATTEMPTS} attempts; {seconds:g} s per run, workers are processes started together.",
+        f"Snapshots every {SNAPSHOT_EVERY} events for Tideline and eventsourcing (`snapshotting_intervals`); "
+        "eventsourcing workers run with `CREATE_TABLE=n`.",
+    ]
+    pg.start()
+    try:
+        targets: dict[tuple[str, int], Target] = {}
+        for contender in CONTENDERS:
+            for pool in (POOL, HOT_POOL):
+                dsn = pg.create_database(f"bench_{contender.replace(' ', '_')}_{pool}")
+                ctx.say(f"creating {pool} aggregates for {contender}")
+                targets[(contender, pool)] = Target(dsn, SETUPS[contender](dsn, pool))
+        results: dict[tuple[str, int, int], RunResult] = {}
+        for workers in WORKER_COUNTS:
+            for pool in (POOL, HOT_POOL):
+                for contender in CONTENDERS:
+                    r = run_once(contender, targets[(contender, pool)], workers, seconds, pool)
+                    results[(contender, workers, pool)] = r
+                    ctx.say(
+                        f"{contender:>13}: {workers} worker(s), pool {pool:>5}: {r.per_second:7,.0f} commands/s, "
+                        f"p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, gave up {r.gave_up}"
+                    )
+        report(section, results)
+    finally:
+        pg.stop()
+
+
+def report(section: Section, results: dict[tuple[str, int, int], RunResult]) -> None:
+    for workers in WORKER_COUNTS:
+        for pool in (POOL, HOT_POOL):
+            ours = results[("tideline", workers, pool)]
+            es = results[("eventsourcing", workers, pool)]
+            plain = results[("plain loop", workers, pool)]
+            scenario = f"{workers} worker{'s' if workers > 1 else ''}, pool of {pool:,}"
+            targeted = workers == max(WORKER_COUNTS)
+            latency_note = (
+                f"p50/p99 latency: tideline {ours.p50_ms:.2f}/{ours.p99_ms:.2f} ms, eventsourcing "
+                f"{es.p50_ms:.2f}/{es.p99_ms:.2f} ms, plain loop {plain.p50_ms:.2f}/{plain.p99_ms:.2f} ms; "
+                f"commands given up after {MAX_ATTEMPTS} attempts: tideline {ours.gave_up}, "
+                f"eventsourcing {es.gave_up}, plain loop {plain.gave_up}"
+            )
+            section.results.append(
+                measured(
+                    f"accepted commands/s, {scenario}",
+                    ours.per_second,
+                    "commands/s",
+                    baseline_name="eventsourcing (PostgreSQL recorder)",
+                    baseline_value=es.per_second,
+                    min_ratio=3.0 if targeted else None,
+                    note=latency_note,
+                )
+            )
+            section.results.append(
+                measured(
+                    f"accepted commands/s, {scenario}",
+                    ours.per_second,
+                    "commands/s",
+                    baseline_name="plain psycopg max(version)+1 loop",
+                    baseline_value=plain.per_second,
+                    min_ratio=0.6 if targeted else None,
+                )
+            )
+            section.results.append(measured(f"p99 latency per accepted command, {scenario}", ours.p99_ms, "ms"))
+    spread = [r.per_second for r in results.values() if r.contender == "tideline"]
+    section.notes.append(
+        f"Tideline runs: {', '.join(f'{x:,.0f}' for x in spread)} commands/s "
+        f"(median {statistics.median(spread):,.0f}); every figure is one run of the stated length."
+    )
