@@ -141,6 +141,10 @@ class CaptureConfig:
     # Postgres transaction. Events carry their ``transaction`` block either way.
     transaction_metadata: bool = False
     value_format: ValueFormat = ValueFormat.JSON  # avro: table topics through the schema registry (capture.avro)
+    # Outbox routing (capture.events): rows inserted into this table ("schema.table", e.g. the
+    # commands' "public.events") become records on <outbox_topic_prefix>.<stream_type>.
+    outbox_table: str | None = None
+    outbox_topic_prefix: str = "events"
 
     def validate(self) -> None:
         validate_topic_name(f"{self.topic_prefix}.transaction")
@@ -150,6 +154,10 @@ class CaptureConfig:
             raise ConfigError(f"plugin {self.plugin.value} is not implemented yet (wal2json is)")
         if self.partitions < 1 or self.batch_bytes < 1 or self.linger_ms < 0:
             raise ConfigError("partitions and batch_bytes must be ≥ 1, linger_ms ≥ 0")
+        if self.outbox_table is not None:
+            validate_topic_name(f"{self.outbox_topic_prefix}.x")
+            if self.outbox_table.count(".") != 1:
+                raise ConfigError(f"outbox table {self.outbox_table!r}: write it as schema.table (e.g. public.events)")
         if self.max_linger_ms < self.linger_ms:
             raise ConfigError(f"max_linger_ms ({self.max_linger_ms}) must be ≥ linger_ms ({self.linger_ms})")
 
@@ -198,6 +206,7 @@ class Stats:
     last_commit_ts_ms: int = 0
     last_stored_lsn: int = 0
     server_wal_end: int = 0
+    outbox_violations: int = 0  # updates/deletes/truncates of outbox rows seen (and not routed)
     started: float = field(default_factory=time.monotonic)
 
     def lag_ms(self) -> int:
@@ -213,6 +222,7 @@ class Stats:
             "last_stored_lsn": format_lsn(self.last_stored_lsn),
             "lag_ms": self.lag_ms(),
             "lag_bytes": max(0, self.server_wal_end - self.last_stored_lsn),
+            "outbox_violations": self.outbox_violations,
         }
 
 
@@ -222,7 +232,7 @@ class _Batch:
     def __init__(self) -> None:
         self.keys: dict[str, list[bytes | None]] = {}
         self.values: dict[str, list[bytes | None]] = {}
-        self.headers: dict[str, bool] = {}
+        self.headers: dict[str, list[list[tuple[str, bytes | None]] | None]] = {}  # topics with any headers
         self.bytes = 0
         self.events = 0
         self.started = 0.0
@@ -230,14 +240,20 @@ class _Batch:
     def add(self, e: Event) -> None:
         if not self.events:
             self.started = time.monotonic()
-        self.keys.setdefault(e.topic, []).append(e.key)
+        keys = self.keys.setdefault(e.topic, [])
+        if e.headers is not None and e.topic not in self.headers:
+            self.headers[e.topic] = [None] * len(keys)
+        keys.append(e.key)
         self.values.setdefault(e.topic, []).append(e.value)
+        if e.topic in self.headers:
+            self.headers[e.topic].append(e.headers)
         self.bytes += (len(e.key) if e.key else 0) + (len(e.value) if e.value else 0) + 24
         self.events += 1
 
     def clear(self) -> None:
         self.keys.clear()
         self.values.clear()
+        self.headers.clear()
         self.bytes = self.events = 0
 
 
@@ -450,16 +466,24 @@ class Connector:
             c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             c.execute(f"SET TRANSACTION SNAPSHOT '{snapshot_name}'")
             for t_i, table in enumerate(tables):
-                topic = table_topic(self.config.topic_prefix, table.schema, table.name)
-                self._ensure_topic(topic, compact=True)
+                select = select_columns_sql(table)
+                if table.qualified == self.config.outbox_table:
+                    select += " ORDER BY " + ", ".join(f'"{k}"' for k in table.key)
+                else:
+                    self._ensure_topic(table_topic(self.config.topic_prefix, table.schema, table.name), compact=True)
                 cursor = f"tideline_snapshot_{t_i}"
-                c.execute(f"DECLARE {cursor} NO SCROLL CURSOR FOR {select_columns_sql(table)}")
+                c.execute(f"DECLARE {cursor} NO SCROLL CURSOR FOR {select}")
                 while True:
                     res = c.execute(f"FETCH {SNAPSHOT_FETCH_ROWS} FROM {cursor}").pgresult
                     if res is None or res.ntuples == 0:
                         break
+                    outbox = table.qualified == self.config.outbox_table
                     for columns in result_rows(res, table):
-                        self._batch.add(self.builder.snapshot_read(table, columns, ctx, index, now_ms()))
+                        if outbox:  # events already in the outbox: routed in key (id) order
+                            image = {col.name: col.value for col in columns}
+                            self._batch.add(self._outbox_event(table, image, ctx, index))
+                        else:
+                            self._batch.add(self.builder.snapshot_read(table, columns, ctx, index, now_ms()))
                         index += 1
                         self.stats.snapshot_rows += 1
                     if self._batch.bytes >= self.config.batch_bytes:
@@ -583,16 +607,34 @@ class Connector:
         if table is None:
             return []  # not captured
         table = self._check_columns(table, m)
+        if table.qualified == self.config.outbox_table:
+            return self._route_outbox(m, table, ctx, index)
         topic = table_topic(self.config.topic_prefix, table.schema, table.name)
         self._ensure_topic(topic, compact=True)
         return self.builder.change(m, table, ctx, index, now_ms())
+
+    def _route_outbox(self, m: ChangeMessage, table: TableInfo, ctx: TxnContext, index: int) -> list[Event]:
+        if m.kind is not Kind.INSERT:
+            self.stats.outbox_violations += 1
+            log.warning(
+                "capture: outbox table %s is append-only, but a %s at %s changed it: not routed (%d so far)",
+                table.qualified, m.kind.name, format_lsn(m.lsn), self.stats.outbox_violations,
+            )  # fmt: skip
+            return []
+        self.builder.count(table, ctx)
+        return [self._outbox_event(table, {c.name: c.value for c in m.columns}, ctx, index)]
+
+    def _outbox_event(self, table: TableInfo, image: dict[str, Any], ctx: TxnContext, index: int) -> Event:
+        event = self.builder.outbox(table, self.config.outbox_topic_prefix, image, ctx, index)
+        self._ensure_topic(event.topic, compact=False, overrides={"retention_ms": "-1"})
+        return event
 
     def _count_skipped(self, m: ChangeMessage, ctx: TxnContext) -> None:
         """Advance the transaction's counters past an event stored before a restart."""
         if m.kind is Kind.MESSAGE or m.schema is None or m.table is None:
             return
         table = self.catalog.get(m.schema, m.table)
-        if table is not None:
+        if table is not None and (table.qualified != self.config.outbox_table or m.kind is Kind.INSERT):
             self.builder.count(table, ctx)
 
     def _check_columns(self, table: TableInfo, m: ChangeMessage) -> TableInfo:
@@ -635,8 +677,8 @@ class Connector:
                 partitions.update((topic, p) for p in (range(n) if -1 in parts else parts))
         producer.add_partitions_to_transaction(partitions)  # one coordinator write for all of them
         for topic, keys in self._batch.keys.items():
-            self._ensure_topic(topic, compact=not topic.endswith((".transaction", ".message")))
-            producer.send_batch(topic, self._batch.values[topic], keys)
+            self._ensure_topic(topic, compact=not topic.endswith((".transaction", ".message")))  # ensured before
+            producer.send_batch(topic, self._batch.values[topic], keys, headers=self._batch.headers.get(topic))
         self._batch.clear()
 
     def _commit(self) -> None:
@@ -666,12 +708,14 @@ class Connector:
 
     # ------------------------------------------------------------------ log helpers
 
-    def _ensure_topic(self, topic: str, *, compact: bool, partitions: int | None = None) -> None:
+    def _ensure_topic(
+        self, topic: str, *, compact: bool, partitions: int | None = None, overrides: dict[str, str] | None = None
+    ) -> None:
         if topic in self._known_topics:
             return
         if topic not in self.log.topics():
             config = TopicConfig()
-            overrides = {"cleanup_policy": "compact"} if compact else {}
+            overrides = {**({"cleanup_policy": "compact"} if compact else {}), **(overrides or {})}
             try:
                 self.log.create_topic(topic, partitions or self.config.partitions, config, overrides=overrides)
                 log.info("capture: created topic %s", topic)

@@ -20,6 +20,15 @@ Rules, Debezium's unless noted:
 * TRUNCATE → a ``t`` event with key ``{}`` (the whole table), then a tombstone for every
   key still live in the table's topic (ours: so that compaction, and "latest value per
   key", forget truncated rows as they forget deleted ones).
+* **Outbox routing** (``outbox_table``, the commands' ``events`` table; Debezium's outbox
+  event router): an inserted row becomes a record on ``<outbox prefix>.<stream_type>``
+  (delete policy, infinite retention: events are facts), key = ``stream_id`` (UTF-8),
+  value = the row's ``id, stream_id, stream_type, version, event_type, schema_version,
+  payload, metadata, recorded_at`` plus ``source`` (``commit_lsn``, ``event_index``,
+  ``txId``, ``ts_ms``: how far a reader is, for read-your-writes), headers
+  ``event_type`` and ``id``. The table's own topic is not written. Updates, deletes
+  and truncates of outbox rows are refused by the table's trigger; if one shows up
+  anyway the connector logs it and counts it (``outbox_violations``), writing nothing.
 * Logical messages → ``m`` events on ``<prefix>.message``: ``{"op": "m", "message":
   {"prefix", "content": base64}}``, keyed by prefix.
 * **Unchanged TOAST columns** (wal2json omits them from an UPDATE): filled from the old
@@ -45,8 +54,15 @@ from capture.avro import UNAVAILABLE, AvroEncoder
 from capture.messages import ChangeMessage, Column, Kind
 from capture.pgtypes import dumps, dumps_values
 from capture.tables import TableFilter, TableInfo
+from eventstore.errors import ConfigError
 
-__all__ = ["UNAVAILABLE", "Event", "EventBuilder", "ToastCache", "TxnContext", "table_topic"]
+# The outbox table's columns (commands/schema.py creates it): what routing needs, and what the value carries.
+OUTBOX_COLUMNS = ("stream_id", "stream_type", "version", "event_type", "payload")
+OUTBOX_VALUE_COLUMNS = (
+    "id", "stream_id", "stream_type", "version", "event_type", "schema_version", "payload", "metadata", "recorded_at",
+)  # fmt: skip
+
+__all__ = ["OUTBOX_COLUMNS", "UNAVAILABLE", "Event", "EventBuilder", "ToastCache", "TxnContext", "table_topic"]
 # Postgres TOASTs a row only when it exceeds TOAST_TUPLE_THRESHOLD (≈ 2 KB by default), so
 # smaller rows are never cached (a table with a lower toast_tuple_target falls back to the log).
 TOAST_MIN_ROW_BYTES = 1024
@@ -59,6 +75,7 @@ class Event:
     topic: str
     key: bytes | None
     value: bytes | None
+    headers: list[tuple[str, bytes | None]] | None = None
 
 
 @dataclass(slots=True)
@@ -353,6 +370,26 @@ class EventBuilder:
         events += [Event(topic, key, None) for key in self.live_keys_in_log(topic) if key != b"{}"]
         self.toast.drop_topic(topic)
         return events
+
+    def outbox(self, table: TableInfo, topic_prefix: str, image: dict[str, Any], ctx: TxnContext, index: int) -> Event:
+        """An inserted row of the outbox table → the event on ``<topic_prefix>.<stream_type>`` (see capture.outbox)."""
+        missing = [c for c in OUTBOX_COLUMNS if c not in image]
+        if missing:
+            raise ConfigError(
+                f"outbox table {table.qualified} lacks column(s) {', '.join(missing)} "
+                f"(needs {', '.join(OUTBOX_COLUMNS)}: create it with `tideline db upgrade`)"
+            )
+        stream_type, stream_id, event_type = image["stream_type"], image["stream_id"], image["event_type"]
+        if not isinstance(stream_type, str) or not isinstance(stream_id, str) or not isinstance(event_type, str):
+            raise ConfigError(f"outbox table {table.qualified}: stream_type, stream_id and event_type must be text")
+        value = {c: image[c] for c in OUTBOX_VALUE_COLUMNS if c in image}
+        value["source"] = {"commit_lsn": ctx.commit_lsn, "event_index": index, "txId": ctx.xid, "ts_ms": ctx.ts_ms}
+        return Event(
+            f"{topic_prefix}.{stream_type}",
+            stream_id.encode(),
+            dumps_values(value),
+            [("event_type", event_type.encode()), ("id", str(image.get("id")).encode())],
+        )
 
     def message(self, m: ChangeMessage, ctx: TxnContext, index: int, now_ms: int) -> Event:
         source = self._source(m, None, ctx, index)

@@ -63,7 +63,7 @@ from eventstore.log import Log
 from eventstore.partition_log import AppendResult
 from eventstore.partitioner import partition_for_key, partitions_for_keys
 from eventstore.producer_state import next_sequence
-from eventstore.record_batch import Codec, build_records, encode_batch, timestamp_deltas_for
+from eventstore.record_batch import Codec, build_records, encode_batch, headers_array, timestamp_deltas_for
 from eventstore.topic import now_ms
 from eventstore.transactions import DEFAULT_TRANSACTION_TIMEOUT_MS, OwnerLock, TransactionCoordinator
 
@@ -499,13 +499,16 @@ class Producer:
         *,
         partition: int | None = None,
         timestamp: int | None = None,
+        headers: Any = None,
     ) -> dict[int, tuple[int, int]]:
         """Append many records at once, synchronously, without a per-record Python loop.
 
         ``values``/``keys``: lists of ``bytes | None`` or Arrow binary arrays. Keys choose
         partitions (murmur2); keyless records go to ``partition`` or, if None, all to one
         partition (the next round-robin one). Returns ``{partition: (first offset, count)}``.
-        All records get ``timestamp`` (default: now). Durable on return.
+        All records get ``timestamp`` (default: now). ``headers``: None, or per record a
+        list of ``(str, bytes | None)`` pairs or None (an Arrow array of the record
+        batch's headers type also works). Durable on return.
         """
         self._check_can_send()
         meta = self.log.topic(topic)
@@ -513,28 +516,33 @@ class Producer:
         n = len(value_arr)
         if n == 0:
             return {}
+        hdr_arr = headers_array(headers) if headers is not None else None
+        if hdr_arr is not None and len(hdr_arr) != n:
+            raise ValueError(f"{len(hdr_arr)} headers for {n} values")
         ts = now_ms() if timestamp is None else timestamp
         if keys is None:
             if meta.config.cleanup_policy.compacts:
                 raise InvalidRecordError(f"compacted topic {topic!r} cannot accept records without keys")
             key_arr = pa.nulls(n, pa.binary())
             target = partition if partition is not None else self._next_round_robin(topic)
-            return {target: (self._append_split(topic, target, key_arr, value_arr, ts), n)}
+            return {target: (self._append_split(topic, target, key_arr, value_arr, ts, hdr_arr), n)}
         key_arr = keys if isinstance(keys, pa.Array) else pa.array(keys, pa.binary())
         if key_arr.null_count and meta.config.cleanup_policy.compacts:
             raise InvalidRecordError(f"compacted topic {topic!r} cannot accept records without keys")
         if partition is not None:
-            return {partition: (self._append_split(topic, partition, key_arr, value_arr, ts), n)}
+            return {partition: (self._append_split(topic, partition, key_arr, value_arr, ts, hdr_arr), n)}
         parts = partitions_for_keys(key_arr, meta.partitions)
         if key_arr.null_count:
             parts[parts < 0] = self._next_round_robin(topic)
         first_part = int(parts[0])
         if (parts == first_part).all():  # one partition: no reordering copy at all
-            return {first_part: (self._append_split(topic, first_part, key_arr, value_arr, ts), n)}
+            return {first_part: (self._append_split(topic, first_part, key_arr, value_arr, ts, hdr_arr), n)}
         # One stable reorder by partition (a single copy), then zero-copy slices per partition.
         order = np.argsort(parts, kind="stable")
         sorted_parts = parts[order]
         key_arr, value_arr = key_arr.take(order), value_arr.take(order)
+        if hdr_arr is not None:
+            hdr_arr = hdr_arr.take(order)
         uniques, starts = np.unique(sorted_parts, return_index=True)
         if self.transactional_id is not None:  # register every partition with one coordinator write
             with self._txn_lock:
@@ -543,7 +551,8 @@ class Producer:
         out: dict[int, tuple[int, int]] = {}
         for p, start, end in zip(uniques.tolist(), starts.tolist(), ends, strict=True):
             k, v = key_arr.slice(start, end - start), value_arr.slice(start, end - start)
-            out[p] = (self._append_split(topic, p, k, v, ts), end - start)
+            h = hdr_arr.slice(start, end - start) if hdr_arr is not None else None
+            out[p] = (self._append_split(topic, p, k, v, ts, h), end - start)
         return out
 
     def _next_round_robin(self, topic: str) -> int:
@@ -552,14 +561,17 @@ class Producer:
             self._sticky[topic] = (p + 1) % self.log.topic(topic).partitions
             return p
 
-    def _append_split(self, topic: str, partition: int, keys: pa.Array, values: pa.Array, ts: int) -> int:
+    def _append_split(
+        self, topic: str, partition: int, keys: pa.Array, values: pa.Array, ts: int, headers: pa.Array | None = None
+    ) -> int:
         """Append as batches of about ``batch_size`` bytes; return the first offset."""
         n = len(values)
         total = values.nbytes + keys.nbytes + RECORD_OVERHEAD * n
         per_batch = max(1, int(n * self.batch_size / max(total, 1)))
         first = -1
         for start in range(0, n, per_batch):
-            records = build_records(keys.slice(start, per_batch), values.slice(start, per_batch))
+            hdr = headers.slice(start, per_batch) if headers is not None else None
+            records = build_records(keys.slice(start, per_batch), values.slice(start, per_batch), None, hdr)
             base = self._append(topic, partition, records, ts, ts)
             if first < 0:
                 first = base

@@ -312,14 +312,14 @@ def build_records(
     columns = [od, td, key_arr, value_arr]
     if headers is None:
         return pa.RecordBatch.from_arrays(columns, schema=RECORD_SCHEMA)
+    return pa.RecordBatch.from_arrays([*columns, headers_array(headers)], schema=RECORD_SCHEMA_WITH_HEADERS)
+
+
+def headers_array(headers: Any) -> pa.Array:
+    """Per-record headers (``None`` or a list of ``(str, bytes | None)``) as the batch's headers column."""
     if isinstance(headers, pa.Array):
-        hdr = headers
-    else:
-        hdr = pa.array(
-            [None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers],
-            HEADERS_TYPE,
-        )
-    return pa.RecordBatch.from_arrays([*columns, hdr], schema=RECORD_SCHEMA_WITH_HEADERS)
+        return headers
+    return pa.array([None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers], HEADERS_TYPE)
 
 
 def encode_batch(

@@ -78,6 +78,17 @@ def run(
             "registered in the log's __schemas topic.",
         ),
     ] = "json",
+    outbox_table: Annotated[
+        str | None,
+        typer.Option(
+            "--outbox-table",
+            help="schema.table of an event outbox (the commands' public.events): its inserted rows are routed "
+            "to <outbox-topic-prefix>.<stream_type>, key stream_id, header event_type.",
+        ),
+    ] = None,
+    outbox_topic_prefix: Annotated[
+        str, typer.Option("--outbox-topic-prefix", help="Topic prefix of routed outbox events.")
+    ] = "events",
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
 ) -> None:
     """Run the connector until SIGINT/SIGTERM (or caught up): snapshot, then stream, exactly once."""
@@ -113,6 +124,8 @@ def run(
             exit_when_caught_up=exit_when_caught_up,
             transaction_metadata=transaction_metadata,
             value_format=ValueFormat.parse(value_format),
+            outbox_table=outbox_table,
+            outbox_topic_prefix=outbox_topic_prefix,
         )
         with Log(State.data_dir) as log:
             connector = Connector(config, log)

@@ -1,0 +1,196 @@
+"""Outbox routing with real commands and real capture: the commands' ``events`` table → ``events.<type>``.
+
+Commands of the reservations example (commands/, examples/reservations) append rows to
+the migrated ``events`` table; the connector, with ``outbox_table="public.events"``,
+routes each row to ``events.<stream_type>``: key = stream id, value = the event, header
+``event_type``. Checked: every stored event exactly once, per stream in version order,
+per partition in commit order — also when the connector is killed (SIGKILL) again and
+again while commands run; the table's own topic is never written; an UPDATE of an event
+row (possible only with the append-only trigger disabled) is flagged, not routed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from capture_util import capture, drop_slots, fresh_database, sql
+from workload import soak
+
+import migrations
+from commands.errors import DomainError, DuplicateClaimError
+from commands.handler import CommandHandler
+from eventstore.consumer import Consumer, TopicPartition
+from eventstore.log import Log
+from eventstore.topic import CleanupPolicy
+from examples.reservations.domain import RESERVATION, USER, CancelReservation, ChangeSeat, RegisterUser, ReserveSeat
+from tideline.pgharness import LocalPostgres
+
+ROOT = Path(__file__).resolve().parents[2]
+OUTBOX = {"outbox_table": "public.events", "partitions": 2}
+
+
+@pytest.fixture
+def db(postgres: LocalPostgres) -> Iterator[str]:
+    dsn = fresh_database(postgres, "outbox")
+    migrations.upgrade(dsn)
+    yield dsn
+    drop_slots(dsn)
+
+
+def routed(log_dir: Path) -> dict[str, list[tuple[int, str, dict[str, Any], dict[str, bytes | None]]]]:
+    """topic → [(partition, key, value, headers)] of every ``events.*`` topic, partition by partition."""
+    out: dict[str, list[tuple[int, str, dict[str, Any], dict[str, bytes | None]]]] = {}
+    with Log(log_dir) as log:
+        for topic in sorted(t for t in log.topics() if t.startswith("events.")):
+            meta = log.topic(topic)
+            assert meta.config.cleanup_policy is CleanupPolicy.DELETE and meta.config.retention_ms == -1, meta
+            rows = out.setdefault(topic, [])
+            for p in range(meta.partitions):
+                with Consumer(log, enable_auto_commit=False) as consumer:
+                    consumer.assign([TopicPartition(topic, p)])
+                    consumer.seek_to_beginning()
+                    while batch := consumer.poll(timeout_ms=0):
+                        for r in batch:
+                            assert r.key is not None and r.value is not None
+                            rows.append((p, r.key.decode(), orjson.loads(r.value), dict(r.headers)))
+    return out
+
+
+def stored_events(dsn: str) -> list[tuple[int, str, str, int, str]]:
+    with psycopg.connect(dsn) as c:
+        return [
+            (int(i), str(s), str(t), int(v), str(e))
+            for i, s, t, v, e in c.execute(
+                "SELECT id, stream_id, stream_type, version, event_type FROM events ORDER BY id"
+            ).fetchall()
+        ]
+
+
+def assert_routed_exactly_once(log_dir: Path, dsn: str) -> int:
+    stored = stored_events(dsn)
+    topics = routed(log_dir)
+    seen: list[tuple[int, str, str, int, str]] = []
+    for topic, rows in topics.items():
+        last_position: dict[int, tuple[int, int]] = {}
+        for partition, key, value, headers in rows:
+            assert topic == f"events.{value['stream_type']}"
+            assert key == value["stream_id"]
+            assert headers["event_type"] == value["event_type"].encode()
+            position = (value["source"]["commit_lsn"], value["source"]["event_index"])
+            assert position > last_position.get(partition, (-1, -1)), f"{topic}[{partition}]: not in commit order"
+            last_position[partition] = position
+            seen.append((value["id"], key, value["stream_type"], value["version"], value["event_type"]))
+    assert sorted(seen) == stored, "routed events differ from the events table (lost or duplicated)"
+    by_stream: dict[str, list[int]] = {}
+    for _, stream, _, version, _ in sorted(seen):
+        by_stream.setdefault(stream, []).append(version)
+    assert all(v == list(range(1, len(v) + 1)) for v in by_stream.values()), "a stream's versions out of order"
+    return len(seen)
+
+
+def issue_commands(dsn: str, n: int, seed: int, stop: threading.Event | None = None) -> int:
+    """Registrations, reservations, seat changes and cancellations, some refused; the number accepted."""
+    rng = random.Random(seed)
+    accepted = 0
+    with CommandHandler(dsn) as handler:
+        for i in range(n):
+            if stop is not None and stop.is_set():
+                break
+            r = f"{seed}-{rng.randrange(n // 3 + 1)}"
+            seat = f"A{rng.randrange(12)}"
+            command: Any
+            aggregate: Any = RESERVATION
+            choice = rng.random()
+            if choice < 0.25:
+                aggregate, command = USER, RegisterUser(f"{seed}-{i}", f"user_{rng.randrange(n)}")
+            elif choice < 0.6:
+                command = ReserveSeat(r, "show1", seat, f"c{rng.randrange(20)}")
+            elif choice < 0.8:
+                command = ChangeSeat(r, seat)
+            else:
+                command = CancelReservation(r)
+            try:
+                handler.handle(aggregate, command)
+                accepted += 1
+            except (DomainError, DuplicateClaimError):
+                pass  # refused commands write nothing: nothing to route
+    return accepted
+
+
+def test_commands_are_routed_to_event_topics(db: str, tmp_path: Path) -> None:
+    log_dir = tmp_path / "log"
+    before = issue_commands(db, 30, seed=1)  # already in the table: routed by the snapshot, in id order
+    capture(log_dir, db, **OUTBOX)
+    after = issue_commands(db, 60, seed=2)
+    capture(log_dir, db, **OUTBOX)
+    n = assert_routed_exactly_once(log_dir, db)
+    assert n == len(stored_events(db)) and before > 0 and after > 0
+    assert set(routed(log_dir)) == {"events.user", "events.reservation"}
+    with Log(log_dir) as log:
+        assert "cdc.public.events" not in log.topics()  # the outbox table itself is not a topic
+
+
+def test_an_update_of_an_event_row_is_flagged_not_routed(db: str, tmp_path: Path) -> None:
+    log_dir = tmp_path / "log"
+    issue_commands(db, 10, seed=3)
+    capture(log_dir, db, **OUTBOX)
+    with pytest.raises(psycopg.Error, match="append-only"):
+        sql(db, "UPDATE events SET event_type = 'Forged'")
+    sql(
+        db,
+        "ALTER TABLE events DISABLE TRIGGER USER",  # only an owner can: the trigger is the guard
+        "UPDATE events SET event_type = 'Forged' WHERE id = (SELECT min(id) FROM events)",
+        "ALTER TABLE events ENABLE TRIGGER USER",
+    )
+    stats = capture(log_dir, db, **OUTBOX)
+    assert stats.outbox_violations == 1
+    assert all(v["event_type"] != "Forged" for rows in routed(log_dir).values() for _, _, v, _ in rows)
+
+
+CHILD = r"""
+import sys
+from capture.connector import CaptureConfig, Connector
+from eventstore.log import Log
+log_dir, dsn = sys.argv[1:3]
+config = CaptureConfig(dsn=dsn, slot="t", topic_prefix="cdc", outbox_table="public.events", partitions=2)
+with Log(log_dir) as log:
+    Connector(config, log).run()
+"""
+
+
+def test_exactly_once_across_connector_kills(db: str, tmp_path: Path) -> None:
+    log_dir = tmp_path / "log"
+    kills = 40 if soak() else 6
+    capture(log_dir, db, **OUTBOX)  # the slot and the (empty) snapshot
+    stop = threading.Event()
+    counts: list[int] = []
+    writer = threading.Thread(target=lambda: counts.append(issue_commands(db, 100_000, seed=4, stop=stop)))
+    writer.start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rng = random.Random(5)
+    try:
+        for _ in range(kills):
+            child = subprocess.Popen([sys.executable, "-c", CHILD, str(log_dir), db], env=env, stderr=subprocess.PIPE)
+            time.sleep(rng.uniform(0.8, 2.0))
+            child.send_signal(signal.SIGKILL)
+            _, err = child.communicate(timeout=30)
+            assert child.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    finally:
+        stop.set()
+        writer.join()
+    assert counts and counts[0] > 0
+    capture(log_dir, db, **OUTBOX)  # the rest, uninterrupted
+    n = assert_routed_exactly_once(log_dir, db)
+    assert n == len(stored_events(db)) > 0
