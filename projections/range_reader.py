@@ -1,0 +1,197 @@
+"""Reading one offset range of one partition as Arrow record batches of the source's schema.
+
+This is what a Spark task runs (in a Python worker on an executor). It never loops over
+records in Python: stored batches are fetched whole (eventstore.isolation.read_visible
+drops control batches, aborted transactions and, for read_committed, anything at or past
+the last stable offset), their record columns are concatenated, offsets and timestamps
+are computed with numpy from the batch headers, and the bounds (offset range,
+timestamps) are applied as one vectorized mask.
+
+Columns (the Spark schema :data:`SPARK_SCHEMA`; Arrow types from
+``pyspark.sql.pandas.types.to_arrow_schema`` with time zone UTC, matched exactly):
+
+    topic         string     not null
+    partition     int        not null
+    offset        bigint     not null
+    timestamp     timestamp  not null   the record's timestamp (ms in the log), as Kafka's source
+    key           binary     nullable
+    value         binary     nullable   null = tombstone
+    headers       array<struct<key: string, value: binary>>  nullable: null when the record has none (as Kafka's source)
+    is_tombstone  boolean    not null   value is null
+
+Thread-safety: functions only; each call opens its own ``Log``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from eventstore.errors import OffsetOutOfRangeError
+from eventstore.isolation import IsolationLevel, read_visible
+from eventstore.log import Log
+from eventstore.partition_log import FetchedBatch
+from eventstore.record_batch import HEADERS_TYPE
+from projections.planning import OffsetRange
+
+SPARK_SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), nullable=False),
+        StructField("partition", IntegerType(), nullable=False),
+        StructField("offset", LongType(), nullable=False),
+        StructField("timestamp", TimestampType(), nullable=False),
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField(
+            "headers",
+            ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
+        ),
+        StructField("is_tombstone", BooleanType(), nullable=False),
+    ]
+)
+FETCH_BYTES = 8 << 20  # bytes asked of the log per fetch
+
+
+def spark_schema() -> StructType:
+    """The source's Spark schema (a copy: StructType is mutable)."""
+    return StructType.fromJson(SPARK_SCHEMA.jsonValue())
+
+
+@cache
+def arrow_schema() -> pa.Schema:
+    """The exact Arrow schema Spark expects for :func:`spark_schema` (PySpark compares it with ``equals``)."""
+    return to_arrow_schema(SPARK_SCHEMA, timezone="UTC")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSettings:
+    """What a task needs besides its range: picklable, so it travels with the plan."""
+
+    path: str
+    isolation: IsolationLevel
+    starting_timestamp: int | None
+    ending_timestamp: int | None
+    fail_on_data_loss: bool
+    batch_rows: int
+
+
+def read_range(rng: OffsetRange, settings: ReadSettings) -> Iterator[pa.RecordBatch]:
+    """The visible records of ``rng`` as record batches of :func:`arrow_schema`, in offset order.
+
+    Raises OffsetOutOfRangeError when retention removed part of the range, unless
+    ``fail_on_data_loss`` is false (the removed part is then skipped).
+    """
+    with Log(settings.path, create=False) as log:
+        plog = log.partition(rng.topic, rng.partition)
+        pending: list[FetchedBatch] = []
+        rows = 0
+        position = rng.start
+        while position < rng.end:
+            try:
+                visible = read_visible(plog, position, settings.isolation, max_bytes=FETCH_BYTES)
+            except OffsetOutOfRangeError:
+                if settings.fail_on_data_loss:
+                    raise
+                position = plog.log_start_offset()
+                continue
+            if visible.next_offset <= position:
+                break  # nothing more stored below the end (it was capped at plan time)
+            for fetched in visible.batches:
+                if fetched.header.base_offset >= rng.end:
+                    break
+                if _may_hold_wanted_timestamps(fetched, settings):
+                    pending.append(fetched)
+                    rows += fetched.header.record_count
+            position = visible.next_offset
+            if rows >= settings.batch_rows:
+                yield from _assembled(rng, pending, settings)
+                pending, rows = [], 0
+        if pending:
+            yield from _assembled(rng, pending, settings)
+
+
+def _may_hold_wanted_timestamps(fetched: FetchedBatch, settings: ReadSettings) -> bool:
+    """Header-level pruning: a batch whose largest timestamp is below the start holds nothing wanted."""
+    lo = settings.starting_timestamp
+    return lo is None or fetched.header.max_timestamp >= lo
+
+
+def _assembled(rng: OffsetRange, fetched: list[FetchedBatch], settings: ReadSettings) -> Iterator[pa.RecordBatch]:
+    batch = assemble(rng, fetched, settings)
+    if batch.num_rows:
+        yield batch
+
+
+def assemble(rng: OffsetRange, fetched: list[FetchedBatch], settings: ReadSettings) -> pa.RecordBatch:
+    """One record batch of :func:`arrow_schema` from stored batches, cut to the range and time bounds."""
+    counts = np.fromiter((f.records.num_rows for f in fetched), np.int64, len(fetched))
+    bases = np.fromiter((f.header.base_offset for f in fetched), np.int64, len(fetched))
+    firsts = np.fromiter((f.header.first_timestamp for f in fetched), np.int64, len(fetched))
+    offset_deltas = _concat([f.records.column(0) for f in fetched]).to_numpy()
+    timestamp_deltas = _concat([f.records.column(1) for f in fetched]).to_numpy()
+    offsets = np.repeat(bases, counts) + offset_deltas
+    timestamps_ms = np.repeat(firsts, counts) + timestamp_deltas
+    keys = _concat([f.records.column(2) for f in fetched])
+    values = _concat([f.records.column(3) for f in fetched])
+    headers = _concat(
+        [f.records.column(4) if f.header.has_headers else pa.nulls(f.records.num_rows, HEADERS_TYPE) for f in fetched]
+    )
+    keep = _wanted(rng, offsets, timestamps_ms, settings)
+    if keep is not None:
+        offsets, timestamps_ms = offsets[keep], timestamps_ms[keep]
+        mask = pa.array(keep)
+        keys, values, headers = keys.filter(mask), values.filter(mask), headers.filter(mask)
+    n = len(offsets)
+    schema = arrow_schema()
+    columns = [
+        pa.repeat(pa.scalar(rng.topic, pa.string()), n),
+        pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
+        pa.array(offsets, pa.int64()),
+        pa.array(timestamps_ms * 1000, pa.int64()).cast(schema.field("timestamp").type),
+        keys,
+        values,
+        headers.cast(schema.field("headers").type),
+        pc.is_null(values),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _concat(arrays: list[pa.Array]) -> pa.Array:
+    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+
+def _wanted(
+    rng: OffsetRange, offsets: np.ndarray, timestamps_ms: np.ndarray, settings: ReadSettings
+) -> np.ndarray | None:
+    """Boolean mask of the records inside the bounds, or None when all are."""
+    keep: np.ndarray | None = None
+    if not len(offsets):
+        return None
+    if offsets[0] < rng.start or offsets[-1] >= rng.end:
+        keep = (offsets >= rng.start) & (offsets < rng.end)
+    if settings.starting_timestamp is not None:
+        after = timestamps_ms >= settings.starting_timestamp
+        keep = after if keep is None else keep & after
+    if settings.ending_timestamp is not None:
+        before = timestamps_ms < settings.ending_timestamp
+        keep = before if keep is None else keep & before
+    if keep is not None and keep.all():
+        return None
+    return keep
