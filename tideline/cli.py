@@ -42,6 +42,7 @@ def _root(
 
 def _register() -> None:
     from tideline.capture_cli import app as capture_app
+    from tideline.db_cli import app as db_app
     from tideline.demo import demo_command
     from tideline.log_cli import app as log_app
     from tideline.pg_cli import app as pg_app
@@ -50,6 +51,7 @@ def _register() -> None:
     app.add_typer(capture_app, name="capture")
     app.add_typer(log_app, name="log")
     app.add_typer(pg_app, name="pg")
+    app.add_typer(db_app, name="db")
     app.add_typer(schemas_app, name="schemas")
     app.command("demo", help="Run the main job end to end on the embedded defaults.")(demo_command)
 
