@@ -58,7 +58,10 @@ class HandlerConfig:
     it (None: never). ``use_snapshots``: start folds from the latest snapshot.
     ``retry_pause_seconds``: before attempt n+1, sleep a random time up to n × this
     (spreads writers that collided so they do not collide again).
-    ``pool_size``: connections the handler's engine keeps.
+    ``pool_size``: connections the handler's engine keeps. ``pin_connections``: each
+    thread keeps one connection checked out between commands (fastest; right for a few
+    long-lived threads); off, every call checks one out of the pool (right for a web
+    server's many short-lived threads).
     """
 
     max_attempts: int = 10
@@ -66,6 +69,7 @@ class HandlerConfig:
     use_snapshots: bool = True
     retry_pause_seconds: float = 0.001
     pool_size: int = 5
+    pin_connections: bool = True
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -125,6 +129,15 @@ class CommandHandler:
         and return cost about as much as a statement); one that fails or is left inside a
         transaction is invalidated, and the next call checks out a fresh one.
         """
+        if not self.config.pin_connections:
+            with self.engine.connect() as pooled:
+                driver = pooled.connection.driver_connection
+                assert isinstance(driver, Connection)
+                if not pooled.connection.info.get("tideline.prepared"):
+                    store.prepare(driver)
+                    pooled.connection.info["tideline.prepared"] = True
+                yield driver
+            return
         sa_conn: SqlConnection | None = getattr(self._local, "conn", None)
         if sa_conn is None:
             sa_conn = self.engine.connect()
