@@ -108,6 +108,14 @@ def _settings(options: SourceOptions) -> ReadSettings:
     )
 
 
+def _read(partition: InputPartition, settings: ReadSettings) -> Iterator[pa.RecordBatch]:
+    """The records of one planned range. When the plan is empty, Spark still runs one task
+    with a bare ``InputPartition(None)``: it reads nothing."""
+    if not isinstance(partition, RangePartition):
+        return iter(())
+    return read_range(partition.range, settings)
+
+
 class TidelineBatchReader(DataSourceReader):
     """A batch read: offsets resolved when Spark plans the query."""
 
@@ -123,8 +131,7 @@ class TidelineBatchReader(DataSourceReader):
             return [RangePartition(r) for r in planner.plan(starts, ends)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
-        return read_range(partition.range, self.settings)
+        return _read(partition, self.settings)
 
 
 class TidelineStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -170,5 +177,4 @@ class TidelineStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return [RangePartition(r) for r in planner.plan(starts, offsets_from_json(end))]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
-        return read_range(partition.range, self.settings)
+        return _read(partition, self.settings)
