@@ -207,10 +207,17 @@ class Stats:
     last_stored_lsn: int = 0
     server_wal_end: int = 0
     outbox_violations: int = 0  # updates/deletes/truncates of outbox rows seen (and not routed)
+    retained_wal_bytes: int = -1  # the slot's, at the last check (WAL_CHECK_S); -1: not checked yet
     started: float = field(default_factory=time.monotonic)
 
+    stored_lag_ms: int = 0  # when the last position was stored: that moment − its transaction's commit time
+
     def lag_ms(self) -> int:
-        return max(0, now_ms() - self.last_commit_ts_ms) if self.last_commit_ts_ms else 0
+        """Debezium's MilliSecondsBehindSource: how long after its commit the last stored change was stored."""
+        return self.stored_lag_ms
+
+    def lag_bytes(self) -> int:
+        return max(0, self.server_wal_end - self.last_stored_lsn)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -221,7 +228,7 @@ class Stats:
             "events_per_s": round(self.events / max(1e-9, time.monotonic() - self.started), 1),
             "last_stored_lsn": format_lsn(self.last_stored_lsn),
             "lag_ms": self.lag_ms(),
-            "lag_bytes": max(0, self.server_wal_end - self.last_stored_lsn),
+            "lag_bytes": self.lag_bytes(),
             "outbox_violations": self.outbox_violations,
         }
 
@@ -696,6 +703,8 @@ class Connector:
         if position is not None:
             self.position = position
             self.stats.last_stored_lsn = position.commit_lsn
+            if self.stats.last_commit_ts_ms:
+                self.stats.stored_lag_ms = max(0, now_ms() - self.stats.last_commit_ts_ms)
         self._batch_position = None
         self._log_status()
 
@@ -771,13 +780,17 @@ class Connector:
         log.info("capture status %s", orjson.dumps(self.stats.to_json()).decode())
         if now - self._wal_checked < WAL_CHECK_S:
             return
-        self._wal_checked = now
         try:
             info = slot_status(self.config.dsn, self.config.slot)
         except psycopg.Error as e:
+            self._wal_checked = now
             log.warning("capture: cannot read slot status: %s", e)
             return
-        if info is not None and info["retained_wal_bytes"] > self.config.retained_wal_warn_bytes:
+        if info is None:
+            return  # no slot yet (a snapshot is starting): look again at the next status line
+        self._wal_checked = now
+        self.stats.retained_wal_bytes = int(info["retained_wal_bytes"] or 0)
+        if info["retained_wal_bytes"] > self.config.retained_wal_warn_bytes:
             log.warning(
                 "capture: slot %s retains %d bytes of WAL (threshold %d): is the connector keeping up, "
                 "or are captured tables idle while others are busy (use --heartbeat-query)?",

@@ -89,6 +89,13 @@ def run(
     outbox_topic_prefix: Annotated[
         str, typer.Option("--outbox-topic-prefix", help="Topic prefix of routed outbox events.")
     ] = "events",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option("--metrics-port", min=0, max=65535, help="Serve Prometheus metrics on this port (/metrics)."),
+    ] = None,
+    metrics_host: Annotated[str, typer.Option("--metrics-host", help="Address the metrics endpoint binds.")] = (
+        "127.0.0.1"
+    ),
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
 ) -> None:
     """Run the connector until SIGINT/SIGTERM (or caught up): snapshot, then stream, exactly once."""
@@ -136,7 +143,20 @@ def run(
 
                 signal.signal(signal.SIGINT, _stop)
                 signal.signal(signal.SIGTERM, _stop)
-            stats = connector.run()
+            metrics = None
+            if metrics_port is not None:
+                from capture.metrics import CaptureCollector
+                from eventstore.metrics import serve_metrics
+
+                metrics = serve_metrics(CaptureCollector(connector), metrics_port, metrics_host)
+                logging.getLogger("capture.connector").info(
+                    "capture: metrics on http://%s:%d/metrics", metrics_host, metrics.port
+                )
+            try:
+                stats = connector.run()
+            finally:
+                if metrics is not None:
+                    metrics.stop()
     summary = stats.to_json()
     if as_json:
         typer.echo(json.dumps(summary))

@@ -332,7 +332,7 @@ def _print_report(console: Console, result: DemoResult) -> None:
         )
         table.add_row(
             "capture lag",
-            f"{cap.stream.lag_ms():,} ms since the last captured commit; slot retains {cap.retained_wal_bytes:,} B "
+            f"last change stored {cap.stream.lag_ms():,} ms after its commit; slot retains {cap.retained_wal_bytes:,} B "
             f"of WAL; {cap.stream.to_json()['lag_bytes']:,} B behind",
         )
         table.add_row("capture topic", f"{CAPTURE_TOPIC} ({cap.events_in_topic:,} change events)")

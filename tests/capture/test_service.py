@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,6 +87,58 @@ def test_sigterm_finishes_the_batch_and_exits_0(db: str, tmp_path: Path) -> None
     assert proc.returncode == 0, err
     assert "captured" in out
     assert len(events(data, "cdc.public.t")) == 500
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``/metrics`` of the running connector: metric name → value (labels dropped: one series each)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("tideline_capture_"):
+            name_labels, value = line.rsplit(" ", 1)
+            out[name_labels.split("{")[0]] = float(value)
+    return out
+
+
+def scrape_ok(port: int) -> bool:
+    try:
+        scrape(port)
+    except OSError:
+        return False
+    return True
+
+
+def test_metrics_endpoint_while_running(db: str, tmp_path: Path) -> None:
+    data = tmp_path / "log"
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t SELECT generate_series(1, 100)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [TIDELINE, "--data-dir", str(data), "capture", "run", "--dsn", db, "--slot", "met", "--topic-prefix", "cdc",
+         "--metrics-port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: scrape_ok(port))
+        wait_for(lambda: scrape(port)["tideline_capture_snapshot_rows_total"] == 100)
+        wait_for(lambda: scrape(port)["tideline_capture_last_stored_lsn"] > 0)  # the snapshot is stored
+        sql(db, "INSERT INTO t SELECT generate_series(101, 400)")
+        wait_for(lambda: scrape(port)["tideline_capture_events_total"] >= 300)
+        wait_for(lambda: scrape(port)["tideline_capture_transactions_total"] >= 1)
+        metrics = scrape(port)
+        assert metrics["tideline_capture_batches_total"] >= 1
+        assert metrics["tideline_capture_last_stored_lsn"] > 0
+        assert metrics["tideline_capture_lag_bytes"] >= 0 and metrics["tideline_capture_lag_ms"] >= 0
+        wait_for(lambda: scrape(port)["tideline_capture_slot_retained_wal_bytes"] >= 0, timeout=10)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert f"metrics on http://127.0.0.1:{port}/metrics" in err
 
 
 def run_in_thread(connector: Connector) -> threading.Thread:

@@ -1,0 +1,59 @@
+"""Prometheus metrics of a running connector (``tideline capture run --metrics-port P``).
+
+Read from :class:`capture.connector.Stats` at scrape time::
+
+  tideline_capture_events_total             counter  events appended (committed or in the open batch)
+  tideline_capture_transactions_total       counter  source transactions seen
+  tideline_capture_batches_total            counter  log transactions committed
+  tideline_capture_snapshot_rows_total      counter  rows read by snapshots
+  tideline_capture_outbox_violations_total  counter  updates/deletes of outbox rows (flagged, not routed)
+  tideline_capture_lag_ms                   gauge    when the last position was stored − its commit time
+  tideline_capture_lag_bytes                gauge    server WAL end − last stored commit LSN
+  tideline_capture_last_stored_lsn          gauge    commit LSN of the last stored position
+  tideline_capture_slot_retained_wal_bytes  gauge    WAL the slot holds back (checked every 30 s; -1 unknown)
+
+Every metric carries the labels ``slot`` and ``topic_prefix``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from capture.connector import Connector
+
+PREFIX = "tideline_capture_"
+
+
+class CaptureCollector(Collector):
+    def __init__(self, connector: Connector) -> None:
+        self.connector = connector
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.connector.stats
+        labels = ["slot", "topic_prefix"]
+        values = [self.connector.config.slot, self.connector.config.topic_prefix]
+
+        def counter(name: str, doc: str, value: float) -> Metric:
+            m = CounterMetricFamily(PREFIX + name, doc, labels=labels)
+            m.add_metric(values, value)
+            return m
+
+        def gauge(name: str, doc: str, value: float) -> Metric:
+            m = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
+            m.add_metric(values, value)
+            return m
+
+        yield counter("events", "Events appended to the log.", stats.events)
+        yield counter("transactions", "Source transactions seen.", stats.transactions)
+        yield counter("batches", "Log transactions committed.", stats.batches)
+        yield counter("snapshot_rows", "Rows read by snapshots.", stats.snapshot_rows)
+        yield counter("outbox_violations", "Updates/deletes of outbox rows (not routed).", stats.outbox_violations)
+        yield gauge("lag_ms", "When the last position was stored minus its commit time.", stats.lag_ms())
+        yield gauge("lag_bytes", "Server WAL end minus the last stored commit LSN.", stats.lag_bytes())
+        yield gauge("last_stored_lsn", "Commit LSN of the last stored position.", stats.last_stored_lsn)
+        yield gauge("slot_retained_wal_bytes", "WAL the slot holds back (-1: unknown).", stats.retained_wal_bytes)
