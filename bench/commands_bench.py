@@ -203,7 +203,7 @@ def eventsourcing_writer(dsn: str) -> Callable[[str], bool]:
 
     def issue(tally_id: str) -> bool:
         for _ in range(MAX_ATTEMPTS):
-            tally = app.repository.get(uuid.UUID(tally_id))
+            tally: EsTally = app.repository.get(uuid.UUID(tally_id))
             tally.add(random.randint(1, 100))
             try:
                 app.save(tally)
@@ -366,6 +366,7 @@ def run(ctx: Context, section: Section) -> None:
         f"Snapshots every {SNAPSHOT_EVERY} events for Tideline and eventsourcing (`snapshotting_intervals`); "
         "eventsourcing workers run with `CREATE_TABLE=n`.",
     ]
+    load_before = os.getloadavg()[0]
     pg.start()
     try:
         targets: dict[tuple[str, int], Target] = {}
@@ -385,6 +386,10 @@ def run(ctx: Context, section: Section) -> None:
                         f"p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, gave up {r.gave_up}"
                     )
         report(section, results)
+        section.notes.append(
+            f"Machine load (1-minute average) {load_before:.2f} before and {os.getloadavg()[0]:.2f} after the runs "
+            "(other processes on the machine share its CPUs and move every figure)."
+        )
     finally:
         pg.stop()
 
