@@ -332,8 +332,8 @@ def _print_report(console: Console, result: DemoResult) -> None:
         )
         table.add_row(
             "capture lag",
-            f"last change stored {cap.stream.lag_ms():,} ms after its commit; slot retains {cap.retained_wal_bytes:,} B "
-            f"of WAL; {cap.stream.to_json()['lag_bytes']:,} B behind",
+            f"last change stored {cap.stream.lag_ms():,} ms after its commit; "
+            f"slot retains {cap.retained_wal_bytes:,} B of WAL; {cap.stream.to_json()['lag_bytes']:,} B behind",
         )
         table.add_row("capture topic", f"{CAPTURE_TOPIC} ({cap.events_in_topic:,} change events)")
     table.add_row("records produced", f"{produced:,} ({result.api_records:,} API + {result.cli_records:,} CLI)")
