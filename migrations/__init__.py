@@ -2,20 +2,21 @@
 
 The revisions in ``versions/`` spell their DDL out (a migration must keep meaning what it
 meant when it ran); ``env.py`` points alembic's ``target_metadata`` at the current
-table definitions in :mod:`commands.schema`, so ``alembic check`` and the tests can
-tell when the two disagree. ``migrations`` imports ``commands``, never the reverse.
+table definitions in :mod:`commands.schema` and :mod:`projections.models`, so ``alembic check`` and the tests can
+tell when they disagree. ``migrations`` imports ``commands`` and ``projections``, never the
+reverse.
 
 Revisions:
 
 - ``0001`` write model: ``events`` (append-only trigger), ``commands``, ``claims``, ``snapshots``.
-
-Read views and projection checkpoints (projections/) come in later revisions.
+- ``0002`` read side: views ``users``, ``seats``, ``show_occupancy``, ``cdc_mirror`` and the
+  projections' ``projection_state``, ``projection_checkpoints``, ``projection_runs``.
 
 From Python::
 
     from migrations import upgrade, current
     upgrade(dsn)               # to head; idempotent
-    current(dsn)               # "0001"
+    current(dsn)               # "0002"
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ from __future__ import annotations
 from alembic import context
 
 from commands.db import make_engine
-from commands.schema import metadata
+from commands.schema import metadata as write_model
+from projections.models import metadata as read_side
 
-target_metadata = metadata
+target_metadata = [write_model, read_side]
 
 
 def run_migrations_online() -> None:

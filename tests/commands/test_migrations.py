@@ -1,4 +1,5 @@
-"""Migrations: upgrade from empty and down again, the schema equals commands.schema, events is append-only."""
+"""Migrations: upgrade from empty and down again, the schema equals commands.schema + projections.models,
+events is append-only."""
 
 from __future__ import annotations
 
@@ -14,10 +15,20 @@ from typer.testing import CliRunner
 import migrations
 from commands.db import make_engine
 from commands.schema import metadata
+from projections.models import metadata as read_side
 from tideline.cli import app
 from tideline.pgharness import LocalPostgres
 
 WRITE_MODEL = ["claims", "commands", "events", "snapshots"]
+READ_SIDE = [
+    "cdc_mirror",
+    "projection_checkpoints",
+    "projection_runs",
+    "projection_state",
+    "seats",
+    "show_occupancy",
+    "users",
+]
 
 
 def tables(dsn: str) -> list[str]:
@@ -33,21 +44,23 @@ def cli(*args: str) -> str:
 def test_upgrade_from_empty_then_downgrade_and_again(postgres: LocalPostgres) -> None:
     dsn = postgres.create_database(f"mig_{uuid.uuid4().hex[:8]}")
     assert "empty (behind" in cli("db", "current", "--dsn", dsn)
-    assert "database at revision 0001 (was empty)" in cli("db", "upgrade", "--dsn", dsn)
-    assert tables(dsn) == ["alembic_version", *WRITE_MODEL]
+    assert "database at revision 0002 (was empty)" in cli("db", "upgrade", "--dsn", dsn)
+    assert tables(dsn) == sorted(["alembic_version", *WRITE_MODEL, *READ_SIDE])
     assert "(unchanged)" in cli("db", "upgrade", "--dsn", dsn)
-    assert "0001 (up to date)" in cli("db", "current", "--dsn", dsn)
+    assert "0002 (up to date)" in cli("db", "current", "--dsn", dsn)
     engine = make_engine(dsn)
     try:
         with engine.connect() as conn:
-            assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+            assert compare_metadata(MigrationContext.configure(conn), [metadata, read_side]) == []
     finally:
         engine.dispose()
+    assert "database at revision 0001" in cli("db", "downgrade", "0001", "--dsn", dsn)
+    assert tables(dsn) == ["alembic_version", *WRITE_MODEL]
     assert "base (empty)" in cli("db", "downgrade", "base", "--dsn", dsn)
     assert tables(dsn) == ["alembic_version"]
     assert rows(dsn, "SELECT count(*) FROM pg_proc WHERE proname = 'tideline_events_append_only'") == [(0,)]
     migrations.upgrade(dsn)
-    assert migrations.current(dsn) == migrations.head() == "0001"
+    assert migrations.current(dsn) == migrations.head() == "0002"
 
 
 def test_db_cli_errors_are_one_line() -> None:
