@@ -13,7 +13,9 @@ real 700 / double precision 701          float / double (NaN, ±Infinity native)
 boolean 16                               boolean
 text, varchar, char, name, "char",       string
 citext, enum, domain, inet, money, …
-numeric(p,s) 1700, 0 ≤ s ≤ p             bytes, logicalType decimal, precision p, scale s
+numeric(p,s) 1700, 0 ≤ s ≤ p             union: bytes, logicalType decimal, precision p, scale s |
+                                         enum io.tideline.DecimalSpecial {NaN, Infinity,
+                                         NegativeInfinity} (numeric(p,s) holds those too)
 numeric (unconstrained, or s<0 or s>p)   record io.tideline.VariableScaleDecimal
                                          {scale: int, value: bytes (unscaled, two's
                                          complement big-endian), special: null | enum
@@ -27,10 +29,12 @@ interval 1186                            string ISO 8601, connect.name io.debezi
 uuid 2950                                string, logicalType uuid
 json 114, jsonb 3802                     string (JSON text), connect.name io.debezium.data.Json
 bytea 17                                 bytes
-T[] (any dimension count n)              n nested arrays, innermost items ["null", T]
+T[] (any dimension count)                record io.tideline.pgarray.<T> {dims: [int], items:
+                                         [null | T]} (lengths, then elements row-major)
 =======================================  ===================================================
 
-Every column is ``["null", T]`` with default null unless declared NOT NULL. Value
+Every column is ``["null", T]`` (flattened when T is a union) with default null unless
+declared NOT NULL or given a default (see :class:`PgColumn`). Value
 conversion (Python values as capture produces them ↔ Avro datums ↔ JSON form) is
 :mod:`schemas.pgvalues`; ``docs/schemas.md`` lists both mappings next to capture's JSON.
 
@@ -168,6 +172,19 @@ def column_type(type_name: str, type_oid: int = 0) -> ColumnType:
     return ColumnType(Kind.DECIMAL, dims, precision, scale)
 
 
+def _decimal_special(defined: set[str]) -> Any:
+    if DECIMAL_SPECIAL in defined:
+        return DECIMAL_SPECIAL
+    defined.add(DECIMAL_SPECIAL)
+    return {"type": "enum", "name": DECIMAL_SPECIAL, "symbols": ["NaN", "Infinity", "NegativeInfinity"]}
+
+
+def nullable(node: Any, *, null_first: bool = True) -> list[Any]:
+    """``node`` or null, as one flat union (Avro forbids a union directly inside a union)."""
+    branches = node if isinstance(node, list) else [node]
+    return ["null", *branches] if null_first else [*branches, "null"]
+
+
 def variable_scale_decimal_schema() -> dict[str, Any]:
     return {
         "type": "record",
@@ -216,7 +233,7 @@ def avro_type(ctype: ColumnType, defined: set[str] | None = None) -> Any:
         "doc": "A Postgres array: dimension lengths (outermost first) and the elements in row-major order.",
         "fields": [
             {"name": "dims", "type": {"type": "array", "items": "int"}},
-            {"name": "items", "type": {"type": "array", "items": ["null", _scalar(ctype, defined)]}},
+            {"name": "items", "type": {"type": "array", "items": nullable(_scalar(ctype, defined))}},
         ],
     }
 
@@ -225,13 +242,18 @@ def _scalar(ctype: ColumnType, defined: set[str]) -> Any:
     kind = ctype.kind
     if kind in (Kind.INT, Kind.LONG, Kind.FLOAT, Kind.DOUBLE, Kind.BOOLEAN, Kind.STRING, Kind.BYTES):
         return kind.value
-    if kind is Kind.DECIMAL:
-        return {"type": "bytes", "logicalType": "decimal", "precision": ctype.precision, "scale": ctype.scale}
+    if kind is Kind.DECIMAL:  # a union: numeric(p,s) also holds NaN and ±Infinity, which decimal cannot
+        decimal = {"type": "bytes", "logicalType": "decimal", "precision": ctype.precision, "scale": ctype.scale}
+        return [decimal, _decimal_special(defined)]
     if kind is Kind.VARIABLE_DECIMAL:
         if VARIABLE_SCALE_DECIMAL in defined:
             return VARIABLE_SCALE_DECIMAL
+        special_defined = DECIMAL_SPECIAL in defined
         defined.update((VARIABLE_SCALE_DECIMAL, DECIMAL_SPECIAL))
-        return variable_scale_decimal_schema()
+        schema = variable_scale_decimal_schema()
+        if special_defined:  # numeric(p,s) defined the enum first: name it here
+            schema["fields"][2]["type"][1] = DECIMAL_SPECIAL
+        return schema
     return {
         Kind.TIMESTAMP: {"type": "long", "logicalType": "local-timestamp-micros"},
         Kind.TIMESTAMPTZ: {"type": "long", "logicalType": "timestamp-micros"},
@@ -254,9 +276,9 @@ def record_schema(name: str, columns: Sequence[PgColumn], *, doc: str = "") -> d
         if col.not_null:
             field["type"] = node
         elif col.default_json is not None:  # a union's default belongs to its first branch
-            field["type"], field["default"] = [node, "null"], json.loads(col.default_json)
+            field["type"], field["default"] = nullable(node, null_first=False), json.loads(col.default_json)
         else:
-            field["type"], field["default"] = ["null", node], None
+            field["type"], field["default"] = nullable(node), None
         fields.append(field)
     out: dict[str, Any] = {"type": "record", "name": name, "fields": fields}
     if doc:

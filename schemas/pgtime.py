@@ -93,7 +93,12 @@ def timestamp_text_to_micros(text: str) -> int:
     if text == "-infinity":
         return TIMESTAMP_NEG_INFINITY
     days, micros = _parse(text)
-    return days * MICROS_PER_DAY + micros
+    value = days * MICROS_PER_DAY + micros
+    if not TIMESTAMP_NEG_INFINITY < value < TIMESTAMP_INFINITY:
+        # Postgres counts µs from 2000 in 64 bits; from 1970 its last ~30 years (after
+        # 294247-01-10) do not fit Avro's long: refuse rather than wrap or clamp.
+        raise ValueError(f"timestamp {text!r} is beyond Avro timestamp-micros (64-bit µs since 1970)")
+    return value
 
 
 def _year_text(year: int) -> tuple[str, str]:

@@ -70,12 +70,10 @@ def _int_bytes(n: int) -> bytes:
 
 
 def _decimal_to_avro(precision: int, scale: int) -> Converter:
-    def convert(value: Any) -> bytes:
+    def convert(value: Any) -> bytes | str:
         d = value if isinstance(value, Decimal) else Decimal(value)
-        if not d.is_finite():
-            raise ValueConversionError(
-                f"{d} has no Avro decimal({precision},{scale}) form (declare the column unconstrained numeric)"
-            )
+        if not d.is_finite():  # numeric(p,s) holds NaN and ±Infinity: the union's DecimalSpecial branch
+            return _SPECIALS["NaN" if d.is_nan() else ("-Infinity" if d < 0 else "Infinity")]
         unscaled, own_scale = _unscaled(d)
         if own_scale > scale:
             raise ValueConversionError(f"{d} has more than {scale} fraction digits: decimal({precision},{scale})")
@@ -187,6 +185,8 @@ _TO_AVRO: dict[Kind, Converter] = {
 
 def _decimal_json(scale: int) -> Converter:
     def convert(value: Any) -> str:
+        if isinstance(value, str):  # the DecimalSpecial branch
+            return _SPECIAL_JSON[value]
         if isinstance(value, Decimal):
             return format(value, "f")
         unscaled = int.from_bytes(value, "big", signed=True)
@@ -282,8 +282,12 @@ def _nullable(convert: Converter) -> Converter:
     return lambda value: None if value is None else convert(value)
 
 
-def _array_to_avro(convert: Converter) -> Converter:
-    """A nested list (any depth, items may be None) → ``{"dims": [...], "items": [...]}`` (row-major)."""
+def _array_to_avro(convert: Converter, max_depth: int | None = None) -> Converter:
+    """A nested list (any depth, items may be None) → ``{"dims": [...], "items": [...]}`` (row-major).
+
+    ``max_depth``: for element types whose values may themselves be lists (json/jsonb), the
+    nesting that is the array's (its declared dimensions); deeper lists are elements.
+    """
     item = _nullable(convert)
 
     def flatten(value: Any) -> dict[str, Any]:
@@ -291,7 +295,7 @@ def _array_to_avro(convert: Converter) -> Converter:
             raise ValueConversionError(f"expected a list, got {type(value).__name__}")
         dims: list[int] = []
         level: Any = value
-        while isinstance(level, list):
+        while isinstance(level, list) and (max_depth is None or len(dims) < max_depth):
             dims.append(len(level))
             if not level:
                 break
@@ -299,25 +303,27 @@ def _array_to_avro(convert: Converter) -> Converter:
         if dims == [0]:
             return {"dims": [], "items": []}
         items: list[Any] = []
-        _flatten(value, dims, 0, item, items)
+        _flatten(value, dims, 0, item, items, max_depth is not None)
         return {"dims": dims, "items": items}
 
     return flatten
 
 
-def _flatten(value: list[Any], dims: list[int], depth: int, item: Converter, out: list[Any]) -> None:
+def _flatten(
+    value: list[Any], dims: list[int], depth: int, item: Converter, out: list[Any], lists_are_elements: bool = False
+) -> None:
     if len(value) != dims[depth]:
         raise ValueConversionError(f"array is not rectangular: {len(value)} elements where {dims[depth]} were")
     if depth == len(dims) - 1:
         for v in value:
-            if isinstance(v, list):
+            if isinstance(v, list) and not lists_are_elements:
                 raise ValueConversionError("array is not rectangular: a sub-array where an element was")
             out.append(item(v))
         return
     for v in value:
         if not isinstance(v, list):
             raise ValueConversionError("array is not rectangular: an element where a sub-array was")
-        _flatten(v, dims, depth + 1, item, out)
+        _flatten(v, dims, depth + 1, item, out, lists_are_elements)
 
 
 def _array_from_avro(convert: Converter) -> Converter:
@@ -342,7 +348,9 @@ def to_avro_converter(ctype: ColumnType) -> Converter:
         base = _decimal_to_avro(ctype.precision, ctype.scale)
     else:
         base = _TO_AVRO[ctype.kind]
-    return _array_to_avro(base) if ctype.dimensions else base
+    if not ctype.dimensions:
+        return base
+    return _array_to_avro(base, ctype.dimensions if ctype.kind is Kind.JSON else None)
 
 
 def to_json_converter(ctype: ColumnType) -> Converter:

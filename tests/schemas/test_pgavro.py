@@ -27,15 +27,18 @@ from schemas.wire import AvroWire
 DEC = "bytes", "decimal"
 
 # (type name, oid, expected Avro type without the null branch, representative values)
-def pg_array(element: str, item_type: str) -> dict[str, Any]:
-    """The array record of schemas.pgavro.avro_type for an element type (item_type as JSON text)."""
+SPECIAL = '{"type": "enum", "name": "io.tideline.DecimalSpecial", "symbols": ["NaN", "Infinity", "NegativeInfinity"]}'
+
+
+def pg_array(element: str, item_type: str, *more_items: str) -> dict[str, Any]:
+    """The array record of schemas.pgavro.avro_type for an element type (item types as JSON text)."""
     return {
         "type": "record",
         "name": f"io.tideline.pgarray.{element}",
         "doc": "A Postgres array: dimension lengths (outermost first) and the elements in row-major order.",
         "fields": [
             {"name": "dims", "type": {"type": "array", "items": "int"}},
-            {"name": "items", "type": {"type": "array", "items": ["null", json.loads(item_type)]}},
+            {"name": "items", "type": {"type": "array", "items": ["null", *map(json.loads, (item_type, *more_items))]}},
         ],
     }
 
@@ -52,7 +55,8 @@ TYPES: list[tuple[str, int, Any, list[Any]]] = [
     ("text", 25, "string", ["x" * 1000]),
     ("mood", 16500, "string", ["happy"]),  # a user-defined enum: unknown OID → string
     ("numeric(12,2)", 1700, {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2},
-     [Decimal("12.30"), Decimal("-0.05"), Decimal("9999999999.99"), Decimal("0.00")]),
+     [Decimal("12.30"), Decimal("-0.05"), Decimal("9999999999.99"), Decimal("0.00"), Decimal("NaN"),
+      Decimal("Infinity"), Decimal("-Infinity")]),  # numeric(p,s) holds these: the DecimalSpecial branch
     ("numeric(40,10)", 1700, {"type": "bytes", "logicalType": "decimal", "precision": 40, "scale": 10},
      [Decimal("123456789012345678901234567890.0123456789")]),
     ("numeric", 1700, "io.tideline.VariableScaleDecimal",
@@ -80,8 +84,9 @@ TYPES: list[tuple[str, int, Any, list[Any]]] = [
     ("integer[]", 1007, pg_array("int", '"int"'), [[1, None, 3], [], [[1, None], [3, 4]]]),
     ("text[]", 1009, pg_array("string", '"string"'), [["a", None, "b,c"]]),
     ("numeric(5,2)[]", 1231,
-     pg_array("decimal_5_2", '{"type": "bytes", "logicalType": "decimal", "precision": 5, "scale": 2}'),
-     [[Decimal("1.50"), None]]),
+     pg_array("decimal_5_2", '{"type": "bytes", "logicalType": "decimal", "precision": 5, "scale": 2}',
+              SPECIAL),
+     [[Decimal("1.50"), None, Decimal("NaN"), Decimal("-Infinity")]]),
     ("integer[][]", 0, pg_array("int", '"int"'), [[[1, None], [None, 4]], [], [7], [[[1], [2]], [[3], [4]]]]),
     ("timestamp with time zone[]", 1185,
      pg_array("timestamptz", '{"type": "long", "logicalType": "timestamp-micros"}'),
@@ -170,7 +175,6 @@ def test_type_names(type_name: str, expect: tuple[Any, ...]) -> None:
 @pytest.mark.parametrize(
     ("type_name", "value", "message"),
     [
-        ("numeric(12,2)", Decimal("NaN"), "no Avro decimal"),
         ("numeric(12,2)", Decimal("1.234"), "more than 2 fraction digits"),
         ("numeric(4,2)", Decimal("123.45"), "more than 4 digits"),
         ("timestamp with time zone", datetime(2024, 1, 1), "naive datetime"),
