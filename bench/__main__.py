@@ -36,6 +36,7 @@ MODULES: list[str] = [
     "bench.capture_bench",
     "bench.schemas_bench",
     "bench.commands_bench",
+    "bench.projections_bench",
 ]
 
 
