@@ -19,7 +19,11 @@ Concurrency: :meth:`locked` takes an exclusive ``fcntl.flock`` on ``<log>/__sche
 around refresh + check + append so registrations in several processes are serialized.
 Readers take no lock.
 
-Thread-safety: thread-safe.
+:class:`FramedDecoder` turns Confluent-framed Avro keys and values of any topic back into
+JSON through this registry (what ``tideline log tail`` shows, and what any consumer can
+use: ``json_bytes, schema_id = FramedDecoder(log, print).decode(record.value)``).
+
+Thread-safety: LogSchemaStore is thread-safe; a FramedDecoder belongs to one reader.
 """
 
 from __future__ import annotations
@@ -27,14 +31,21 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+import orjson
 
 from eventstore.errors import ConfigError, OffsetOutOfRangeError, TopicExistsError, UnknownTopicError
 from eventstore.log import Log
 from eventstore.partition_log import PartitionLog
 from eventstore.record_batch import build_records, encode_batch
 from eventstore.topic import CleanupPolicy, TopicConfig, TopicMetadata, metadata_path, now_ms
+from schemas.errors import SchemaError, UnknownSchemaError
+from schemas.jsonform import JsonForm, framed_schema_id
+from schemas.registry import SchemaRegistry
+from schemas.wire import AvroWire
 
 SCHEMAS_TOPIC = "__schemas"
 SCHEMAS_LOCK_FILE = "__schemas.lock"
@@ -123,3 +134,56 @@ class LogSchemaStore:
                 yield
             finally:
                 os.close(fd)  # releases the flock
+
+
+class FramedDecoder:
+    """Confluent-framed Avro values → JSON text, through the schema registry of ``log``.
+
+    :meth:`decode` returns ``(json_bytes, schema_id)`` for a value it decoded and
+    ``(data, None)`` — the value untouched — for anything else: not framed, an id the
+    registry lacks, a payload the schema cannot decode. The two last cases call ``note``
+    once per schema id with an explanation. Not thread-safe (one per reader).
+    """
+
+    def __init__(self, log: Log, note: Callable[[str], None]) -> None:
+        self.registry = SchemaRegistry(LogSchemaStore(log))
+        self.wire = AvroWire(self.registry.schema_by_id, logical_types=False)
+        self.note = note
+        self._forms: dict[int, JsonForm] = {}
+        self._missing: set[int] = set()  # ids found unknown since the last forget_missing()
+        self._noted: set[int] = set()
+
+    def forget_missing(self) -> None:
+        """Look unknown ids up again (call between polls: another process may have registered them)."""
+        self._missing.clear()
+
+    def decode(self, data: bytes | None) -> tuple[bytes | None, int | None]:
+        schema_id = framed_schema_id(data)
+        if schema_id is None or schema_id in self._missing:
+            return data, None
+        assert data is not None
+        try:
+            form = self._form(schema_id)
+            return orjson.dumps(form.convert(self.wire.decode(data))), schema_id
+        except UnknownSchemaError:
+            self._missing.add(schema_id)
+            self._note_once(schema_id, f"schema id {schema_id} is not in the registry of {self.registry_path}")
+        except (SchemaError, ValueError, TypeError, KeyError, AttributeError) as e:
+            self._note_once(schema_id, f"a value framed with schema id {schema_id} does not decode ({e})")
+        return data, None
+
+    @property
+    def registry_path(self) -> Path:
+        store = self.registry.store
+        return store.log.path if isinstance(store, LogSchemaStore) else Path("?")
+
+    def _form(self, schema_id: int) -> JsonForm:
+        form = self._forms.get(schema_id)
+        if form is None:
+            form = self._forms[schema_id] = JsonForm(self.registry.schema_by_id(schema_id))
+        return form
+
+    def _note_once(self, schema_id: int, message: str) -> None:
+        if schema_id not in self._noted:
+            self._noted.add(schema_id)
+            self.note(f"note: {message}: such values are shown as stored")

@@ -40,7 +40,7 @@ from eventstore.topic import CleanupPolicy, TopicConfig, validate_topic_name
 from tideline.cli_common import one_line_errors
 
 if TYPE_CHECKING:
-    from tideline.schemas_cli import FramedDecoder
+    from eventstore.schema_store import FramedDecoder
 
 app = typer.Typer(
     help="Inspect and operate the log: topics, partitions, records, compaction.",
@@ -447,7 +447,7 @@ class FramedDisplay:
         if not _may_be_framed(rows.values) and not _may_be_framed(rows.keys):
             return rows
         if self._decoder is None:
-            from tideline.schemas_cli import FramedDecoder  # Avro, numpy: only when needed
+            from eventstore.schema_store import FramedDecoder  # Avro, numpy: only when needed
 
             self._decoder = FramedDecoder(self.log, lambda message: typer.echo(message, err=True))
         self._decoder.forget_missing()

@@ -20,14 +20,14 @@ from capture.pgtypes import Interval, JsonNumber, NonFiniteFloat
 from capture.pgtypes import dumps as capture_dumps
 from eventstore.log import Log
 from eventstore.producer import Producer
-from eventstore.schema_store import SCHEMAS_TOPIC, LogSchemaStore
+from eventstore.schema_store import SCHEMAS_TOPIC, FramedDecoder, LogSchemaStore
 from schemas.compat import CompatibilityLevel
+from schemas.jsonform import JsonForm, framed_schema_id
 from schemas.pgavro import PgColumn
 from schemas.registry import MemorySchemaStore, SchemaRegistry
 from schemas.tables import TableSchemas
 from schemas.wire import AvroWire
 from tideline.cli import app
-from tideline.schemas_cli import FramedDecoder, JsonForm, framed_schema_id
 
 Run = Callable[..., Result]
 
