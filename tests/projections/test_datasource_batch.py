@@ -10,6 +10,7 @@ from projections_util import consumer_rows, source, spark_rows
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
+from eventstore.cleaner import apply_retention
 from eventstore.isolation import IsolationLevel
 from eventstore.log import Log
 from eventstore.partition_log import FsyncMode, FsyncPolicy
@@ -153,3 +154,22 @@ def test_read_committed_and_uncommitted(spark: SparkSession, tmp_path: Path) -> 
         assert {b"open-1", b"after-open"} <= after and b"aborted-1" not in after
     finally:
         txp.close()
+
+
+def test_offsets_removed_by_retention(spark: SparkSession, tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    with Log(path, fsync=FAST) as log:
+        log.create_topic("r", partitions=1, overrides={"segment_bytes": "2048", "retention_bytes": "4096"})
+        with Producer(log) as producer:
+            for i in range(20):
+                producer.send_batch("r", [f"r{i}.{j}".encode() + b"y" * 30 for j in range(10)], partition=0)
+        assert apply_retention(log.partition("r", 0)) > 0
+        log_start = log.partition("r", 0).log_start_offset()
+    assert log_start > 0
+    from_zero = json.dumps({"r": {"0": 0}})
+    with pytest.raises(PySparkException, match="removed by retention"):
+        source(spark, path, "r", startingOffsets=from_zero).count()
+    rows = spark_rows(source(spark, path, "r", startingOffsets=from_zero, failOnDataLoss="false"))
+    assert rows == consumer_rows(path, ["r"])
+    assert rows[0][2] == log_start and rows[-1][2] == 199
+    assert source(spark, path, "r").count() == 200 - log_start  # earliest is the log start
