@@ -59,6 +59,7 @@ users = Table(
     Column("username", Text, nullable=False),
     Column("display_name", Text, nullable=False),
     Column("version", Integer, nullable=False, comment="version of the user's stream the row reflects"),
+    Column("commit_lsn", BigInteger, nullable=False, comment="source commit LSN of that version"),
     PrimaryKeyConstraint("user_id", name="users_pkey"),
     UniqueConstraint("username", name="users_username_key"),
     comment="read view: registered users (projection users)",
@@ -72,6 +73,7 @@ seats = Table(
     Column("reservation_id", Text, nullable=False),
     Column("customer_id", Text, nullable=False),
     Column("version", Integer, nullable=False, comment="version of the reservation's stream"),
+    Column("commit_lsn", BigInteger, nullable=False, comment="source commit LSN of that version"),
     PrimaryKeyConstraint("show_id", "seat", name="seats_pkey"),
     comment="read view: the active reservation holding each seat (projection seats)",
 )

@@ -24,6 +24,7 @@ def upgrade() -> None:
         sa.Column("username", sa.Text, nullable=False),
         sa.Column("display_name", sa.Text, nullable=False),
         sa.Column("version", sa.Integer, nullable=False, comment="version of the user's stream the row reflects"),
+        sa.Column("commit_lsn", sa.BigInteger, nullable=False, comment="source commit LSN of that version"),
         sa.PrimaryKeyConstraint("user_id", name="users_pkey"),
         sa.UniqueConstraint("username", name="users_username_key"),
         comment="read view: registered users (projection users)",
@@ -35,6 +36,7 @@ def upgrade() -> None:
         sa.Column("reservation_id", sa.Text, nullable=False),
         sa.Column("customer_id", sa.Text, nullable=False),
         sa.Column("version", sa.Integer, nullable=False, comment="version of the reservation's stream"),
+        sa.Column("commit_lsn", sa.BigInteger, nullable=False, comment="source commit LSN of that version"),
         sa.PrimaryKeyConstraint("show_id", "seat", name="seats_pkey"),
         comment="read view: the active reservation holding each seat (projection seats)",
     )

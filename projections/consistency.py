@@ -1,0 +1,164 @@
+"""Read-your-writes: how far a view has come in *source* terms, and waiting for it.
+
+A command returns ``commit_lsn`` (:class:`commands.handler.CommandResult`): a WAL position
+read right after its COMMIT, so its transaction's commit record starts before it. A view
+has **reached** LSN ``R`` when every source transaction whose commit record starts before
+``R`` has been applied to it. ``wait_for(dsn, projection, lsn)`` returns once the view's
+reached LSN is ≥ ``lsn`` — then the command's events are in the view.
+
+How ``R`` is established (never from the events' own LSNs alone: partitions are read
+side by side, so the largest LSN applied says nothing about a partition read a moment
+earlier):
+
+1. Take a **sample**: first the capture connector's stored position ``P`` (the
+   ``__tideline_capture_offsets`` topic, read_committed: the log holds every transaction
+   up to ``P``; ``P.confirm_lsn`` is the end of the last wholly stored transaction, so
+   every transaction whose commit starts before it is in the log), *then* the last
+   stable offsets ``E`` of the view's source partitions. Whatever was committed to the
+   log before ``P`` was read lies below ``E``.
+2. Once the view's checkpoints (next offsets, committed with the view rows) are ≥ ``E``
+   on every partition, the view has everything up to ``P``: ``R = P.confirm_lsn``.
+
+``follow`` samples after every micro-batch and every half second while idle, and promotes
+the samples its checkpoints cover (so ``R`` advances under load, one batch behind, and
+immediately when caught up). ``rebuild`` takes its sample before it fixes the offsets it
+reads to. ``R`` only grows.
+
+Liveness: ``R`` is a commit *end*, and the handler's ``commit_lsn`` is the insert position
+after its commit — equal when nothing else was written to the WAL in between, larger
+when something was (another database's writes, a checkpoint). Then ``R`` passes it with
+the next captured transaction: on a quiet database run capture with a heartbeat
+(``--heartbeat-query``) so that there is one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import psycopg
+
+from eventstore.consumer import Consumer, TopicPartition
+from eventstore.isolation import IsolationLevel, end_offset
+from eventstore.log import Log
+from projections import store
+
+CAPTURE_OFFSETS_TOPIC = "__tideline_capture_offsets"  # capture.connector.OFFSETS_TOPIC
+
+
+def parse_lsn(text: str) -> int:
+    """``"16/B374D848"`` → 0x16B374D848 (Postgres's text form of a WAL position)."""
+    high, _, low = text.partition("/")
+    if not _ or not high or not low:
+        raise ValueError(f"not an LSN: {text!r}")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def format_lsn(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+
+
+def captured_lsn(log: Log, connector: bytes | None = None) -> int:
+    """The end of the last wholly stored source transaction (``confirm_lsn`` of capture's stored
+    position; the largest over connectors unless ``connector`` names one key); 0 if none."""
+    if CAPTURE_OFFSETS_TOPIC not in log.topics():
+        return 0
+    latest: dict[bytes, int] = {}
+    with Consumer(log, enable_auto_commit=False, isolation_level=IsolationLevel.READ_COMMITTED) as consumer:
+        consumer.assign([TopicPartition(CAPTURE_OFFSETS_TOPIC, 0)])
+        consumer.seek_to_beginning()
+        while records := consumer.poll(timeout_ms=0):
+            for r in records:
+                if r.key is None or r.value is None or (connector is not None and r.key != connector):
+                    continue
+                latest[r.key] = int(orjson.loads(r.value)["confirm_lsn"])
+    return max(latest.values(), default=0)
+
+
+def stable_offsets(log: Log, topics: Iterable[str]) -> store.Offsets:
+    """The last stable offset of every partition of ``topics`` that exist."""
+    out: store.Offsets = {}
+    existing = set(log.topics())
+    for topic in topics:
+        if topic not in existing:
+            continue
+        for p in range(log.topic(topic).partitions):
+            out.setdefault(topic, {})[p] = end_offset(log.partition(topic, p), IsolationLevel.READ_COMMITTED)
+    return out
+
+
+def consistent_offsets(log: Log, topics: Iterable[str], attempts: int = 50) -> store.Offsets:
+    """Last stable offsets that form a cut of the log's transactions: read until two reads in a row
+    agree (a log transaction committed between the reads of two partitions would otherwise be
+    half inside)."""
+    topics = list(topics)
+    previous = stable_offsets(log, topics)
+    for _ in range(attempts):
+        current = stable_offsets(log, topics)
+        if current == previous:
+            return current
+        previous = current
+        time.sleep(0.005)
+    return previous
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A capture position and the log offsets that hold everything up to it."""
+
+    lsn: int
+    offsets: store.Offsets
+
+    def covered_by(self, applied: store.Offsets) -> bool:
+        return all(applied.get(t, {}).get(p, 0) >= o for t, per in self.offsets.items() for p, o in per.items())
+
+
+def take_sample(log: Log, topics: Iterable[str]) -> Sample:
+    lsn = captured_lsn(log)  # first the position, then the offsets: see the module docstring
+    return Sample(lsn, stable_offsets(log, topics))
+
+
+class ReachedTracker:
+    """Samples waiting to be covered by a view's checkpoints (driver side; not thread-safe)."""
+
+    def __init__(self, log_dir: Path, topics: Iterable[str], keep: int = 64) -> None:
+        self.log_dir = log_dir
+        self.topics = list(topics)
+        self.keep = keep
+        self.pending: list[Sample] = []
+
+    def sample(self) -> None:
+        with Log(self.log_dir, create=False) as log:
+            s = take_sample(log, self.topics)
+        if s.lsn and (not self.pending or s.lsn > self.pending[-1].lsn or s.offsets != self.pending[-1].offsets):
+            self.pending.append(s)
+            del self.pending[: -self.keep]
+
+    def promote(self, applied: store.Offsets) -> int:
+        """The largest LSN of the samples ``applied`` covers (0: none); those samples are dropped."""
+        reached = 0
+        keep: list[Sample] = []
+        for s in self.pending:
+            if s.covered_by(applied):
+                reached = max(reached, s.lsn)
+            else:
+                keep.append(s)
+        self.pending = keep
+        return reached
+
+
+def wait_for(dsn: str, projection: str, lsn: int | str, timeout: float = 10.0, poll: float = 0.05) -> bool:
+    """Wait until ``projection`` has reached ``lsn`` (a command's ``commit_lsn``, int or ``"X/Y"``);
+    True when it has, False after ``timeout`` seconds."""
+    target = parse_lsn(lsn) if isinstance(lsn, str) else lsn
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            if store.reached_lsn(conn, projection) >= target:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
