@@ -38,6 +38,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,13 +148,28 @@ def run_recvlogical(dsn: str, slot: str, end_lsn: str) -> float:
     return seconds
 
 
-def run_connector(dsn: str, slot: str, log_dir: Path) -> float:
+def run_connector(dsn: str, slot: str, log_dir: Path, series: list[tuple[float, int]] | None = None) -> float:
+    """Seconds to store the slot's WAL; ``series`` gets (seconds since start, events stored) every 50 ms."""
     config = CaptureConfig(
         dsn=dsn, slot=slot, topic_prefix=PREFIX, snapshot=SnapshotMode.NEVER, exit_when_caught_up=True
     )
     start = time.perf_counter()
+    done = threading.Event()
     with Log(log_dir) as log:
-        Connector(config, log).run()
+        connector = Connector(config, log)
+
+        def sample() -> None:
+            while not done.wait(0.05):
+                if series is not None:
+                    series.append((time.perf_counter() - start, connector.stats.events))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            connector.run()
+        finally:
+            done.set()
+            sampler.join()
     return time.perf_counter() - start
 
 
@@ -168,12 +184,16 @@ def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> 
 
     recv_s: list[float] = []
     conn_s: list[float] = []
+    best_series: list[tuple[float, int]] = []
     for i in range(sizes.runs):
         for consumer in ("recv", "tl"):
             execute(dsn, "SELECT pg_copy_logical_replication_slot('src', %s)", (f"{consumer}_{i}",))
         recv_s.append(run_recvlogical(dsn, f"recv_{i}", end_lsn))
         log_dir = ctx.workdir / f"log-{i}"
-        conn_s.append(run_connector(dsn, f"tl_{i}", log_dir))
+        series: list[tuple[float, int]] = []
+        conn_s.append(run_connector(dsn, f"tl_{i}", log_dir, series))
+        if conn_s[-1] == min(conn_s):
+            best_series = series
         stored = count_records(log_dir, f"{PREFIX}.public.{TABLE}")
         if stored != n:
             raise AssertionError(f"the connector stored {stored} change events, expected {n}")
@@ -185,6 +205,9 @@ def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> 
         )
     execute(dsn, "SELECT pg_drop_replication_slot('src')")
     ratios = [r / c for r, c in zip(recv_s, conn_s, strict=True)]
+    if not ctx.quick:
+        plot = plot_throughput(best_series, n / min(recv_s), n / min(conn_s))
+        section.notes.append(f"Throughput over time (best connector run): ![capture throughput]({plot})")
     section.results.append(
         measured(
             "capture throughput, WAL → durable log",
@@ -249,6 +272,7 @@ class LatencyRun:
     censored: int  # events not readable by the end of the drain: latency ≥ drain end − commit
     rows: int
     write_s: float
+    series: list[tuple[float, float]]  # (commit time, ms since the run's first commit; latency ms), readable events
 
     def pct(self, q: float) -> float:
         return percentile(self.latencies, q)
@@ -296,6 +320,9 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> Non
         except subprocess.TimeoutExpired:
             connector.kill()
             connector.communicate()
+    if not ctx.quick:
+        plot = plot_latency(target, low)
+        section.notes.append(f"Latency over time (each point an event): ![capture latency]({plot})")
     p99 = target.pct(99)
     rate = target.rows / target.write_s
     writer = (
@@ -341,6 +368,7 @@ def measure_latency(
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         latencies: list[float] = []
+        series: list[tuple[float, float]] = []
         counted_from_ms = time.time() * 1000 + WARMUP_S * 1000
         last_id = first_id - 1
         expected_last: int | None = None
@@ -358,6 +386,7 @@ def measure_latency(
                     continue
                 if event["source"]["ts_ms"] >= counted_from_ms:
                     latencies.append(now_ms - event["source"]["ts_ms"])
+                    series.append((event["source"]["ts_ms"], now_ms - event["source"]["ts_ms"]))
                 last_id = max(last_id, row_id)
             if expected_last is None and writer.poll() is not None:
                 out, err = writer.communicate()
@@ -381,7 +410,69 @@ def measure_latency(
         censored = len(bounds)
     if not latencies:
         raise AssertionError("no event was received after the warm-up")
-    return LatencyRun(sorted(latencies), censored, transactions * LATENCY_TXN_ROWS, write_s)
+    first = min((t for t, _ in series), default=0.0)
+    relative = [(t - first, lat) for t, lat in series]
+    return LatencyRun(sorted(latencies), censored, transactions * LATENCY_TXN_ROWS, write_s, relative)
+
+
+# ---------------------------------------------------------------------------- plots
+
+PLOTS = ROOT / "bench" / "plots"
+
+
+def plot_throughput(series: list[tuple[float, int]], peer_rate: float, best_rate: float) -> str:
+    """Events captured per second over the best run (0.5 s windows) → PNG; its path relative to the repo."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    PLOTS.mkdir(parents=True, exist_ok=True)
+    times, rates = [], []
+    for (t0, e0), (t1, e1) in zip(series, series[10:], strict=False):  # 10 samples of 50 ms apart
+        times.append((t0 + t1) / 2)
+        rates.append((e1 - e0) / (t1 - t0))
+    fig, ax = plt.subplots(figsize=(8, 3.5), dpi=110)
+    ax.plot(times, rates, label="connector: events captured/s (0.5 s window)")
+    ax.axhline(best_rate, color="tab:blue", linestyle=":", label=f"connector, whole run: {best_rate:,.0f}/s")
+    ax.axhline(peer_rate, color="tab:red", linestyle="--", label=f"pg_recvlogical, whole run: {peer_rate:,.0f}/s")
+    ax.axhline(0.7 * peer_rate, color="tab:gray", linestyle="-.", label="target: 0.7× pg_recvlogical")
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel("changes/s")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("Capture throughput: WAL → durable log")
+    fig.tight_layout()
+    path = PLOTS / "capture_throughput.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path.relative_to(ROOT))
+
+
+def plot_latency(target: LatencyRun, low: LatencyRun) -> str:
+    """Commit → readable latency of every event over the run → PNG; its path relative to the repo."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    PLOTS.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 3.5), dpi=110)
+    for run, label, color in ((target, f"{LATENCY_RATE:,} changes/s", "tab:blue"), (low, f"{LOW_RATE:,} changes/s",
+                                                                                      "tab:green")):  # fmt: skip
+        ax.scatter([t / 1000 for t, _ in run.series], [lat for _, lat in run.series], s=1, alpha=0.4, color=color,
+                   label=f"{label}: p50 {run.pct(50):,.0f} ms, p99 {run.pct(99):,.0f} ms")  # fmt: skip
+    ax.axhline(50, color="tab:red", linestyle="--", label="target: p99 ≤ 50 ms at 10,000 changes/s")
+    ax.set_xlabel("seconds since the run's first counted commit")
+    ax.set_ylabel("commit → readable (ms)")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper right", fontsize=8, markerscale=8)
+    ax.set_title("Capture latency: source commit → readable in the log")
+    fig.tight_layout()
+    path = PLOTS / "capture_latency.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path.relative_to(ROOT))
 
 
 # ---------------------------------------------------------------------------- entry point
