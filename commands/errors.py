@@ -44,6 +44,20 @@ class ConcurrencyError(CommandsError):
         self.attempts = attempts
 
 
+class WrongExpectedVersionError(CommandsError):
+    """The caller decided on a version of the stream that is no longer current (KurrentDB's
+    WrongExpectedVersion): nothing was written; reload, decide again, resend."""
+
+    def __init__(self, stream_id: str, expected_version: int, actual_version: int | None) -> None:
+        where = f"is at version {actual_version}" if actual_version is not None else "moved on while appending"
+        super().__init__(
+            f"stream {stream_id!r} {where}, not at the expected version {expected_version}: reload it and decide again"
+        )
+        self.stream_id = stream_id
+        self.expected_version = expected_version
+        self.actual_version = actual_version
+
+
 class DuplicateClaimError(CommandsError):
     """A uniqueness claim (a username, a seat) is held by another stream; nothing was written."""
 

@@ -39,7 +39,7 @@ from commands import store
 from commands.aggregate import AggregateType, claim_changes
 from commands.codec import from_json, to_json
 from commands.db import make_engine
-from commands.errors import CommandIdReusedError, ConcurrencyError
+from commands.errors import CommandIdReusedError, ConcurrencyError, WrongExpectedVersionError
 from commands.events import Event
 
 log = logging.getLogger(__name__)
@@ -206,12 +206,16 @@ class CommandHandler:
         command_id: str | None = None,
         correlation_id: str | None = None,
         causation_id: str | None = None,
+        expected_version: int | None = None,
     ) -> CommandResult:
         """Decide ``command`` against the current state and store its events.
 
         ``command_id`` makes the command idempotent (default: a fresh UUID, i.e. no
-        protection against a client's retry). Raises the aggregate's DomainError,
-        DuplicateClaimError, CommandIdReusedError or ConcurrencyError.
+        protection against a client's retry). ``expected_version``: the stream version
+        the caller saw (KurrentDB's expected revision; 0: the stream must not exist yet);
+        if the stream is elsewhere when the command is decided or appended, it is not
+        retried: :class:`WrongExpectedVersionError`. Raises the aggregate's DomainError,
+        DuplicateClaimError, CommandIdReusedError, ConcurrencyError or WrongExpectedVersionError.
         """
         command_id = command_id or str(uuid.uuid4())
         stream_id = aggregate.stream_id(command)
@@ -235,6 +239,8 @@ class CommandHandler:
                     return self._replay(conn, loaded.recorded, command_id, stream_id, attempt)
                 current = self._fold(aggregate, loaded)
                 expected = current.version
+                if expected_version is not None and expected != expected_version:
+                    raise WrongExpectedVersionError(stream_id, expected_version, expected)
                 events = list(aggregate.decide(current.state, command))
                 decision = self._decision(aggregate, command, command_id, stream_id, expected, events, metadata)
                 try:
@@ -243,6 +249,8 @@ class CommandHandler:
                         assert recorded is not None, "command row vanished"  # rows are never deleted
                         return self._replay(conn, recorded, command_id, stream_id, attempt)
                 except (store.VersionConflict, store.ClaimReleased) as e:
+                    if expected_version is not None and isinstance(e, store.VersionConflict):
+                        raise WrongExpectedVersionError(stream_id, expected_version, None) from None
                     log.debug("attempt %d of command %s on %s: %s", attempt, command_id, stream_id, e)
                     self._pause(attempt)
                     continue

@@ -6,7 +6,13 @@ import pytest
 from commands_util import rows
 
 from commands import store as store_module
-from commands.errors import CommandIdReusedError, ConcurrencyError, DuplicateClaimError, ValidationError
+from commands.errors import (
+    CommandIdReusedError,
+    ConcurrencyError,
+    DuplicateClaimError,
+    ValidationError,
+    WrongExpectedVersionError,
+)
 from commands.handler import CommandHandler, HandlerConfig
 from examples.reservations.domain import (
     RESERVATION,
@@ -170,3 +176,26 @@ def test_retries_are_bounded_then_concurrency_error(
     assert loads == [2] * handler.config.max_attempts
     assert rows(dsn, "SELECT count(*) FROM events")[0][0] == 2
     assert rows(dsn, "SELECT value FROM claims") == [("hamlet/A2",)]  # the failed claim was rolled back
+
+
+def test_expected_version_from_the_caller(handler: CommandHandler, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KurrentDB's expected revision: a caller that decided on an old version is refused, not retried."""
+    handler.handle(RESERVATION, ReserveSeat("r1", "hamlet", "A1", "alice"), expected_version=0)  # new stream
+    with pytest.raises(WrongExpectedVersionError, match="is at version 1, not at the expected version 0"):
+        handler.handle(RESERVATION, ReserveSeat("r1", "hamlet", "A5", "bob"), expected_version=0)
+    result = handler.handle(RESERVATION, ChangeSeat("r1", "A2"), expected_version=1)
+    assert result.version == 2
+    with pytest.raises(WrongExpectedVersionError, match="is at version 2, not at the expected version 1"):
+        handler.handle(RESERVATION, ChangeSeat("r1", "A3"), expected_version=1)
+
+    # Another writer appends between the load and the append: no retry either.
+    real_load = store_module.load_stream
+
+    def stale_load(*args: object, **kwargs: object) -> store_module.LoadedStream:
+        loaded = real_load(*args, **kwargs)  # type: ignore[arg-type]
+        return store_module.LoadedStream(None, loaded.events[:1], loaded.recorded)  # "version 1"
+
+    monkeypatch.setattr(store_module, "load_stream", stale_load)
+    with pytest.raises(WrongExpectedVersionError, match="moved on while appending"):
+        handler.handle(RESERVATION, ChangeSeat("r1", "A4"), expected_version=1)
+    assert rows(dsn, "SELECT count(*) FROM events")[0][0] == 2  # nothing written by the refused ones
