@@ -51,6 +51,7 @@ from projections.views import (
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
+STATE_COLUMNS = ("projection", "stream_id", "version", "commit_lsn", "state")
 EVENT_COLUMNS = (
     "stream_id",
     "stream_type",
@@ -206,7 +207,7 @@ def fold_and_copy(
         for stream, stream_events in fold_streams(view, (tuple(r) for r in rows)):
             events += len(stream_events)
             view_rows.extend(view.rows(stream))
-            states.append((view.name, stream.stream_id, stream.version, to_json(stream.state)))
+            states.append((view.name, stream.stream_id, stream.version, stream.commit_lsn, to_json(stream.state)))
             if len(states) >= 10_000:
                 _flush(conn, view, rows_table, state_table, view_rows, states)
         _flush(conn, view, rows_table, state_table, view_rows, states)
@@ -219,7 +220,7 @@ def _flush(
     from projections.views import columns_of
 
     store.copy_rows(conn, rows_table, columns_of(view), rows)
-    store.copy_rows(conn, state_table, ("projection", "stream_id", "version", "state"), states)
+    store.copy_rows(conn, state_table, STATE_COLUMNS, states)
     conn.commit()
     rows.clear()
     states.clear()

@@ -108,6 +108,7 @@ projection_state = Table(
     Column("projection", Text, nullable=False),
     Column("stream_id", Text, nullable=False),
     Column("version", Integer, nullable=False, comment="the stream version the state includes"),
+    Column("commit_lsn", BigInteger, nullable=False, comment="source commit LSN of that version"),
     Column("state", JSONB, nullable=False),
     PrimaryKeyConstraint("projection", "stream_id", name="projection_state_pkey"),
     comment="fold projections: the state of each stream so far",

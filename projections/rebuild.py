@@ -126,7 +126,8 @@ def _rebuild(
         else:
             _merge_shared(conn, view, view.table, target)
         conn.execute("DELETE FROM projection_state WHERE projection = %s", (view.name,))
-        conn.execute(f'INSERT INTO projection_state SELECT * FROM "{states}"')
+        cols = ", ".join(engine.STATE_COLUMNS)
+        conn.execute(f'INSERT INTO projection_state ({cols}) SELECT {cols} FROM "{states}"')
         store.drop_table(conn, states)
         store.write_checkpoints(conn, view.name, ends, {}, replace=True)
         store.add_progress(conn, view.name, events, 1)

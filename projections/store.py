@@ -10,13 +10,10 @@ tideline source's streaming offsets.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
-import pyarrow as pa
-import pyarrow.csv as pacsv
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -183,17 +180,3 @@ def copy_rows(conn: Conn, table: str, columns: Sequence[str], rows: Iterable[Seq
             copy.write_row([Jsonb(v) if isinstance(v, dict | list) else v for v in row])
             n += 1
     return n
-
-
-def copy_arrow(conn: Conn, table: str, batch: pa.RecordBatch) -> int:
-    """COPY an Arrow batch (columns named as ``table``'s) as CSV, without a Python loop per row."""
-    if batch.num_rows == 0:
-        return 0
-    buffer = io.BytesIO()
-    pacsv.write_csv(batch, buffer, pacsv.WriteOptions(include_header=False, quoting_style="all_valid"))
-    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
-        sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(c) for c in batch.schema.names)
-    )
-    with conn.cursor() as cur, cur.copy(statement) as copy:
-        copy.write(buffer.getbuffer())
-    return int(batch.num_rows)

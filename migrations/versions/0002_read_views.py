@@ -67,6 +67,7 @@ def upgrade() -> None:
         sa.Column("projection", sa.Text, nullable=False),
         sa.Column("stream_id", sa.Text, nullable=False),
         sa.Column("version", sa.Integer, nullable=False, comment="the stream version the state includes"),
+        sa.Column("commit_lsn", sa.BigInteger, nullable=False, comment="source commit LSN of that version"),
         sa.Column("state", JSONB, nullable=False),
         sa.PrimaryKeyConstraint("projection", "stream_id", name="projection_state_pkey"),
         comment="fold projections: the state of each stream so far",

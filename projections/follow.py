@@ -1,0 +1,485 @@
+"""``follow``: keep a view up to date with Structured Streaming micro-batches, exactly once.
+
+The query reads the view's topics (``spark.readStream.format("tideline")``, read_committed)
+from the offsets in ``projection_checkpoints`` — the Postgres checkpoint is the truth; the
+Spark checkpoint under ``<checkpoint dir>/<projection>`` is kept only while it agrees
+with it (otherwise it is deleted and the query starts from Postgres's offsets).
+
+Each micro-batch (``foreachBatch``), in **one** Postgres transaction:
+
+1. lock the projection's run and checkpoint rows; drop the batch's records at offsets
+   below the stored next offsets (a batch Spark re-runs after a crash changes nothing);
+2. compute and apply the batch's changes — fold views: load the touched streams' states,
+   fold the new events (versions ≤ the stored one skipped), delete the streams' previous
+   rows, insert the new ones; count views: additive upserts; mirrors: the batch's latest
+   record per key, upserted or (tombstone, ``d``, ``t``) deleted;
+3. store the batch's end offsets (read from Spark's offset log, written before the batch
+   ran) and the reached LSN they imply (:mod:`projections.consistency`).
+
+A crash anywhere leaves either all of a batch or none of it in Postgres: the views are
+exactly once. The batch frame is persisted while it is used more than once.
+
+A view that was rebuilt while a follow job ran has checkpoints *behind* the job's next
+batch start; the batch raises :class:`CheckpointMoved` and the job restarts from Postgres.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import TimestampType
+
+from commands.codec import to_json
+from eventstore.errors import TidelineError
+from eventstore.log import Log
+from projections import engine, store
+from projections.consistency import ReachedTracker
+from projections.views import (
+    CountView,
+    FoldView,
+    MirrorView,
+    Row,
+    StoredEvent,
+    Stream,
+    View,
+    ViewCatalog,
+    columns_of,
+    key_columns,
+)
+
+IDLE_TICK_S = 0.5
+
+
+class CheckpointMoved(TidelineError):
+    """The view's checkpoints moved behind the running query (a rebuild): restart from Postgres."""
+
+
+@dataclass
+class FollowStats:
+    """Counters of a follow job (read by the metrics endpoint and the progress display)."""
+
+    projection: str
+    batches: int = 0
+    events: int = 0
+    last_batch_seconds: float = 0.0
+    reached_lsn: int = 0
+    restarts: int = 0
+    applied: store.Offsets = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    def lag(self, log_dir: Path, topics: Iterable[str]) -> dict[str, dict[int, int]]:
+        """Log end − applied offset per partition (read_committed)."""
+        from projections.consistency import stable_offsets
+
+        with Log(log_dir, create=False) as log:
+            ends = stable_offsets(log, topics)
+        return {
+            t: {p: max(0, o - self.applied.get(t, {}).get(p, 0)) for p, o in per.items()} for t, per in ends.items()
+        }
+
+
+BatchReport = Callable[[FollowStats], None]
+
+
+def checkpoint_path(checkpoint_dir: Path, projection: str) -> Path:
+    return checkpoint_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", projection)
+
+
+def spark_committed_offsets(location: Path) -> store.Offsets | None:
+    """The end offsets of the last batch Spark committed in its checkpoint (None: none)."""
+    commits = [int(p.name) for p in (location / "commits").glob("[0-9]*")] if (location / "commits").is_dir() else []
+    if not commits:
+        return None
+    return batch_end_offsets(location, max(commits))
+
+
+def batch_end_offsets(location: Path, batch_id: int) -> store.Offsets | None:
+    """Spark's offset log entry of ``batch_id``: ``v1``, metadata, then the source's offset JSON."""
+    path = location / "offsets" / str(batch_id)
+    if not path.exists():
+        return None
+    lines = path.read_text().splitlines()
+    raw = json.loads(lines[2])
+    return {t: {int(p): int(o) for p, o in per.items()} for t, per in raw.items()}
+
+
+def wait_for_topics(log_dir: Path, topics: Iterable[str], stop: threading.Event, timeout: float | None) -> bool:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not stop.is_set():
+        with Log(log_dir) as log:
+            if set(topics) <= set(log.topics()):
+                return True
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        stop.wait(0.5)
+    return False
+
+
+class Follower:
+    """One follow job: the streaming query of one view and its bookkeeping (driver side)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        catalog: ViewCatalog,
+        name: str,
+        *,
+        log_dir: Path,
+        dsn: str,
+        checkpoint_dir: Path,
+        trigger_seconds: float = 1.0,
+        max_records_per_trigger: int | None = None,
+        on_batch: BatchReport = lambda _: None,
+    ) -> None:
+        self.spark = spark
+        self.view: View = catalog[name]
+        self.log_dir = log_dir
+        self.dsn = dsn
+        self.location = checkpoint_path(checkpoint_dir, self.view.name)
+        self.trigger_seconds = trigger_seconds
+        self.max_records_per_trigger = max_records_per_trigger
+        self.on_batch = on_batch
+        self.stats = FollowStats(self.view.name)
+        self.tracker = ReachedTracker(log_dir, self.view.topics)
+        self.lock = threading.Lock()  # the tracker and stats: foreachBatch runs on a Spark thread
+        self.starting: store.Offsets = {}
+
+    # ------------------------------------------------------------------ the job
+
+    def run(self, *, once: bool = False, stop: threading.Event | None = None) -> FollowStats:
+        """Follow until ``stop`` is set (or, ``once``, until everything readable now is applied)."""
+        stop = stop or threading.Event()
+        if not wait_for_topics(self.log_dir, self.view.topics, stop, 0.0 if once else None):
+            if once:
+                raise TidelineError(f"projection {self.view.name}: topic(s) {', '.join(self.view.topics)} not found")
+            return self.stats
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            store.start_run(conn, self.view.name, "follow")
+        status, error = "done", None
+        try:
+            while True:
+                try:
+                    self._run_query(once, stop)
+                    break
+                except StreamingQueryException as e:
+                    if "CheckpointMoved" not in str(e):
+                        raise
+                    self.stats.restarts += 1
+        except BaseException as e:
+            status, error = "failed", f"{type(e).__name__}: {e}"[:2000]
+            raise
+        finally:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                store.finish_run(conn, self.view.name, status, error)
+        return self.stats
+
+    def _run_query(self, once: bool, stop: threading.Event) -> None:
+        self.starting = self._starting_offsets()
+        reader = (
+            self.spark.readStream.format("tideline")
+            .option("path", str(self.log_dir))
+            .option("subscribe", ",".join(self.view.topics))
+            .option("startingOffsets", json.dumps(self.starting))
+        )
+        if self.max_records_per_trigger:
+            reader = reader.option("maxRecordsPerTrigger", str(self.max_records_per_trigger))
+        writer = (
+            reader.load()
+            .writeStream.queryName(f"follow-{self.view.name}")
+            .foreachBatch(self._batch)
+            .option("checkpointLocation", str(self.location))
+        )
+        writer = (
+            writer.trigger(availableNow=True)
+            if once
+            else writer.trigger(processingTime=f"{self.trigger_seconds} seconds")
+        )
+        query = writer.start()
+        try:
+            while query.isActive:
+                if stop.is_set():
+                    query.stop()
+                    break
+                if query.awaitTermination(1):
+                    break
+                self._idle_tick()
+            query.awaitTermination()  # raises the query's error, if any
+        finally:
+            if query.isActive:
+                query.stop()
+        self._idle_tick()
+
+    def _starting_offsets(self) -> store.Offsets:
+        """Postgres's checkpoints (earliest for partitions without one); a Spark checkpoint that
+        disagrees with them is removed."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            stored = store.offsets_of(store.read_checkpoints(conn, self.view.name))
+        self.stats.applied = stored
+        with Log(self.log_dir, create=False) as log:
+            starting = {
+                t: {p: stored.get(t, {}).get(p, -2) for p in range(log.topic(t).partitions)} for t in self.view.topics
+            }
+        if self.location.exists() and spark_committed_offsets(self.location) != {
+            t: {p: o for p, o in per.items() if o >= 0} for t, per in starting.items()
+        }:
+            shutil.rmtree(self.location)
+        return starting
+
+    def _idle_tick(self) -> None:
+        """Between batches: promote samples the stored checkpoints cover (raises reached when idle)."""
+        with self.lock:
+            self.tracker.sample()
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                applied = store.offsets_of(store.read_checkpoints(conn, self.view.name))
+                reached = self.tracker.promote(applied)
+                if reached:
+                    store.advance_reached(conn, self.view.name, reached)
+                    self.stats.reached_lsn = max(self.stats.reached_lsn, reached)
+
+    # ------------------------------------------------------------------ one micro-batch
+
+    def _batch(self, df: DataFrame, batch_id: int) -> None:
+        began = time.monotonic()
+        end = batch_end_offsets(self.location, batch_id)
+        if end is None:
+            raise TidelineError(f"no offsets of batch {batch_id} in {self.location}/offsets")
+        start = batch_end_offsets(self.location, batch_id - 1) if batch_id > 0 else None
+        start = start or {t: {p: o for p, o in per.items() if o >= 0} for t, per in self.starting.items()}
+        with psycopg.connect(self.dsn) as conn, conn.transaction():
+            applied = store.offsets_of(store.read_checkpoints(conn, self.view.name, lock=True))
+            for t, per in start.items():
+                for p, o in per.items():
+                    if applied.get(t, {}).get(p, 0) < o:
+                        raise CheckpointMoved(
+                            f"CheckpointMoved: {self.view.name} {t}[{p}] stored {applied.get(t, {}).get(p, 0)} < {o}"
+                        )
+            fresh = engine.skip_applied(df, applied).persist()
+            try:
+                per_partition = fresh.groupBy("topic", "partition").agg(F.count(F.lit(1)).alias("n")).collect()
+                events = sum(int(r["n"]) for r in per_partition)
+                lsns = self._apply(conn, fresh) if events else {}
+            finally:
+                fresh.unpersist()
+            store.write_checkpoints(conn, self.view.name, end, lsns)
+            store.add_progress(conn, self.view.name, events, 1)
+            merged = {t: dict(per) for t, per in applied.items()}
+            for t, per in end.items():
+                for p, o in per.items():
+                    merged.setdefault(t, {})[p] = max(o, merged.get(t, {}).get(p, 0))
+            with self.lock:
+                self.tracker.sample()
+                reached = self.tracker.promote(merged)
+            if reached:
+                store.advance_reached(conn, self.view.name, reached)
+        with self.lock:
+            self.stats.batches += 1
+            self.stats.events += events
+            self.stats.applied = merged
+            self.stats.last_batch_seconds = time.monotonic() - began
+            self.stats.reached_lsn = max(self.stats.reached_lsn, reached)
+        self.on_batch(self.stats)
+
+    def _apply(self, conn: store.Conn, fresh: DataFrame) -> dict[tuple[str, int], int]:
+        if isinstance(self.view, FoldView):
+            return apply_fold(conn, self.view, fresh)
+        if isinstance(self.view, CountView):
+            return apply_counts(conn, self.view, fresh)
+        return apply_mirror(conn, self.view, fresh)
+
+
+# -- applying a batch ---------------------------------------------------------------------------
+
+
+def _events(fresh: DataFrame) -> list[tuple[str, int, StoredEvent]]:
+    parsed = engine.python_rows(engine.parse_events(fresh).select("topic", "partition", *engine.EVENT_COLUMNS))
+    return [(r[0], int(r[1]), engine.stored_event(tuple(r)[2:])) for r in parsed.collect()]
+
+
+def _max_lsns(items: Iterable[tuple[str, int, int]]) -> dict[tuple[str, int], int]:
+    out: dict[tuple[str, int], int] = {}
+    for topic, partition, lsn in items:
+        out[(topic, partition)] = max(lsn, out.get((topic, partition), 0))
+    return out
+
+
+def apply_fold(conn: store.Conn, view: FoldView, fresh: DataFrame) -> dict[tuple[str, int], int]:
+    """Fold the batch's events into the touched streams' stored states; replace their rows."""
+    located = _events(fresh)
+    streams: dict[str, list[StoredEvent]] = defaultdict(list)
+    for _, _, e in located:
+        streams[e.stream_id].append(e)
+    stored = {
+        sid: (int(v), int(lsn), state)
+        for sid, v, lsn, state in conn.execute(
+            "SELECT stream_id, version, commit_lsn, state FROM projection_state WHERE projection = %s "
+            "AND stream_id = ANY(%s) FOR UPDATE",
+            (view.name, list(streams)),
+        )
+    }
+    old_rows: list[Row] = []
+    new_rows: list[Row] = []
+    states: list[Row] = []
+    for sid, events in streams.items():
+        events.sort(key=lambda e: e.version)
+        stype = events[0].stream_type
+        version, lsn, raw = stored.get(sid, (0, 0, None))
+        if events[-1].version <= version:
+            continue  # all applied already
+        before = None if raw is None else engine.state_from_json(view, stype, raw)
+        if before is not None:
+            old_rows.extend(view.rows(Stream(view.aggregate(stype), sid, version, lsn, before)))
+        after = engine.stream_of(view, events, before, version)
+        new_rows.extend(view.rows(after))
+        states.append((view.name, sid, after.version, after.commit_lsn, Jsonb(to_json(after.state))))
+    if view.snapshots:
+        _upsert_snapshots(conn, new_rows)
+    else:
+        _replace_rows(conn, view, old_rows, new_rows)
+    with conn.cursor() as cur:
+        cur.executemany(
+            """
+            INSERT INTO projection_state (projection, stream_id, version, commit_lsn, state) VALUES (%s, %s, %s, %s, %s)
+            ON CONFLICT (projection, stream_id) DO UPDATE
+               SET version = EXCLUDED.version, commit_lsn = EXCLUDED.commit_lsn, state = EXCLUDED.state
+            """,
+            states,
+        )
+    return _max_lsns((t, p, e.commit_lsn) for t, p, e in located)
+
+
+def _replace_rows(conn: store.Conn, view: FoldView, old_rows: list[Row], new_rows: list[Row]) -> None:
+    """Delete the streams' previous rows (matched on every column), then insert the new ones; a key
+    held by another stream is taken over only by a row with a larger commit_lsn."""
+    table = view.table.name
+    columns = columns_of(view)
+    keys = key_columns(view.table)
+    if old_rows:
+        match = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in columns)
+        with conn.cursor() as cur:
+            cur.executemany(sql.SQL("DELETE FROM {} WHERE {}").format(sql.Identifier(table), match), old_rows)
+    if not new_rows:
+        return
+    insert = sql.SQL("INSERT INTO {} AS t ({}) VALUES ({}) ").format(
+        sql.Identifier(table),
+        sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+        sql.SQL(", ").join(sql.Placeholder() for _ in columns),
+    )
+    if "commit_lsn" in columns:
+        insert += sql.SQL("ON CONFLICT ({}) DO UPDATE SET {} WHERE t.commit_lsn < EXCLUDED.commit_lsn").format(
+            sql.SQL(", ").join(sql.Identifier(c) for c in keys),
+            sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in columns if c not in keys
+            ),
+        )
+    lsn_at = columns.index("commit_lsn") if "commit_lsn" in columns else None
+    ordered = sorted(new_rows, key=lambda r: r[lsn_at]) if lsn_at is not None else new_rows
+    with conn.cursor() as cur:
+        cur.executemany(insert, ordered)
+
+
+def _upsert_snapshots(conn: store.Conn, rows: list[Row]) -> None:
+    with conn.cursor() as cur:
+        cur.executemany(
+            """
+            INSERT INTO snapshots (stream_id, stream_type, version, schema_version, state) VALUES (%s, %s, %s, %s, %s)
+            ON CONFLICT (stream_id) DO UPDATE
+               SET stream_type = EXCLUDED.stream_type, version = EXCLUDED.version,
+                   schema_version = EXCLUDED.schema_version, state = EXCLUDED.state, recorded_at = now()
+             WHERE snapshots.version < EXCLUDED.version OR snapshots.schema_version <> EXCLUDED.schema_version
+            """,
+            [(*r[:4], Jsonb(r[4])) for r in rows],
+        )
+
+
+def apply_counts(conn: store.Conn, view: CountView, fresh: DataFrame) -> dict[tuple[str, int], int]:
+    """Add the batch's counts per key to the stored ones."""
+    parsed = engine.parse_events(fresh).persist()
+    try:
+        lsns = {
+            (r[0], int(r[1])): int(r[2] or 0)
+            for r in parsed.groupBy("topic", "partition").agg(F.max("commit_lsn")).collect()
+        }
+        frame = view.frame(parsed.select(*engine.EVENT_COLUMNS))
+        timestamps = [f.name for f in frame.schema.fields if isinstance(f.dataType, TimestampType)]
+        counted = engine.python_rows(frame)
+        rows = [
+            tuple(engine.from_micros(r[c]) if c in timestamps else r[c] for c in columns_of(view))
+            for r in counted.collect()
+        ]
+    finally:
+        parsed.unpersist()
+    columns = columns_of(view)
+    statement = sql.SQL("INSERT INTO {} AS t ({}) VALUES ({}) ON CONFLICT ({}) DO UPDATE SET {}").format(
+        sql.Identifier(view.table.name),
+        sql.SQL(", ").join(sql.Identifier(c) for c in columns),
+        sql.SQL(", ").join(sql.Placeholder() for _ in columns),
+        sql.SQL(", ").join(sql.Identifier(c) for c in view.key_columns),
+        sql.SQL(", ").join(sql.SQL("{0} = t.{0} + EXCLUDED.{0}").format(sql.Identifier(c)) for c in view.count_columns),
+    )
+    with conn.cursor() as cur:
+        cur.executemany(statement, rows)
+    return lsns
+
+
+def apply_mirror(conn: store.Conn, view: MirrorView, fresh: DataFrame) -> dict[tuple[str, int], int]:
+    """The batch's latest record per key: upsert its row, or delete the key."""
+    cdc = engine.parse_cdc(fresh).persist()
+    try:
+        lsns = {
+            (r[0], int(r[1])): int(r[2] or 0)
+            for r in cdc.groupBy("topic", "partition").agg(F.max("commit_lsn")).collect()
+        }
+        latest = engine.latest_per_key(cdc).collect()
+    finally:
+        cdc.unpersist()
+    gone = [(view.name, r["key"]) for r in latest if r["gone"]]
+    live = [
+        (view.name, r["key"], r["after"], int(r["commit_lsn"]), int(r["event_index"])) for r in latest if not r["gone"]
+    ]
+    with conn.cursor() as cur:
+        if gone:
+            cur.executemany("DELETE FROM cdc_mirror WHERE projection = %s AND key = CAST(%s AS jsonb)", gone)
+        if live:
+            cur.executemany(
+                """
+                INSERT INTO cdc_mirror (projection, key, row, commit_lsn, event_index)
+                VALUES (%s, CAST(%s AS jsonb), CAST(%s AS jsonb), %s, %s)
+                ON CONFLICT (projection, key) DO UPDATE
+                   SET row = EXCLUDED.row, commit_lsn = EXCLUDED.commit_lsn, event_index = EXCLUDED.event_index
+                """,
+                live,
+            )
+    return lsns
+
+
+def follow(
+    spark: SparkSession,
+    catalog: ViewCatalog,
+    name: str,
+    *,
+    log_dir: Path,
+    dsn: str,
+    checkpoint_dir: Path,
+    once: bool = False,
+    stop: threading.Event | None = None,
+    **options: Any,
+) -> FollowStats:
+    """Follow view ``name`` (see :class:`Follower`); ``once``: apply what is readable now, then return."""
+    return Follower(spark, catalog, name, log_dir=log_dir, dsn=dsn, checkpoint_dir=checkpoint_dir, **options).run(
+        once=once, stop=stop
+    )

@@ -1,0 +1,134 @@
+"""Every view computed in plain Python from the log (eventstore Consumer, read_committed).
+
+The reference the tests and the demo hold Spark's results against: no Spark, no SQL, the
+same declarations (the aggregates' ``apply``, ``FoldView.rows``, ``CountView.contributions``,
+a dict for "latest row per key"). :func:`view_rows` reads what a view holds in Postgres in
+the same form.
+
+Rows are tuples in :func:`projections.views.columns_of` order; jsonb values as parsed JSON.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from eventstore.consumer import Consumer, TopicPartition
+from eventstore.isolation import IsolationLevel
+from eventstore.log import Log
+from projections.views import CountView, FoldView, MirrorView, Row, StoredEvent, Stream, View, columns_of
+
+Record = tuple[bytes | None, bytes | None]  # key, value
+
+
+def records(log_dir: Path, topics: tuple[str, ...]) -> Iterator[tuple[str, int, Record]]:
+    """``(topic, partition, (key, value))`` of every committed record, partition by partition."""
+    with Log(log_dir, create=False) as log:
+        for topic in topics:
+            if topic not in log.topics():
+                continue
+            for p in range(log.topic(topic).partitions):
+                with Consumer(log, enable_auto_commit=False, isolation_level=IsolationLevel.READ_COMMITTED) as c:
+                    c.assign([TopicPartition(topic, p)])
+                    c.seek_to_beginning()
+                    while batch := c.poll(timeout_ms=0):
+                        for r in batch:
+                            yield topic, p, (r.key, r.value)
+
+
+def stored_event(value: bytes) -> StoredEvent:
+    v = orjson.loads(value)
+    return StoredEvent(
+        v["stream_id"],
+        v["stream_type"],
+        int(v["version"]),
+        v["event_type"],
+        int(v.get("schema_version", 1)),
+        v["payload"],
+        datetime.fromisoformat(v["recorded_at"]),
+        int(v["source"]["commit_lsn"]),
+        int(v["source"]["event_index"]),
+    )
+
+
+def expected_rows(view: View, log_dir: Path) -> list[Row]:
+    """What ``view`` must hold after applying everything committed in the log."""
+    if isinstance(view, FoldView):
+        return _fold(view, log_dir)
+    if isinstance(view, CountView):
+        return _counts(view, log_dir)
+    return _mirror(view, log_dir)
+
+
+def _fold(view: FoldView, log_dir: Path) -> list[Row]:
+    streams: dict[str, list[StoredEvent]] = defaultdict(list)
+    for _, _, (_, value) in records(log_dir, view.topics):
+        if value is not None:
+            e = stored_event(value)
+            streams[e.stream_id].append(e)
+    out: list[Row] = []
+    for events in streams.values():
+        events.sort(key=lambda e: e.version)
+        first, last = events[0], events[-1]
+        state = view.fold(first.stream_type, events)
+        out.extend(
+            view.rows(Stream(view.aggregate(first.stream_type), first.stream_id, last.version, last.commit_lsn, state))
+        )
+    return normalized(out)
+
+
+def _counts(view: CountView, log_dir: Path) -> list[Row]:
+    totals: dict[Row, list[int]] = {}
+    for _, _, (_, value) in records(log_dir, view.topics):
+        if value is None:
+            continue
+        for key, counts in view.contributions(stored_event(value)):
+            current = totals.setdefault(key, [0] * len(counts))
+            for i, n in enumerate(counts):
+                current[i] += n
+    return normalized([(*key, *view.extra(key), *counts) for key, counts in totals.items()])
+
+
+def _mirror(view: MirrorView, log_dir: Path) -> list[Row]:
+    latest: dict[bytes, Row | None] = {}
+    for _, _, (key, value) in records(log_dir, view.topics):
+        if key is None:
+            continue
+        change = orjson.loads(value) if value is not None else None
+        if change is None or change.get("op") in ("d", "t") or change.get("after") is None:
+            latest[key] = None
+        else:
+            source = change.get("source") or {}
+            row = (view.name, orjson.loads(key), change["after"], int(source.get("commit_lsn", 0)),
+                   int(source.get("event_index", 0)))  # fmt: skip
+            latest[key] = row
+    return normalized([r for r in latest.values() if r is not None])
+
+
+def view_rows(dsn: str, view: View) -> list[Row]:
+    """What ``view`` holds in the database at ``dsn``, as :func:`expected_rows` gives it."""
+    columns = sql.SQL(", ").join(sql.Identifier(c) for c in columns_of(view))
+    query = sql.SQL("SELECT {} FROM {}").format(columns, sql.Identifier(view.table.name))
+    params: tuple[Any, ...] = ()
+    if isinstance(view, MirrorView):
+        query += sql.SQL(" WHERE projection = %s")
+        params = (view.name,)
+    elif isinstance(view, FoldView) and view.snapshots:
+        query += sql.SQL(" WHERE stream_type = ANY(%s)")
+        params = ([a.name for a in view.aggregates],)
+    with psycopg.connect(dsn) as conn:
+        return normalized([tuple(r) for r in conn.execute(query, params)])
+
+
+def normalized(rows: list[Row]) -> list[Row]:
+    """Rows in a canonical order (JSON values compared by their sorted-key encoding)."""
+    return sorted(
+        rows, key=lambda r: orjson.dumps(r, option=orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_DATETIME, default=str)
+    )
