@@ -73,6 +73,7 @@ def make_session(master: str = "local[*]", app_name: str = "tideline-projections
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
         .config("spark.executorEnv.PYTHONPATH", str(REPO_ROOT))

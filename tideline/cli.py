@@ -46,6 +46,7 @@ def _register() -> None:
     from tideline.demo import demo_command
     from tideline.log_cli import app as log_app
     from tideline.pg_cli import app as pg_app
+    from tideline.project_cli import app as project_app
     from tideline.schemas_cli import app as schemas_app
 
     app.add_typer(capture_app, name="capture")
@@ -53,6 +54,7 @@ def _register() -> None:
     app.add_typer(pg_app, name="pg")
     app.add_typer(db_app, name="db")
     app.add_typer(schemas_app, name="schemas")
+    app.add_typer(project_app, name="project")
     app.command("demo", help="Run the main job end to end on the embedded defaults.")(demo_command)
 
 

@@ -17,6 +17,12 @@ POST     /reservations/{reservation_id}/seat  {"seat"}  (ChangeSeat)
 POST     /reservations/{reservation_id}/cancel
 =======  ===================================  =========================================
 
+``?consistent=true`` on a command waits (up to ``consistency_timeout`` seconds) until the
+read view it changes — ``users`` for registrations, ``seats`` for reservations — has
+reached the command's ``commit_lsn`` (:func:`projections.consistency.wait_for`; a
+``tideline project follow`` job must be running), and answers ``504`` if it has not.
+Read views: ``GET /views/users/{user_id}``, ``GET /views/seats/{show_id}``.
+
 A command answers ``201`` with the command result (``stream_id``, ``version``,
 ``events``, ``commit_lsn``, ``replayed``) and the aggregate's state after it. Errors
 answer ``{"error": <class>, "detail": <message>}``: ``422`` for an invalid command,
@@ -30,7 +36,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Request
+from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
@@ -39,6 +45,7 @@ from commands.errors import CommandIdReusedError, CommandsError, ConcurrencyErro
 from commands.handler import CommandResult, HandlerConfig, Loaded
 from examples.reservations.app import ReservationsApp
 from examples.reservations.domain import RESERVATION, USER
+from projections.consistency import wait_for
 
 
 class RegisterUserBody(BaseModel):
@@ -60,6 +67,7 @@ class ChangeSeatBody(BaseModel):
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 CorrelationId = Annotated[str | None, Header(alias="X-Correlation-Id")]
+Consistent = Annotated[bool, Query(alias="consistent", description="Wait until the read view has the events.")]
 
 
 def status_of(error: CommandsError) -> int:
@@ -70,9 +78,14 @@ def status_of(error: CommandsError) -> int:
     return 409
 
 
-def create_app(dsn: str, config: HandlerConfig | None = None) -> FastAPI:
-    """The API on the database at ``dsn`` (migrated with ``tideline db upgrade``)."""
+def create_app(dsn: str, config: HandlerConfig | None = None, *, consistency_timeout: float = 10.0) -> FastAPI:
+    """The API on the database at ``dsn`` (migrated with ``tideline db upgrade``); read views
+    and ``?consistent=true`` use the same database."""
     service = ReservationsApp(dsn, config or HandlerConfig(pin_connections=False))
+
+    def consistent(result: CommandResult, projection: str, wanted: bool) -> None:
+        if wanted and not wait_for(dsn, projection, result.commit_lsn, consistency_timeout):
+            raise HTTPException(504, f"view {projection} has not reached {result.commit_lsn} yet")
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -97,7 +110,10 @@ def create_app(dsn: str, config: HandlerConfig | None = None) -> FastAPI:
 
     @api.post("/users", status_code=201)
     def register_user(
-        body: RegisterUserBody, key: IdempotencyKey = None, correlation: CorrelationId = None
+        body: RegisterUserBody,
+        key: IdempotencyKey = None,
+        correlation: CorrelationId = None,
+        consistent_read: Consistent = False,
     ) -> dict[str, Any]:
         r = service.register_user(
             body.username,
@@ -106,6 +122,7 @@ def create_app(dsn: str, config: HandlerConfig | None = None) -> FastAPI:
             command_id=key,
             correlation_id=correlation,
         )
+        consistent(r, "users", consistent_read)
         return answer(r, service.handler.load(USER, r.stream_id))
 
     @api.get("/users/{user_id}", response_model=None)
@@ -114,7 +131,10 @@ def create_app(dsn: str, config: HandlerConfig | None = None) -> FastAPI:
 
     @api.post("/reservations", status_code=201)
     def reserve_seat(
-        body: ReserveSeatBody, key: IdempotencyKey = None, correlation: CorrelationId = None
+        body: ReserveSeatBody,
+        key: IdempotencyKey = None,
+        correlation: CorrelationId = None,
+        consistent_read: Consistent = False,
     ) -> dict[str, Any]:
         r = service.reserve_seat(
             body.show_id,
@@ -124,6 +144,7 @@ def create_app(dsn: str, config: HandlerConfig | None = None) -> FastAPI:
             command_id=key,
             correlation_id=correlation,
         )
+        consistent(r, "seats", consistent_read)
         return answer(r, service.handler.load(RESERVATION, r.stream_id))
 
     @api.get("/reservations/{reservation_id}", response_model=None)
@@ -132,16 +153,36 @@ def create_app(dsn: str, config: HandlerConfig | None = None) -> FastAPI:
 
     @api.post("/reservations/{reservation_id}/seat", status_code=201)
     def change_seat(
-        reservation_id: str, body: ChangeSeatBody, key: IdempotencyKey = None, correlation: CorrelationId = None
+        reservation_id: str,
+        body: ChangeSeatBody,
+        key: IdempotencyKey = None,
+        correlation: CorrelationId = None,
+        consistent_read: Consistent = False,
     ) -> dict[str, Any]:
         r = service.change_seat(reservation_id, body.seat, command_id=key, correlation_id=correlation)
+        consistent(r, "seats", consistent_read)
         return answer(r, service.reservation(reservation_id))
 
     @api.post("/reservations/{reservation_id}/cancel", status_code=201)
     def cancel_reservation(
-        reservation_id: str, key: IdempotencyKey = None, correlation: CorrelationId = None
+        reservation_id: str,
+        key: IdempotencyKey = None,
+        correlation: CorrelationId = None,
+        consistent_read: Consistent = False,
     ) -> dict[str, Any]:
         r = service.cancel_reservation(reservation_id, command_id=key, correlation_id=correlation)
+        consistent(r, "seats", consistent_read)
         return answer(r, service.reservation(reservation_id))
+
+    @api.get("/views/users/{user_id}", response_model=None)
+    def view_user(user_id: str) -> JSONResponse | dict[str, Any]:
+        rows = service.view_rows("users", "user_id", user_id)
+        if not rows:
+            return JSONResponse({"error": "NotFound", "detail": f"no user {user_id!r} in the view"}, status_code=404)
+        return rows[0]
+
+    @api.get("/views/seats/{show_id}")
+    def view_seats(show_id: str) -> dict[str, Any]:
+        return {"show_id": show_id, "seats": service.view_rows("seats", "show_id", show_id)}
 
     return api

@@ -9,13 +9,19 @@ its idempotency and its errors::
     result = app.reserve_seat("hamlet-2025-06-01", "A12", customer_id="u1")
     app.change_seat(result.stream_id.removeprefix("reservation-"), "B3")
 
-Reads (``user``, ``reservation``) fold the write model's streams; read views built by
-projections come later (issue 7) and will offer read-your-writes with ``commit_lsn``.
+Reads (``user``, ``reservation``) fold the write model's streams; ``view_rows`` reads the
+read views that projections build (``users``, ``seats``; see examples/reservations/views.py),
+with read-your-writes through ``commit_lsn`` (:func:`projections.consistency.wait_for`).
 """
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
 
 from commands.handler import CommandHandler, CommandResult, HandlerConfig, Loaded
 from examples.reservations.domain import (
@@ -34,7 +40,16 @@ class ReservationsApp:
     """Commands and reads of the reservations domain on one database (thread-safe)."""
 
     def __init__(self, dsn: str, config: HandlerConfig | None = None) -> None:
+        self.dsn = dsn
         self.handler = CommandHandler(dsn, config)
+
+    def view_rows(self, view: str, column: str, value: str) -> list[dict[str, Any]]:
+        """Rows of read view ``view`` (``users``, ``seats``) where ``column = value``."""
+        query = sql.SQL("SELECT * FROM {} WHERE {} = %s ORDER BY 1, 2").format(
+            sql.Identifier(view), sql.Identifier(column)
+        )
+        with psycopg.connect(self.dsn, row_factory=dict_row) as conn:
+            return conn.execute(query, (value,)).fetchall()
 
     def close(self) -> None:
         self.handler.close()
