@@ -15,8 +15,9 @@ Rules, Debezium's unless noted:
 
 * DELETE → the ``d`` event, then a **tombstone** (same key, null value).
 * UPDATE that changes the key → ``d`` (old key) + tombstone (old key) + ``c`` (new key).
-  (Debezium's ``__debezium.newkey``/``oldkey`` headers are not written: the three events
-  share ``source.event_index``, which ties them together.)
+  The ``d`` event and its tombstone carry the header ``__debezium.newkey`` (the new
+  key), the ``c`` event ``__debezium.oldkey`` (the old key), as Debezium writes them;
+  the three events also share ``source.event_index``.
 * TRUNCATE → a ``t`` event with key ``{}`` (the whole table), then a tombstone for every
   key still live in the table's topic (ours: so that compaction, and "latest value per
   key", forget truncated rows as they forget deleted ones).
@@ -55,6 +56,9 @@ from capture.messages import ChangeMessage, Column, Kind
 from capture.pgtypes import dumps, dumps_values
 from capture.tables import TableFilter, TableInfo
 from eventstore.errors import ConfigError
+
+NEWKEY_HEADER = "__debezium.newkey"  # on the d event (and tombstone) of a key change: the new key
+OLDKEY_HEADER = "__debezium.oldkey"  # on its c event: the old key
 
 # The outbox table's columns (commands/schema.py creates it): what routing needs, and what the value carries.
 OUTBOX_COLUMNS = ("stream_id", "stream_type", "version", "event_type", "payload")
@@ -317,10 +321,11 @@ class EventBuilder:
         if key == old_key:
             return [Event(topic, key, self._envelope(table, b"u", before, after, source, txn, now_ms))]
         self.toast.drop(topic, old_key)
+        to_new, from_old = [(NEWKEY_HEADER, key)], [(OLDKEY_HEADER, old_key)]
         return [
-            Event(topic, old_key, self._envelope(table, b"d", before, None, source, txn, now_ms)),
-            Event(topic, old_key, None),
-            Event(topic, key, self._envelope(table, b"c", None, after, source, txn, now_ms)),
+            Event(topic, old_key, self._envelope(table, b"d", before, None, source, txn, now_ms), to_new),
+            Event(topic, old_key, None, to_new),
+            Event(topic, key, self._envelope(table, b"c", None, after, source, txn, now_ms), from_old),
         ]
 
     def _kept(self, table: TableInfo, column: str) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
+import orjson
 import psycopg
 import pytest
 from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, records, sql
@@ -80,6 +81,11 @@ def test_snapshot_then_every_op(db: str, tmp_path: Path) -> None:
     assert create["after"]["balance"] == "12345678901234.5678"  # every digit
     assert create["after"]["tags"] == ["x y", None]
     assert streamed[4][1]["source"]["event_index"] == streamed[6][1]["source"]["event_index"]
+    # Debezium's key-change headers: the d event and its tombstone name the new key, the c event the old one
+    assert orjson.loads(streamed[4][2]["__debezium.newkey"]) == {"id": 30}
+    assert orjson.loads(streamed[5][2]["__debezium.newkey"]) == {"id": 30}
+    assert orjson.loads(streamed[6][2]["__debezium.oldkey"]) == {"id": 3}
+    assert "__debezium.newkey" not in streamed[0][2]
     src = create["source"]
     assert src["snapshot"] == "false" and src["table"] == "accounts" and src["schema"] == "public"
     assert src["commit_lsn"] >= src["lsn"] and isinstance(src["txId"], int) and src["event_index"] == 0
