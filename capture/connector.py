@@ -66,7 +66,7 @@ import pyarrow.compute as pc
 
 from capture.avro import AvroEncoder
 from capture.events import Event, EventBuilder, ToastCache, TxnContext, table_topic
-from capture.messages import ChangeMessage, DecodeError, Kind, Plugin
+from capture.messages import ChangeMessage, Column, DecodeError, Kind, Plugin
 from capture.pgtypes import SESSION_OPTIONS, JsonNumber
 from capture.replication import Keepalive, ReplicationConnection, XLogData, format_lsn, parse_lsn
 from capture.tables import TableCatalog, TableFilter, TableInfo, result_rows, select_columns_sql
@@ -466,6 +466,8 @@ class Connector:
         tables = self.catalog.load()
         ctx = TxnContext(None, consistent_point, now_ms(), snapshot="true")
         index = 0
+        held: tuple[TableInfo, list[Column]] | None = None  # the latest read, emitted when the next one comes
+        held_index = 0
         self._begin()
         # Values are read uncast in text format: the type's output function, as wal2json prints
         # it (``::text`` differs: char(n) padding, inet netmasks), under the same session settings.
@@ -490,13 +492,18 @@ class Connector:
                             image = {col.name: col.value for col in columns}
                             self._batch.add(self._outbox_event(table, image, ctx, index))
                         else:
-                            self._batch.add(self.builder.snapshot_read(table, columns, ctx, index, now_ms()))
+                            if held is not None:  # one read held back: the last one says snapshot "last"
+                                self._batch.add(self.builder.snapshot_read(*held, ctx, held_index, now_ms()))
+                            held, held_index = (table, columns), index
                         index += 1
                         self.stats.snapshot_rows += 1
                     if self._batch.bytes >= self.config.batch_bytes:
                         self._send_batch(producer)  # appended, not committed: one transaction for all
                     if self._stop.is_set():
                         raise KeyboardInterrupt("stopped during the snapshot")
+            if held is not None:
+                last = TxnContext(None, consistent_point, ctx.ts_ms, snapshot="last")
+                self._batch.add(self.builder.snapshot_read(*held, last, held_index, now_ms()))
             log.info("capture: snapshot of %d tables, %d rows", len(tables), index)
         # Transactions committing at or after the consistent point are streamed, not in the snapshot.
         self._batch_position = Position(consistent_point - 1, -1, True, consistent_point, snapshot_done=True)

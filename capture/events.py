@@ -321,7 +321,8 @@ class EventBuilder:
         if key == old_key:
             return [Event(topic, key, self._envelope(table, b"u", before, after, source, txn, now_ms))]
         self.toast.drop(topic, old_key)
-        to_new, from_old = [(NEWKEY_HEADER, key)], [(OLDKEY_HEADER, old_key)]
+        to_new: list[tuple[str, bytes | None]] = [(NEWKEY_HEADER, key)]
+        from_old: list[tuple[str, bytes | None]] = [(OLDKEY_HEADER, old_key)]
         return [
             Event(topic, old_key, self._envelope(table, b"d", before, None, source, txn, now_ms), to_new),
             Event(topic, old_key, None, to_new),

@@ -54,6 +54,7 @@ def test_snapshot_then_every_op(db: str, tmp_path: Path) -> None:
     snap = events(tmp_path / "log", "cdc.public.accounts")
     assert [e["op"] for e in snap] == ["r", "r"]
     assert snap[0]["after"] == {"id": 1, "owner": "ann", "balance": "10.5000", "tags": ["a", "b"]}
+    assert [e["source"]["snapshot"] for e in snap] == ["true", "last"]  # Debezium marks the last read
     assert snap[0]["source"]["snapshot"] == "true"
 
     sql(
