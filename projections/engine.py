@@ -111,7 +111,8 @@ def parse_cdc(raw: DataFrame) -> DataFrame:
     """Change events → ``topic, partition, offset, key (JSON text), gone, after, commit_lsn,
     event_index``; ``gone``: a tombstone, a delete or a truncate (the key has no row)."""
     value = F.from_json(F.col("value").cast("string"), CDC_VALUE_SCHEMA).alias("c")
-    return raw.select(
+    parsed = raw.select("topic", "partition", "offset", "key", "is_tombstone", value)
+    return parsed.select(
         "topic",
         "partition",
         "offset",
@@ -120,8 +121,7 @@ def parse_cdc(raw: DataFrame) -> DataFrame:
         F.col("c.after").alias("after"),
         F.coalesce(F.col("c.source.commit_lsn"), F.lit(0)).alias("commit_lsn"),
         F.coalesce(F.col("c.source.event_index"), F.lit(0)).alias("event_index"),
-        value,
-    ).drop("c")
+    )
 
 
 def latest_per_key(cdc: DataFrame) -> DataFrame:
