@@ -1,52 +1,49 @@
-"""``tideline demo``: capture and the log end to end, verified, with a summary.
+"""``tideline demo``: the main job end to end — capture, commands, Spark projections — verified.
 
-Capture (tideline.demo_capture): a private Postgres with wal2json is started, filled,
-captured (snapshot), put through a workload, captured again (stream), checked against
-the table, and stopped. The log: topics in a fresh directory, keyed records through the
-producer API and the CLI's ``produce`` path, read back and checked (count, offsets,
-per-partition order, partitioning), then a compacted topic is compacted and the latest
-value of every key checked. Each check prints ✓ or ✗; any ✗ makes the exit code 1.
-(Commands, projections and Spark join the demo with their issues.)
-
-Record values start with a 10-digit sequence number (``0000000042|…``), assigned in
-production order: that is what the order and exactly-once checks read back.
+1. A private PostgreSQL 15 with wal2json (``<demo dir>/postgres``, fsync off: throwaway),
+   migrated (``events``, ``commands``, ``claims``, ``snapshots``, read views).
+2. A plain table ``shop.orders`` with rows, then the capture connector's snapshot: the
+   table to ``demo.shop.orders``, the write side's ``events`` table routed to
+   ``events.<stream_type>`` (outbox).
+3. The reservations app's commands (tideline.demo_commands: some refused on purpose —
+   taken usernames and seats, stale versions) and an ordinary SQL workload on
+   ``shop.orders`` (inserts, updates, key changes, deletes), captured (stream).
+4. Spark: every read view of the reservations example is *rebuilt* from the log
+   (users, seats, show_occupancy, snapshots, and the orders mirror); then more commands
+   and SQL, captured, and every view *follows* them (one micro-batch run).
+5. Checks (✓/✗): the log's latest value per key = ``SELECT * FROM shop.orders``; the
+   ``events.*`` topics hold every stored event exactly once; every view = the pure-Python
+   fold of the log (projections.reference); seats and users = the write model's claims;
+   the orders mirror = the table. A summary table, then everything started is stopped
+   (Spark, Postgres by PID). Exit 1 if any check fails; the data stays in the directory.
 """
 
 from __future__ import annotations
 
-import io
+import random
 import time
-from collections.abc import Callable
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+import orjson
+import psycopg
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from eventstore.consumer import TABLE_SCHEMA, Consumer, TopicPartition
+from eventstore.consumer import Consumer, TopicPartition
 from eventstore.errors import ConfigError
 from eventstore.log import Log
-from eventstore.partitioner import partitions_for_keys
-from eventstore.producer import Producer
 from tideline.cli_common import one_line_errors
-from tideline.demo_capture import TOPIC as CAPTURE_TOPIC
-from tideline.demo_capture import CaptureResult, run_capture_demo
-from tideline.log_cli import PartitionCleaning, compact_topic, produce_lines
+from tideline.demo_capture import SCHEMA, CaptureResult, _log_state, _row, _table_state, _workload
+from tideline.demo_commands import CommandsResult, run_commands
 
-ORDERS_TOPIC = "demo.orders"
-PROFILES_TOPIC = "demo.customer-profiles"
-SEQ_DIGITS = 10
-API_CHUNK = 20_000  # records per send_batch call
-CUSTOMERS = 20_000
-PROFILE_KEYS = 2_000
-CONSUMER_POLL_BYTES = 16 << 20
+SLOT = "tideline_demo"
+VIEWS_MODULE = "examples.reservations.views"
 
 
 @dataclass(slots=True)
@@ -58,68 +55,30 @@ class Check:
 
 @dataclass(slots=True)
 class DemoResult:
-    """Measurements and checks of one demo run."""
-
     directory: Path
-    partitions: int
-    api_records: int = 0
-    api_seconds: float = 0.0
-    cli_records: int = 0
-    cli_seconds: float = 0.0
-    consumed: int = 0
-    consume_seconds: float = 0.0
-    profile_records: int = 0
-    cleaning: list[PartitionCleaning] = field(default_factory=list)
-    profiles_after: int = 0
-    capture: CaptureResult | None = None
-    bytes_on_disk: int = 0
     checks: list[Check] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    capture_events: int = 0
+    capture_seconds: float = 0.0
+    capture_lag_ms: int = 0
+    retained_wal_bytes: int = 0
+    commands: list[CommandsResult] = field(default_factory=list)
+    orders: CaptureResult | None = None
+    view_rows: dict[str, int] = field(default_factory=dict)
+    rebuild_events: dict[str, int] = field(default_factory=dict)
+    follow_events: dict[str, int] = field(default_factory=dict)
+    topics: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return all(c.ok for c in self.checks)
-
-
-# ---------------------------------------------------------------------------- data
-
-
-def _order_value(seq: int, order: int) -> bytes:
-    return (
-        b'%010d|{"order":"order-%08d","items":%d,"amount_cents":%d,"currency":"EUR","status":"placed",'
-        b'"note":"demo order written by tideline demo"}' % (seq, order, 1 + order % 7, (order * 7919) % 100_000)
-    )
-
-
-def _customer_key(i: int) -> bytes:
-    return b"customer-%05d" % ((i * 7919) % CUSTOMERS)
-
-
-def _cli_lines(first_seq: int, count: int) -> tuple[bytes, int]:
-    """``produce`` input: keyed lines, every 10th keyless, every 25th a tombstone; returns (text, seqs used)."""
-    lines = []
-    seq = first_seq
-    for j in range(count):
-        if j % 25 == 24:
-            lines.append(_customer_key(j) + b"\t\\N\n")
-            continue
-        value = _order_value(seq, first_seq + j)
-        lines.append(value + b"\n" if j % 10 == 9 else _customer_key(j) + b"\t" + value + b"\n")
-        seq += 1
-    return b"".join(lines), seq - first_seq
-
-
-def _sequence_numbers(values: pa.Array) -> np.ndarray:
-    """The leading sequence number of every non-null value, as int64."""
-    present = pc.drop_null(values)
-    digits = pc.cast(pc.binary_slice(present, 0, SEQ_DIGITS), pa.string())
-    return np.asarray(pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False))
+        return bool(self.checks) and all(c.ok for c in self.checks)
 
 
 # ---------------------------------------------------------------------------- phases
 
 
 def _prepare_directory(directory: Path | None) -> Path:
-    """A fresh, empty log directory; by default ``<data dir>/demo-<timestamp>``."""
+    """A fresh, empty directory; by default ``<data dir>/demo-<timestamp>``."""
     if directory is not None:
         if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
             raise ConfigError(f"{directory} is not empty: the demo needs a fresh directory")
@@ -138,172 +97,181 @@ def _prepare_directory(directory: Path | None) -> Path:
     return candidate
 
 
-def _produce_api(log: Log, result: DemoResult, progress: Progress, task: TaskID) -> None:
+def _capture(dsn: str, log: Log, result: DemoResult) -> None:
+    from capture.connector import CaptureConfig, Connector
+    from capture.tables import TableFilter
+
+    # The plain table and the outbox only: the read views and the write model's other tables
+    # live in the same database, and capturing them would feed the projections' output back in.
+    tables = TableFilter(include=["shop.orders", "public.events"])
+    config = CaptureConfig(
+        dsn=dsn, slot=SLOT, topic_prefix="demo", table_filter=tables, outbox_table="public.events",
+        exit_when_caught_up=True,
+    )  # fmt: skip
     started = time.monotonic()
-    with Producer(log) as producer:
-        for start in range(0, result.api_records, API_CHUNK):
-            stop = min(start + API_CHUNK, result.api_records)
-            keys = [_customer_key(i) for i in range(start, stop)]
-            values = [_order_value(i, i) for i in range(start, stop)]
-            producer.send_batch(ORDERS_TOPIC, values, keys)
-            progress.advance(task, stop - start)
-    result.api_seconds = time.monotonic() - started
-
-
-def _produce_cli(log: Log, result: DemoResult, progress: Progress, task: TaskID) -> int:
-    """Feed ``produce`` lines through the CLI's code path; returns sequence numbers used."""
-    text, seqs = _cli_lines(result.api_records, result.cli_records)
-    summary = produce_lines(log, ORDERS_TOPIC, io.BytesIO(text))
-    result.cli_seconds = summary.seconds
-    progress.advance(task, summary.records)
-    result.checks.append(
-        Check(
-            "CLI produce path wrote every line",
-            summary.records == result.cli_records,
-            f"{summary.records} records ({summary.keyless} keyless, {summary.tombstones} tombstones)",
-        )
-    )
-    return seqs
-
-
-def read_partitions(log: Log, topic: str, on_records: Callable[[int], None] | None = None) -> dict[int, pa.Table]:
-    """Every record of ``topic`` up to the current end offsets, one Arrow table per partition."""
-    meta = log.topic(topic)
-    tps = [TopicPartition(topic, p) for p in range(meta.partitions)]
-    parts: dict[int, list[pa.Table]] = {p: [] for p in range(meta.partitions)}
-    with Consumer(log, max_poll_bytes=CONSUMER_POLL_BYTES) as consumer:
-        consumer.assign(tps)
-        end = consumer.end_offsets(tps)
-        consumer.seek_to_beginning()
-        while active := [tp for tp in consumer.assignment() if consumer.position(tp) < end[tp]]:
-            consumer.assign(active)
-            records = consumer.poll(0)
-            if not records:
-                break
-            for batch in records.batches:
-                parts[batch.batch.partition].append(batch.to_table())
-            if on_records is not None:
-                on_records(len(records))
-    return {p: pa.concat_tables(ts) if ts else TABLE_SCHEMA.empty_table() for p, ts in parts.items()}
-
-
-def _check_orders(log: Log, result: DemoResult, seqs_used: int, progress: Progress, task: TaskID) -> None:
-    started = time.monotonic()
-    tables = read_partitions(log, ORDERS_TOPIC, lambda n: progress.advance(task, n))
-    result.consume_seconds = time.monotonic() - started
-    result.consumed = sum(t.num_rows for t in tables.values())
-    produced = result.api_records + result.cli_records
-    checks = result.checks
-    checks.append(Check("consumed every record", result.consumed == produced, f"{result.consumed} of {produced}"))
-    dense = all(np.array_equal(t["offset"].to_numpy(), np.arange(t.num_rows, dtype=np.int64)) for t in tables.values())
-    checks.append(Check("offsets dense and increasing per partition", dense, f"{len(tables)} partitions"))
-    seqs = {p: _sequence_numbers(t["value"].combine_chunks()) for p, t in tables.items()}
-    ordered = all(bool(np.all(np.diff(s) > 0)) for s in seqs.values())
-    checks.append(Check("production order kept per partition", ordered, "sequence numbers increase"))
-    everything = np.sort(np.concatenate(list(seqs.values()))) if seqs else np.array([], np.int64)
-    exactly_once = np.array_equal(everything, np.arange(result.api_records + seqs_used, dtype=np.int64))
-    checks.append(Check("every value exactly once", exactly_once, f"{len(everything)} distinct sequence numbers"))
-    misplaced = 0
-    for p, t in tables.items():
-        keys = pc.drop_null(t["key"].combine_chunks())
-        misplaced += int(np.count_nonzero(partitions_for_keys(keys, result.partitions) != p))
-    checks.append(Check("keys in their murmur2 partition", misplaced == 0, f"{misplaced} misplaced"))
-
-
-def _check_compaction(log: Log, result: DemoResult, progress: Progress, task: TaskID) -> None:
-    """Overwrite a few thousand keys many times, delete some, compact, check the survivors."""
-    n = result.profile_records
-    keys = [b"profile-%05d" % ((i * 31) % PROFILE_KEYS) for i in range(n)]
-    values: list[bytes | None] = [b'%010d|{"version":%d}' % (i, i // PROFILE_KEYS) for i in range(n)]
-    for i in range(max(0, n - PROFILE_KEYS // 20), n):  # the last writes of some keys delete them
-        values[i] = None
-    latest = dict(zip(keys, values, strict=True))
-    with Producer(log) as producer:
-        for start in range(0, n, API_CHUNK):
-            producer.send_batch(PROFILES_TOPIC, values[start : start + API_CHUNK], keys[start : start + API_CHUNK])
-            progress.advance(task, min(API_CHUNK, n - start))
-    for p in range(log.topic(PROFILES_TOPIC).partitions):
-        log.partition(PROFILES_TOPIC, p).roll()  # the active segment is never compacted: close it
-    result.cleaning = compact_topic(log, PROFILES_TOPIC)
-    survivors: dict[bytes, bytes | None] = {}
-    tables = read_partitions(log, PROFILES_TOPIC)
-    for table in tables.values():
-        survivors.update(zip(table["key"].to_pylist(), table["value"].to_pylist(), strict=True))
-    result.profiles_after = sum(t.num_rows for t in tables.values())
-    progress.advance(task, n)
-    stats = [c.compaction for c in result.cleaning]
-    result.checks.append(
-        Check(
-            "compaction kept the latest value of every key",
-            survivors == latest,
-            f"{len(latest)} keys, {sum(v is None for v in latest.values())} deleted (tombstones kept for now)",
-        )
-    )
-    result.checks.append(
-        Check(
-            "compaction removed every overwritten value",
-            result.profiles_after == len(latest),
-            f"{sum(s.records_read for s in stats)} → {result.profiles_after} records",
-        )
-    )
+    stats = Connector(config, log).run()
+    result.capture_seconds += time.monotonic() - started
+    result.capture_events += stats.events + stats.snapshot_rows
+    result.capture_lag_ms = stats.lag_ms()
 
 
 def run_demo(
-    directory: Path, *, records: int, partitions: int, console: Console, capture_rows: int = 0, transactions: int = 0
+    directory: Path, *, console: Console, master: str, orders: int, transactions: int, users: int, reservations: int
 ) -> DemoResult:
-    """Run every phase in ``directory`` (created; must be fresh) and return what happened.
+    """Every phase of the module docstring; Spark and Postgres are stopped before this returns or raises."""
+    import migrations
+    from capture.connector import slot_status
+    from projections.engine import make_session
+    from projections.follow import follow
+    from projections.rebuild import rebuild
+    from projections.views import load_catalog
+    from tideline.pgharness import LocalPostgres
 
-    ``capture_rows`` > 0 runs the capture phase first (it needs the Postgres 15 binaries).
-    """
-    result = DemoResult(directory, partitions, api_records=records)
-    result.cli_records = max(100, records // 20)
-    result.profile_records = max(PROFILE_KEYS * 5, records // 5)
+    result = DemoResult(directory)
+    log_dir, checkpoints = directory / "log", directory / "spark-checkpoints"
+    rng = random.Random(7)
     columns = (
-        TextColumn("{task.description:<26}"),
+        TextColumn("{task.description:<34}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Log(directory, create=True) as log, Progress(*columns, console=console) as progress:
-        if capture_rows > 0:
-            result.capture = run_capture_demo(
-                directory, log, rows=capture_rows, transactions=transactions, progress=progress
-            )
-            _check_capture(result)
-        log.create_topic(ORDERS_TOPIC, partitions, overrides={"segment_bytes": str(8 << 20)})
-        log.create_topic(PROFILES_TOPIC, 2, overrides={"cleanup_policy": "compact", "segment_bytes": str(128 << 10)})
-        api = progress.add_task("produce (producer API)", total=result.api_records)
-        cli = progress.add_task("produce (CLI produce path)", total=result.cli_records)
-        consume = progress.add_task("consume + verify", total=result.api_records + result.cli_records)
-        compaction = progress.add_task("compact + verify", total=2 * result.profile_records)
-        _produce_api(log, result, progress, api)
-        seqs_used = _produce_cli(log, result, progress, cli)
-        _check_orders(log, result, seqs_used, progress, consume)
-        _check_compaction(log, result, progress, compaction)
-    result.bytes_on_disk = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+    pg = LocalPostgres(directory / "postgres", fast=True)
+    spark: Any = None
+    with Progress(*columns, console=console, transient=False) as progress:
+        try:
+            step = progress.add_task("postgres: start + migrate", total=2)
+            pg.start()
+            dsn = pg.create_database("tideline")
+            migrations.upgrade(dsn)
+            progress.update(step, completed=2)
+
+            step = progress.add_task("postgres: shop.orders rows", total=orders)
+            cap = result.orders = CaptureResult(rows_initial=orders, dsn=dsn)
+            with psycopg.connect(dsn, autocommit=True) as c:
+                c.execute(SCHEMA.encode())
+                with c.cursor().copy("COPY shop.orders (id, customer, total, items, tags, note) FROM STDIN") as copy:
+                    for i in range(1, orders + 1):
+                        copy.write_row(_row(i, rng))
+            progress.update(step, completed=orders)
+
+            with Log(log_dir, create=True) as log:
+                step = progress.add_task("capture: snapshot", total=1)
+                _capture(dsn, log, result)
+                progress.update(step, completed=1)
+
+                def round_of_work(label: str, seed: int, scale: float) -> None:
+                    n_users, n_res, n_txn = int(users * scale), int(reservations * scale), int(transactions * scale)
+                    cmd = progress.add_task(f"commands ({label})", total=n_users + n_res)
+                    tick = lambda: progress.advance(cmd)  # noqa: E731
+                    done = run_commands(dsn, users=n_users, reservations=n_res, seed=seed, on_command=tick)
+                    result.commands.append(done)
+                    progress.update(cmd, completed=n_users + n_res)
+                    sql = progress.add_task(f"postgres: SQL workload ({label})", total=n_txn)
+                    _workload(dsn, rng, n_txn, cap, lambda: progress.advance(sql))
+                    cap.rows_initial += cap.statements  # _workload numbers new rows past this
+                    stream = progress.add_task(f"capture: stream ({label})", total=1)
+                    _capture(dsn, log, result)
+                    progress.update(stream, completed=1)
+
+                round_of_work("round 1", seed=1, scale=1.0)
+
+                step = progress.add_task("spark: start", total=1)
+                started = time.monotonic()
+                spark = make_session(master, "tideline-demo")
+                result.seconds["spark start"] = time.monotonic() - started
+                progress.update(step, completed=1)
+                catalog = load_catalog(VIEWS_MODULE)
+                names = list(catalog.views)
+
+                step = progress.add_task("spark: rebuild views", total=len(names))
+                started = time.monotonic()
+                for name in names:
+                    rebuilt = rebuild(spark, catalog, name, log_dir=log_dir, dsn=dsn)
+                    result.rebuild_events[name] = rebuilt.events
+                    progress.advance(step)
+                result.seconds["rebuild"] = time.monotonic() - started
+
+                round_of_work("round 2", seed=2, scale=0.3)
+
+                step = progress.add_task("spark: follow views (one run)", total=len(names))
+                started = time.monotonic()
+                for name in names:
+                    stats = follow(
+                        spark, catalog, name, log_dir=log_dir, dsn=dsn, checkpoint_dir=checkpoints, once=True
+                    )
+                    result.follow_events[name] = stats.events
+                    progress.advance(step)
+                result.seconds["follow"] = time.monotonic() - started
+
+                step = progress.add_task("verify", total=1)
+                _verify(result, log, dsn, catalog)
+                info = slot_status(dsn, SLOT)
+                result.retained_wal_bytes = int(info["retained_wal_bytes"]) if info else -1
+                result.topics = {t: _records_in(log, t) for t in sorted(log.topics()) if not t.startswith("__")}
+                progress.update(step, completed=1)
+            with psycopg.connect(dsn, autocommit=True) as c:
+                c.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
+        finally:
+            if spark is not None:
+                spark.stop()
+            pg.stop()
     return result
 
 
-def _check_capture(result: DemoResult) -> None:
-    cap = result.capture
-    assert cap is not None and cap.snapshot is not None and cap.stream is not None
-    result.checks.append(
-        Check(
-            "capture: snapshot has every row",
-            cap.snapshot.snapshot_rows == cap.rows_initial,
-            f"{cap.snapshot.snapshot_rows:,} of {cap.rows_initial:,} rows",
-        )
-    )
-    result.checks.append(
-        Check(
-            "capture: latest value per key = SELECT * FROM shop.orders",
-            cap.mismatches == 0 and cap.table_rows > 0,
-            f"{cap.table_rows:,} rows, {cap.mismatches} differing keys",
-        )
-    )
-    result.checks.append(
-        Check("capture: no event stored twice", cap.duplicates == 0, f"{cap.events_in_topic:,} change events")
-    )
+# ---------------------------------------------------------------------------- checks
+
+
+def _records_in(log: Log, topic: str) -> int:
+    meta = log.topic(topic)
+    return sum(log.partition(topic, p).log_end_offset() for p in range(meta.partitions))
+
+
+def _verify(result: DemoResult, log: Log, dsn: str, catalog: Any) -> None:
+    from projections.reference import expected_rows, view_rows
+
+    state, events, duplicates = _log_state(log)
+    table = _table_state(dsn)
+    differing = sum(1 for k in set(state) | set(table) if state.get(k) != table.get(k))
+    result.checks.append(Check("capture: latest value per key = SELECT * FROM shop.orders", differing == 0 and
+                               bool(table), f"{len(table):,} rows, {differing} differing keys"))  # fmt: skip
+    result.checks.append(Check("capture: no change event stored twice", duplicates == 0, f"{events:,} change events"))
+
+    with psycopg.connect(dsn) as c:
+        stored = {int(i): (s, int(v)) for i, s, v in c.execute("SELECT id, stream_id, version FROM events")}
+        claims = Counter((t, v, s) for t, v, s in c.execute("SELECT claim_type, value, stream_id FROM claims"))
+        mirror = {
+            orjson.dumps(orjson.loads(k)): orjson.loads(r)
+            for k, r in c.execute("SELECT key::text, row::text FROM cdc_mirror WHERE projection = 'orders'")
+        }
+    routed: list[int] = []
+    with Consumer(log, enable_auto_commit=False) as consumer:
+        topics = [t for t in log.topics() if t.startswith("events.")]
+        consumer.assign([TopicPartition(t, p) for t in topics for p in range(log.topic(t).partitions)])
+        consumer.seek_to_beginning()
+        while records := consumer.poll(timeout_ms=0):
+            routed += [int(orjson.loads(r.value)["id"]) for r in records if r.value is not None]
+    result.checks.append(Check("outbox: every stored event once in events.*", sorted(routed) == sorted(stored),
+                               f"{len(routed):,} routed, {len(stored):,} in the events table"))  # fmt: skip
+
+    for name, view in catalog.views.items():
+        actual, expected = view_rows(dsn, view), expected_rows(view, log.path)
+        result.view_rows[name] = len(actual)
+        result.checks.append(Check(f"view {name} = reference fold of the log", actual == expected,
+                                   f"{len(actual):,} rows, {len(expected):,} expected"))  # fmt: skip
+
+    with psycopg.connect(dsn) as c:
+        seats = {(f"{show}/{seat}", f"reservation-{rid}") for show, seat, rid in
+                 c.execute("SELECT show_id, seat, reservation_id FROM seats")}  # fmt: skip
+        usernames = {(u, f"user-{uid}") for uid, u in c.execute("SELECT user_id, username FROM users")}
+    seat_claims = {(v, s) for (t, v, s) in claims if t == "seat"}
+    name_claims = {(v, s) for (t, v, s) in claims if t == "username"}
+    result.checks.append(Check("view seats = seat claims of the write model", seats == seat_claims,
+                               f"{len(seats):,} seats held"))  # fmt: skip
+    result.checks.append(Check("view users = username claims of the write model", usernames == name_claims,
+                               f"{len(usernames):,} users"))  # fmt: skip
+    result.checks.append(Check("view orders (mirror) = SELECT * FROM shop.orders", mirror == table,
+                               f"{len(mirror):,} rows"))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- report
@@ -313,43 +281,39 @@ def _rate(n: int, seconds: float) -> str:
     return f"{n / seconds:,.0f}/s" if seconds > 0 else "-"
 
 
-def _print_report(console: Console, result: DemoResult) -> None:
+def _print_report(console: Console, result: DemoResult, elapsed: float) -> None:
     for check in result.checks:
         mark = "[green]✓[/green]" if check.ok else "[red]✗[/red]"
         console.print(f"{mark} {check.name}: {check.detail}", soft_wrap=True)
-    stats = [c.compaction for c in result.cleaning]
     table = Table(title="tideline demo", show_header=False)
     table.add_column("what")
     table.add_column("value")
-    produced = result.api_records + result.cli_records
-    cap = result.capture
-    if cap is not None and cap.stream is not None and cap.snapshot is not None:
-        table.add_row(
-            "capture",
-            f"{cap.snapshot.snapshot_rows:,} snapshot rows in {cap.snapshot_seconds:.1f} s; "
-            f"{cap.stream.events:,} streamed events ({cap.statements:,} statements in {cap.transactions:,} "
-            f"transactions) in {cap.stream_seconds:.1f} s ({_rate(cap.stream.events, cap.stream_seconds)})",
-        )
-        table.add_row(
-            "capture lag",
-            f"last change stored {cap.stream.lag_ms():,} ms after its commit; "
-            f"slot retains {cap.retained_wal_bytes:,} B of WAL; {cap.stream.to_json()['lag_bytes']:,} B behind",
-        )
-        table.add_row("capture topic", f"{CAPTURE_TOPIC} ({cap.events_in_topic:,} change events)")
-    table.add_row("records produced", f"{produced:,} ({result.api_records:,} API + {result.cli_records:,} CLI)")
-    table.add_row("produce, producer API", _rate(result.api_records, result.api_seconds))
-    table.add_row("produce, CLI path", _rate(result.cli_records, result.cli_seconds))
-    table.add_row("consume", f"{result.consumed:,} records, {_rate(result.consumed, result.consume_seconds)}")
-    table.add_row("partitions", f"{result.partitions} ({ORDERS_TOPIC}) + 2 ({PROFILES_TOPIC})")
+    accepted = sum((c.accepted for c in result.commands), Counter())
+    refused = sum((c.refused for c in result.commands), Counter())
+    table.add_row("commands accepted", ", ".join(f"{k} {v:,}" for k, v in sorted(accepted.items())))
+    table.add_row("commands refused", ", ".join(f"{k} {v:,}" for k, v in sorted(refused.items())))
     table.add_row(
-        "compaction",
-        f"{sum(s.records_read for s in stats):,} → {result.profiles_after:,} records, "
-        f"{sum(s.bytes_read for s in stats):,} → {sum(s.bytes_written for s in stats):,} bytes",
+        "events captured",
+        f"{result.capture_events:,} in {result.capture_seconds:.1f} s "
+        f"({_rate(result.capture_events, result.capture_seconds)})",
     )
-    table.add_row("bytes on disk", f"{result.bytes_on_disk:,}")
-    table.add_row("data", str(result.directory.resolve()))
+    table.add_row(
+        "capture lag",
+        f"the connector runs after each round here (until caught up): last change stored "
+        f"{result.capture_lag_ms:,} ms after its commit; slot retains {result.retained_wal_bytes:,} B of WAL",
+    )
+    table.add_row("topics", ", ".join(f"{t} ({n:,})" for t, n in result.topics.items()))
+    table.add_row("views (rows)", ", ".join(f"{v} {n:,}" for v, n in result.view_rows.items()))
+    table.add_row(
+        "spark",
+        f"start {result.seconds.get('spark start', 0):.1f} s; rebuild {sum(result.rebuild_events.values()):,} events "
+        f"in {result.seconds.get('rebuild', 0):.1f} s; follow {sum(result.follow_events.values()):,} events in "
+        f"{result.seconds.get('follow', 0):.1f} s",
+    )
+    table.add_row("data", f"{result.directory.resolve()} (log: log/, Postgres: postgres/, stopped)")
+    table.add_row("took", f"{elapsed:.0f} s")
     console.print(table)
-    hint = f"inspect it: tideline --data-dir {result.directory} log describe {ORDERS_TOPIC}"
+    hint = f"inspect it: tideline --data-dir {result.directory / 'log'} log topics"
     console.print(hint, markup=False, soft_wrap=True)
     verdict = "[green]all checks passed[/green]" if result.ok else "[red]some checks failed[/red]"
     console.print(verdict)
@@ -358,40 +322,27 @@ def _print_report(console: Console, result: DemoResult) -> None:
 def demo_command(
     directory: Annotated[
         Path | None,
-        typer.Option(
-            "--dir",
-            help="Fresh directory for the demo log (default: <data dir>/demo-<timestamp>).",
-            show_default=False,
-        ),
+        typer.Option("--dir", help="Fresh directory for the demo (default: <data dir>/demo-<timestamp>).",
+                     show_default=False),
     ] = None,
-    records: Annotated[int, typer.Option("--records", help="Records produced through the producer API.")] = 200_000,
-    partitions: Annotated[int, typer.Option("--partitions", help="Partitions of the demo topic.")] = 4,
-    capture_rows: Annotated[
-        int, typer.Option("--capture-rows", help="Rows in the captured table before the snapshot (0: skip capture).")
-    ] = 20_000,
-    transactions: Annotated[int, typer.Option("--transactions", help="Workload transactions to capture.")] = 500,
+    master: Annotated[str, typer.Option("--master", help="Spark master URL.")] = "local[*]",
+    orders: Annotated[int, typer.Option("--orders", min=1, help="Rows in shop.orders before the snapshot.")] = 5_000,
+    transactions: Annotated[int, typer.Option("--transactions", min=1, help="SQL workload transactions.")] = 300,
+    users: Annotated[int, typer.Option("--users", min=1, help="RegisterUser commands (round 1).")] = 200,
+    reservations: Annotated[
+        int, typer.Option("--reservations", min=1, help="Reservation commands (round 1).")
+    ] = 1_500,
 ) -> None:
-    """Produce, consume, verify and compact on the embedded log; print ✓/✗ per check and a summary.
+    """Capture, commands and Spark projections end to end; ✓/✗ per check and a summary.
 
     Exits 1 if a check fails. The data stays in the directory it names.
     """
     console = Console(highlight=False)
+    started = time.monotonic()
     with one_line_errors():
-        if records < 1:
-            raise ConfigError(f"--records must be ≥ 1, got {records}")
-        if not 1 <= partitions <= 256:
-            raise ConfigError(f"--partitions must be within 1 … 256, got {partitions}")
         target = _prepare_directory(directory)
-        if capture_rows < 0 or transactions < 0:
-            raise ConfigError("--capture-rows and --transactions must be ≥ 0")
-        result = run_demo(
-            target,
-            records=records,
-            partitions=partitions,
-            console=console,
-            capture_rows=capture_rows,
-            transactions=transactions,
-        )
-    _print_report(console, result)
+        result = run_demo(target, console=console, master=master, orders=orders, transactions=transactions,
+                          users=users, reservations=reservations)  # fmt: skip
+    _print_report(console, result, time.monotonic() - started)
     if not result.ok:
         raise typer.Exit(1)

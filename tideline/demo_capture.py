@@ -1,30 +1,26 @@
-"""The capture part of ``tideline demo``: a private Postgres, a workload, captured and verified.
+"""The plain-SQL part of ``tideline demo``: the ``shop.orders`` table, its workload and its checks.
 
-Starts a throwaway PostgreSQL 15 with wal2json in ``<demo dir>/postgres`` (stopped by
-PID at the end, whatever happens), fills a table, captures it (initial snapshot), runs
-a workload of inserts, updates, key changes and deletes in many transactions, captures
-again (streaming from the stored position), and checks that the latest value of every
-key in the log equals ``SELECT *`` of the table, value for value (numeric, jsonb,
-arrays and timestamps included), and that no event was stored twice.
+The table (numeric, jsonb, arrays, timestamps, large text), rows for it, a workload of
+inserts, updates, key changes and deletes in many transactions, and the two views the
+demo compares: every row as the connector writes it (``_table_state``: uncast text →
+converters → JSON form) and the latest ``after`` per key in the captured topic
+(``_log_state``, which also counts events stored twice).
 """
 
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
 import psycopg
 
-from capture.connector import CaptureConfig, Connector, Stats, slot_status
+from capture.connector import Stats
 from capture.pgtypes import SESSION_OPTIONS, dumps
 from capture.tables import TableCatalog, TableFilter, result_rows, select_columns_sql
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
-from tideline.pgharness import LocalPostgres
 
 TABLE = "shop.orders"
 TOPIC = "demo.shop.orders"
@@ -135,46 +131,3 @@ def _log_state(log: Log) -> tuple[dict[bytes, Any], int, int]:
                 else:
                     state[r.key] = value["after"]
     return state, events, duplicates
-
-
-def run_capture_demo(directory: Path, log: Log, *, rows: int, transactions: int, progress: Any) -> CaptureResult:
-    """The whole capture phase; Postgres is stopped before this returns or raises."""
-    rng = random.Random(7)
-    result = CaptureResult(rows_initial=rows)
-    start_task = progress.add_task("postgres: start + load", total=rows)
-    snap_task = progress.add_task("capture: snapshot", total=rows)
-    work_task = progress.add_task("postgres: workload", total=transactions)
-    stream_task = progress.add_task("capture: stream + verify", total=1)
-    pg = LocalPostgres(directory / "postgres", fast=True)
-    try:
-        pg.start()
-        dsn = result.dsn = pg.create_database("shop")
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(SCHEMA.encode())
-            with c.cursor().copy("COPY shop.orders (id, customer, total, items, tags, note) FROM STDIN") as copy:
-                for i in range(1, rows + 1):
-                    copy.write_row(_row(i, rng))
-                    if i % 1000 == 0:
-                        progress.update(start_task, completed=i)
-        progress.update(start_task, completed=rows)
-        config = CaptureConfig(dsn=dsn, slot=SLOT, topic_prefix="demo", exit_when_caught_up=True)
-        started = time.monotonic()
-        result.snapshot = Connector(config, log).run()
-        result.snapshot_seconds = time.monotonic() - started
-        progress.update(snap_task, completed=result.snapshot.snapshot_rows)
-        _workload(dsn, rng, transactions, result, lambda: progress.advance(work_task))
-        started = time.monotonic()
-        result.stream = Connector(config, log).run()
-        result.stream_seconds = time.monotonic() - started
-        state, result.events_in_topic, result.duplicates = _log_state(log)
-        table = _table_state(dsn)
-        result.table_rows = len(table)
-        result.mismatches = sum(1 for k in set(state) | set(table) if state.get(k) != table.get(k))
-        info = slot_status(dsn, SLOT)
-        result.retained_wal_bytes = info["retained_wal_bytes"] if info else -1
-        progress.update(stream_task, completed=1)
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
-    finally:
-        pg.stop()
-    return result
