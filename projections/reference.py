@@ -23,13 +23,15 @@ from psycopg import sql
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.isolation import IsolationLevel
 from eventstore.log import Log
+from projections.store import Offsets
 from projections.views import CountView, FoldView, MirrorView, Row, StoredEvent, Stream, View, columns_of
 
 Record = tuple[bytes | None, bytes | None]  # key, value
 
 
-def records(log_dir: Path, topics: tuple[str, ...]) -> Iterator[tuple[str, int, Record]]:
-    """``(topic, partition, (key, value))`` of every committed record, partition by partition."""
+def records(log_dir: Path, topics: tuple[str, ...], until: Offsets | None = None) -> Iterator[tuple[str, int, Record]]:
+    """``(topic, partition, (key, value))`` of every committed record, partition by partition
+    (with ``until``: only those at offsets below it; partitions it leaves out: none)."""
     with Log(log_dir, create=False) as log:
         for topic in topics:
             if topic not in log.topics():
@@ -40,7 +42,8 @@ def records(log_dir: Path, topics: tuple[str, ...]) -> Iterator[tuple[str, int, 
                     c.seek_to_beginning()
                     while batch := c.poll(timeout_ms=0):
                         for r in batch:
-                            yield topic, p, (r.key, r.value)
+                            if until is None or r.offset < until.get(topic, {}).get(p, 0):
+                                yield topic, p, (r.key, r.value)
 
 
 def stored_event(value: bytes) -> StoredEvent:
@@ -58,18 +61,19 @@ def stored_event(value: bytes) -> StoredEvent:
     )
 
 
-def expected_rows(view: View, log_dir: Path) -> list[Row]:
-    """What ``view`` must hold after applying everything committed in the log."""
+def expected_rows(view: View, log_dir: Path, until: Offsets | None = None) -> list[Row]:
+    """What ``view`` must hold after applying everything committed in the log (or, with
+    ``until``, the records below those offsets: what a view with these checkpoints holds)."""
     if isinstance(view, FoldView):
-        return _fold(view, log_dir)
+        return _fold(view, log_dir, until)
     if isinstance(view, CountView):
-        return _counts(view, log_dir)
-    return _mirror(view, log_dir)
+        return _counts(view, log_dir, until)
+    return _mirror(view, log_dir, until)
 
 
-def _fold(view: FoldView, log_dir: Path) -> list[Row]:
+def _fold(view: FoldView, log_dir: Path, until: Offsets | None) -> list[Row]:
     streams: dict[str, list[StoredEvent]] = defaultdict(list)
-    for _, _, (_, value) in records(log_dir, view.topics):
+    for _, _, (_, value) in records(log_dir, view.topics, until):
         if value is not None:
             e = stored_event(value)
             streams[e.stream_id].append(e)
@@ -84,9 +88,9 @@ def _fold(view: FoldView, log_dir: Path) -> list[Row]:
     return normalized(out)
 
 
-def _counts(view: CountView, log_dir: Path) -> list[Row]:
+def _counts(view: CountView, log_dir: Path, until: Offsets | None) -> list[Row]:
     totals: dict[Row, list[int]] = {}
-    for _, _, (_, value) in records(log_dir, view.topics):
+    for _, _, (_, value) in records(log_dir, view.topics, until):
         if value is None:
             continue
         for key, counts in view.contributions(stored_event(value)):
@@ -96,9 +100,9 @@ def _counts(view: CountView, log_dir: Path) -> list[Row]:
     return normalized([(*key, *view.extra(key), *counts) for key, counts in totals.items()])
 
 
-def _mirror(view: MirrorView, log_dir: Path) -> list[Row]:
+def _mirror(view: MirrorView, log_dir: Path, until: Offsets | None) -> list[Row]:
     latest: dict[bytes, Row | None] = {}
-    for _, _, (key, value) in records(log_dir, view.topics):
+    for _, _, (key, value) in records(log_dir, view.topics, until):
         if key is None:
             continue
         change = orjson.loads(value) if value is not None else None

@@ -1,0 +1,135 @@
+"""Exactly once: ``tideline project follow`` killed (SIGKILL) at random points, again and again.
+
+After every kill the view must equal the reference fold of exactly the records below its
+stored checkpoints (a batch is all in or all out), and after a final run, the reference of
+the whole log. ``show_occupancy`` is the sharpest witness: its upserts are additive, so a
+batch applied twice would double counts. The CLI's rebuild and status are exercised too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from pyspark.sql import SparkSession
+from typer.testing import CliRunner
+from views_util import capture, drop_slots, issue_commands, migrated_database, soak
+
+from eventstore.log import Log
+from examples.reservations.views import VIEWS
+from projections import store
+from projections.consistency import stable_offsets
+from projections.follow import follow
+from projections.reference import expected_rows, view_rows
+from tideline.cli import app
+from tideline.pgharness import LocalPostgres
+
+TIDELINE = str(Path(sys.executable).parent / "tideline")
+KILLS = 8 if soak() else 3
+VIEWS_KILLED = ["show_occupancy", "seats"] if soak() else ["show_occupancy"]
+
+
+@pytest.fixture
+def db(postgres: LocalPostgres) -> Iterator[str]:
+    dsn = migrated_database(postgres, "crash")
+    yield dsn
+    drop_slots(dsn)
+
+
+def batches(dsn: str, projection: str) -> int:
+    with psycopg.connect(dsn) as c:
+        row = c.execute("SELECT batches FROM projection_runs WHERE projection = %s", (projection,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def checkpoints(dsn: str, projection: str) -> store.Offsets:
+    with psycopg.connect(dsn) as c:
+        return store.offsets_of(store.read_checkpoints(c, projection))
+
+
+def log_end_offsets(log_dir: Path, topics: tuple[str, ...]) -> store.Offsets:
+    with Log(log_dir) as log:
+        return stable_offsets(log, topics)
+
+
+def start_follow(log_dir: Path, dsn: str, view: str, checkpoint_dir: Path, stderr: Path) -> subprocess.Popen[bytes]:
+    argv = [TIDELINE, "--data-dir", str(log_dir), "project", "follow", view, "--dsn", dsn, "--master", "local[1]",
+            "--max-records-per-trigger", "15", "--trigger-seconds", "0.1",
+            "--checkpoint-dir", str(checkpoint_dir)]  # fmt: skip
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    with stderr.open("ab") as err:  # a file, not a pipe: Spark's start-up logging would fill a pipe and block
+        return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the follow job and the JVM it started (its own process group, by the child's PID)."""
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+@pytest.mark.parametrize("view", VIEWS_KILLED)
+def test_follow_killed_at_random_points_is_exactly_once(
+    spark: SparkSession, db: str, tmp_path: Path, view: str
+) -> None:
+    log_dir, checkpoint_dir = tmp_path / "log", tmp_path / "checkpoints"
+    rng = random.Random(11)
+    capture(log_dir, db)
+    issue_commands(db, 500 if soak() else 250, rng, tag="k")
+    capture(log_dir, db)
+    expected = expected_rows(VIEWS[view], log_dir)
+    kills_mid_run = 0
+    log_end = log_end_offsets(log_dir, VIEWS[view].topics)
+    for _ in range(KILLS):
+        before = checkpoints(db, view)
+        process = start_follow(log_dir, db, view, checkpoint_dir, tmp_path / "follow.err")
+        try:
+            deadline = time.monotonic() + 180
+            while process.poll() is None and time.monotonic() < deadline:
+                now = checkpoints(db, view)
+                if now != before or now == log_end:  # a batch committed (or nothing is left to do)
+                    break
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0, 1.0))
+            finished = process.poll() is not None
+        finally:
+            if process.poll() is None:
+                kill_group(process)
+        assert process.returncode in (0, -signal.SIGKILL), (tmp_path / "follow.err").read_text()[-2000:]
+        applied = checkpoints(db, view)
+        kills_mid_run += not finished and applied != log_end
+        assert view_rows(db, VIEWS[view]) == expected_rows(VIEWS[view], log_dir, applied), f"after a kill at {applied}"
+    assert kills_mid_run > 0
+    follow(spark, VIEWS, view, log_dir=log_dir, dsn=db, checkpoint_dir=checkpoint_dir, once=True)
+    assert view_rows(db, VIEWS[view]) == expected
+
+
+def test_cli_rebuild_and_status(db: str, tmp_path: Path) -> None:
+    log_dir = tmp_path / "log"
+    capture(log_dir, db)
+    issue_commands(db, 80, random.Random(3), tag="cli")
+    capture(log_dir, db)
+    argv = [TIDELINE, "--data-dir", str(log_dir), "project", "rebuild", "users", "--dsn", db, "--master", "local[1]",
+            "--json"]  # fmt: skip
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=300, env={**os.environ, "PYSPARK_PYTHON": sys.executable}
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["projection"] == "users" and summary["rows"] == len(expected_rows(VIEWS["users"], log_dir)) > 0
+    assert view_rows(db, VIEWS["users"]) == expected_rows(VIEWS["users"], log_dir)
+    status = CliRunner().invoke(app, ["--data-dir", str(log_dir), "project", "status", "--dsn", db, "--json"])
+    assert status.exit_code == 0, status.output
+    (users,) = [p for p in json.loads(status.output) if p["projection"] == "users"]
+    assert users["mode"] == "rebuild" and users["status"] == "done" and users["events"] == summary["events"]
+    assert [p["lag"] for p in users["partitions"]] == [0, 0]
+    unknown = CliRunner().invoke(app, ["--data-dir", str(log_dir), "project", "rebuild", "nope", "--dsn", db])
+    assert unknown.exit_code == 1 and "unknown projection 'nope'" in unknown.output
