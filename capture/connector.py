@@ -468,6 +468,7 @@ class Connector:
         index = 0
         held: tuple[TableInfo, list[Column]] | None = None  # the latest read, emitted when the next one comes
         held_index = 0
+        routed: set[Any] | None = None  # outbox event ids already in the events topics
         self._begin()
         # Values are read uncast in text format: the type's output function, as wal2json prints
         # it (``::text`` differs: char(n) padding, inet netmasks), under the same session settings.
@@ -487,9 +488,14 @@ class Connector:
                     if res is None or res.ntuples == 0:
                         break
                     outbox = table.qualified == self.config.outbox_table
+                    if outbox and routed is None:
+                        routed = self._routed_outbox_ids()
                     for columns in result_rows(res, table):
-                        if outbox:  # events already in the outbox: routed in key (id) order
+                        if outbox:  # events already in the outbox: routed in key (id) order, once
                             image = {col.name: col.value for col in columns}
+                            if routed and image.get("id") in routed:
+                                index += 1
+                                continue  # routed before (a new snapshot): the events topics keep every fact once
                             self._batch.add(self._outbox_event(table, image, ctx, index))
                         else:
                             if held is not None:  # one read held back: the last one says snapshot "last"
@@ -767,6 +773,20 @@ class Connector:
         # number), integers stay ints of any size, everything else is already a JSON string.
         after: dict[str, Any] | None = json.loads(latest, parse_float=JsonNumber).get("after")
         return after
+
+    def _routed_outbox_ids(self) -> set[Any]:
+        """Ids of the outbox events already routed (read_committed): a snapshot after the first
+        one (``always``, ``when_needed``) must not route them again — the events topics are
+        never compacted, so a second copy would stay forever."""
+        prefix = f"{self.config.outbox_topic_prefix}."
+        ids: set[Any] = set()
+        for topic in [t for t in self.log.topics() if t.startswith(prefix)]:
+            for _, value in self._read_topic(topic):
+                if value is not None:
+                    ids.add(orjson.loads(value).get("id"))
+        if ids:
+            log.info("capture: %d outbox events are routed already: the snapshot skips them", len(ids))
+        return ids
 
     def _live_keys_in_log(self, topic: str) -> list[bytes]:
         """Keys whose latest record is not a tombstone (what a TRUNCATE removes)."""

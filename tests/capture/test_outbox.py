@@ -29,6 +29,7 @@ from capture_util import capture, drop_slots, fresh_database, sql
 from workload import soak
 
 import migrations
+from capture.connector import SnapshotMode
 from commands.errors import DomainError, DuplicateClaimError
 from commands.handler import CommandHandler
 from eventstore.consumer import Consumer, TopicPartition
@@ -140,6 +141,18 @@ def test_commands_are_routed_to_event_topics(db: str, tmp_path: Path) -> None:
     assert set(routed(log_dir)) == {"events.user", "events.reservation"}
     with Log(log_dir) as log:
         assert "cdc.public.events" not in log.topics()  # the outbox table itself is not a topic
+
+
+def test_a_new_snapshot_does_not_route_events_again(db: str, tmp_path: Path) -> None:
+    """--snapshot always / when_needed read the events table again: its rows are routed once only."""
+    log_dir = tmp_path / "log"
+    issue_commands(db, 20, seed=6)
+    capture(log_dir, db, **OUTBOX)
+    issue_commands(db, 20, seed=7)
+    capture(log_dir, db, snapshot=SnapshotMode.ALWAYS, **OUTBOX)  # a fresh snapshot of everything
+    issue_commands(db, 20, seed=8)
+    capture(log_dir, db, **OUTBOX)
+    assert assert_routed_exactly_once(log_dir, db) == len(stored_events(db))
 
 
 def test_an_update_of_an_event_row_is_flagged_not_routed(db: str, tmp_path: Path) -> None:
