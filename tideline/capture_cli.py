@@ -16,7 +16,9 @@ from tideline.cli_common import fail, one_line_errors
 
 app = typer.Typer(help="Capture Postgres changes (logical replication, wal2json) into the log.", no_args_is_help=True)
 
-DsnOption = Annotated[str, typer.Option("--dsn", help="libpq connection string or URL of the source database.")]
+DsnOption = Annotated[
+    str, typer.Option("--dsn", envvar="TIDELINE_DSN", help="libpq connection string or URL of the source database.")
+]
 SlotOption = Annotated[str, typer.Option("--slot", help="Replication slot name (created if missing).")]
 PrefixOption = Annotated[str, typer.Option("--topic-prefix", help="Topics are <prefix>.<schema>.<table>.")]
 

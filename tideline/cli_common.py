@@ -19,7 +19,7 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 @contextmanager
 def one_line_errors() -> Iterator[None]:
-    """Turn Tideline and OS errors raised inside the block into a one-line message + exit 1."""
+    """Turn Tideline, OS and database (psycopg) errors raised inside the block into a one-line message + exit 1."""
     from eventstore.errors import TidelineError
 
     try:
@@ -28,3 +28,8 @@ def one_line_errors() -> Iterator[None]:
         raise fail(str(e)) from None
     except OSError as e:
         raise fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e)) from None
+    except Exception as e:
+        if not type(e).__module__.startswith("psycopg"):  # database errors (not imported here: startup time)
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise fail(f"database: {first}") from None

@@ -64,6 +64,13 @@ def test_cli_run_status_and_errors(db: str, tmp_path: Path) -> None:
     assert len(bad.stderr.strip().splitlines()) == 1
     refused = cli("capture", "run", "--dsn", db, "--plugin", "decoderbufs", data_dir=data, check=False)
     assert refused.returncode == 1 and "wal2json" in refused.stderr
+    down = cli("capture", "status", "--dsn", "postgresql://nobody@127.0.0.1:1/x", data_dir=data, check=False)
+    assert down.returncode == 1 and down.stderr.startswith("error: database: connection failed")
+    assert len(down.stderr.strip().splitlines()) == 1  # no traceback
+    from_env = subprocess.run([TIDELINE, "--data-dir", str(data), "capture", "status", "--slot", "cli",
+                               "--topic-prefix", "cdc", "--json"], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "TIDELINE_DSN": db})  # fmt: skip
+    assert json.loads(from_env.stdout)["slot"]["plugin"] == "wal2json"  # --dsn from $TIDELINE_DSN
 
 
 def test_sigterm_finishes_the_batch_and_exits_0(db: str, tmp_path: Path) -> None:
