@@ -124,8 +124,12 @@ def follow(
     max_records: Annotated[
         int | None, typer.Option("--max-records-per-trigger", help="Cap on records per batch.")
     ] = None,
+    metrics_host: Annotated[str, typer.Option("--metrics-host", help="Address the metrics endpoint binds.")] = (
+        "127.0.0.1"
+    ),
     metrics_port: Annotated[
-        int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics on this port.")
+        int | None,
+        typer.Option("--metrics-port", min=0, max=65535, help="Serve Prometheus metrics on this port (/metrics)."),
     ] = None,
 ) -> None:
     """Keep VIEW up to date: micro-batches whose rows and offsets commit in one transaction."""
@@ -171,8 +175,8 @@ def follow(
                 from eventstore.metrics import serve_metrics
                 from projections.metrics import FollowCollector
 
-                server = serve_metrics(FollowCollector(follower), metrics_port)
-                console.print(f"metrics on http://127.0.0.1:{server.port}/metrics")
+                server = serve_metrics(FollowCollector(follower), metrics_port, metrics_host)
+                console.print(f"metrics on http://{metrics_host}:{server.port}/metrics")
             with status:
                 stats = follower.run(once=once, stop=stop)
         finally:
