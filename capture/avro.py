@@ -39,14 +39,13 @@ Thread-safety: none; owned by the connector thread.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
 import orjson
 
-from capture.pgtypes import JsonNumber, text_converter
+from capture.pgtypes import text_converter
 from capture.tables import TableFilter, TableInfo
 from eventstore.errors import TidelineError
 from schemas.errors import IncompatibleSchemaError, ValueConversionError, WireFormatError
@@ -58,10 +57,7 @@ from schemas.wire import AvroWire
 
 UNAVAILABLE = "__debezium_unavailable_value"  # capture.events.UNAVAILABLE (imported there from here)
 _TEXT_KINDS = (Kind.STRING, Kind.JSON)
-
-
-def _exact_int(text: str) -> int | Decimal:
-    return int(text) if len(text) <= 4000 else Decimal(text)  # Python's int-from-text limit is 4300 digits
+parse_json = text_converter("jsonb", 3802)  # JSON text → the exact parsed value capture carries
 
 
 class SchemaChangeError(TidelineError):
@@ -163,7 +159,7 @@ class AvroEncoder:
             if ctype.kind in (Kind.STRING, Kind.BYTES):
                 out[name] = raw
             elif ctype.kind is Kind.JSON:
-                out[name] = json.loads(raw, parse_float=JsonNumber, parse_int=_exact_int)
+                out[name] = parse_json(raw)  # exactly as a jsonb value from the stream
             elif ctype.kind in (Kind.DECIMAL, Kind.VARIABLE_DECIMAL):
                 out[name] = Decimal(to_json_converter(ctype)(raw))
         return out

@@ -39,7 +39,7 @@ from eventstore.consumer import Consumer, TopicPartition
 from eventstore.errors import ConfigError
 from eventstore.log import Log
 from tideline.cli_common import one_line_errors
-from tideline.demo_capture import SCHEMA, CaptureResult, _log_state, _row, _table_state, _workload
+from tideline.demo_capture import SCHEMA, SqlWorkload, _log_state, _row, _table_state, _workload
 from tideline.demo_commands import CommandsResult, run_commands
 
 SLOT = "tideline_demo"
@@ -63,7 +63,7 @@ class DemoResult:
     capture_lag_ms: int = 0
     retained_wal_bytes: int = 0
     commands: list[CommandsResult] = field(default_factory=list)
-    orders: CaptureResult | None = None
+    orders: SqlWorkload | None = None
     view_rows: dict[str, int] = field(default_factory=dict)
     rebuild_events: dict[str, int] = field(default_factory=dict)
     follow_events: dict[str, int] = field(default_factory=dict)
@@ -147,7 +147,7 @@ def run_demo(
             progress.update(step, completed=2)
 
             step = progress.add_task("postgres: shop.orders rows", total=orders)
-            cap = result.orders = CaptureResult(rows_initial=orders, dsn=dsn)
+            sql_work = result.orders = SqlWorkload(next_id=orders + 1)
             with psycopg.connect(dsn, autocommit=True) as c:
                 c.execute(SCHEMA.encode())
                 with c.cursor().copy("COPY shop.orders (id, customer, total, items, tags, note) FROM STDIN") as copy:
@@ -168,8 +168,7 @@ def run_demo(
                     result.commands.append(done)
                     progress.update(cmd, completed=n_users + n_res)
                     sql = progress.add_task(f"postgres: SQL workload ({label})", total=n_txn)
-                    _workload(dsn, rng, n_txn, cap, lambda: progress.advance(sql))
-                    cap.rows_initial += cap.statements  # _workload numbers new rows past this
+                    _workload(dsn, rng, n_txn, sql_work, lambda: progress.advance(sql))
                     stream = progress.add_task(f"capture: stream ({label})", total=1)
                     _capture(dsn, log, result)
                     progress.update(stream, completed=1)

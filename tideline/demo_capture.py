@@ -16,7 +16,6 @@ from typing import Any
 import orjson
 import psycopg
 
-from capture.connector import Stats
 from capture.pgtypes import SESSION_OPTIONS, dumps
 from capture.tables import TableCatalog, TableFilter, result_rows, select_columns_sql
 from eventstore.consumer import Consumer, TopicPartition
@@ -29,20 +28,12 @@ INSERT = "INSERT INTO shop.orders (id, customer, total, items, tags, note) VALUE
 
 
 @dataclass(slots=True)
-class CaptureResult:
-    rows_initial: int = 0
+class SqlWorkload:
+    """What the workload has done so far; ``next_id`` is the next unused primary key."""
+
+    next_id: int
     statements: int = 0
     transactions: int = 0
-    snapshot: Stats | None = None
-    stream: Stats | None = None
-    snapshot_seconds: float = 0.0
-    stream_seconds: float = 0.0
-    events_in_topic: int = 0
-    table_rows: int = 0
-    retained_wal_bytes: int = 0
-    mismatches: int = 0
-    duplicates: int = 0
-    dsn: str = ""
 
 
 SCHEMA = """
@@ -66,8 +57,8 @@ def _row(i: int, rng: random.Random) -> tuple[Any, ...]:
     return (i, f"customer-{rng.randrange(2000)}", total, items, tags, "x" * rng.choice([0, 10, 3000]))
 
 
-def _workload(dsn: str, rng: random.Random, transactions: int, result: CaptureResult, on_txn: Any) -> None:
-    next_id = result.rows_initial + 1
+def _workload(dsn: str, rng: random.Random, transactions: int, result: SqlWorkload, on_txn: Any) -> None:
+    next_id = result.next_id
     with psycopg.connect(dsn) as c:
         for _ in range(transactions):
             with c.transaction():
@@ -89,6 +80,7 @@ def _workload(dsn: str, rng: random.Random, transactions: int, result: CaptureRe
                         next_id += 1
                     result.statements += 1
             result.transactions += 1
+            result.next_id = next_id
             on_txn()
 
 

@@ -11,6 +11,7 @@ tally says how many of each kind there were, and the demo later checks that the 
 from __future__ import annotations
 
 import random
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,9 +37,16 @@ class CommandsResult:
 
 
 def run_commands(
-    dsn: str, *, users: int, reservations: int, seed: int, on_command: Callable[[], None]
+    dsn: str,
+    *,
+    users: int,
+    reservations: int,
+    seed: int,
+    on_command: Callable[[], None] = lambda: None,
+    stop: threading.Event | None = None,
 ) -> CommandsResult:
-    """Issue the workload through the command handler; ``on_command`` after each command."""
+    """Issue the workload through the command handler; ``on_command`` after each command;
+    ``stop`` ends it early (between commands)."""
     rng = random.Random(seed)
     result = CommandsResult()
     with CommandHandler(dsn) as handler:
@@ -62,11 +70,15 @@ def run_commands(
             return True
 
         for i in range(users):
+            if stop is not None and stop.is_set():
+                return result
             taken = i > 10 and rng.random() < 0.1  # a username someone already has
             name = f"user_{rng.randrange(i)}" if taken else f"user_{i}"
             send(USER, RegisterUser(f"u{i}", name, f"User {i}"))
         active: list[str] = []
         for i in range(reservations):
+            if stop is not None and stop.is_set():
+                return result
             roll = rng.random()
             if roll < 0.55 or not active:
                 rid, customer = f"r{i}", f"u{rng.randrange(users)}"

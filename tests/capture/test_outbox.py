@@ -30,12 +30,10 @@ from workload import soak
 
 import migrations
 from capture.connector import SnapshotMode
-from commands.errors import DomainError, DuplicateClaimError
-from commands.handler import CommandHandler
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
 from eventstore.topic import CleanupPolicy
-from examples.reservations.domain import RESERVATION, USER, CancelReservation, ChangeSeat, RegisterUser, ReserveSeat
+from tideline.demo_commands import run_commands
 from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,32 +100,9 @@ def assert_routed_exactly_once(log_dir: Path, dsn: str) -> int:
 
 
 def issue_commands(dsn: str, n: int, seed: int, stop: threading.Event | None = None) -> int:
-    """Registrations, reservations, seat changes and cancellations, some refused; the number accepted."""
-    rng = random.Random(seed)
-    accepted = 0
-    with CommandHandler(dsn) as handler:
-        for i in range(n):
-            if stop is not None and stop.is_set():
-                break
-            r = f"{seed}-{rng.randrange(n // 3 + 1)}"
-            seat = f"A{rng.randrange(12)}"
-            command: Any
-            aggregate: Any = RESERVATION
-            choice = rng.random()
-            if choice < 0.25:
-                aggregate, command = USER, RegisterUser(f"{seed}-{i}", f"user_{rng.randrange(n)}")
-            elif choice < 0.6:
-                command = ReserveSeat(r, "show1", seat, f"c{rng.randrange(20)}")
-            elif choice < 0.8:
-                command = ChangeSeat(r, seat)
-            else:
-                command = CancelReservation(r)
-            try:
-                handler.handle(aggregate, command)
-                accepted += 1
-            except (DomainError, DuplicateClaimError):
-                pass  # refused commands write nothing: nothing to route
-    return accepted
+    """The demo's reservations workload (some commands refused: they write nothing); the number accepted."""
+    done = run_commands(dsn, users=min(max(1, n // 4), 200), reservations=n, seed=seed, stop=stop)
+    return sum(done.accepted.values())
 
 
 def test_commands_are_routed_to_event_topics(db: str, tmp_path: Path) -> None:
