@@ -7,24 +7,35 @@
     result.version, result.commit_lsn
 
 One attempt: load the stream's latest snapshot + later events and the command id's
-record (one statement); if the command id was seen, return its stored result; else fold,
+record (one statement; for a stream whose state the handler has cached, only the events
+after the cached version); if the command id was seen, return its stored result; else fold,
 ``decide``, and append the events at ``expected version + 1 …`` with the command record
 and the claims, in one transaction. A version conflict (another writer took the next
 version first) starts a new attempt from a fresh load, after a short random pause, up to
 ``max_attempts``; then :class:`ConcurrencyError`. ``decide``'s :class:`DomainError` and
 :class:`DuplicateClaimError` end the command at once: nothing was written.
 
+**State cache.** The handler keeps the latest states it folded or produced (``cache_size``
+streams, least recently used out), as the ``eventsourcing`` library's aggregate cache
+with fast-forward does: a cached state at version v is the fold of events 1…v, which
+never change (the table is append-only), so it stays valid for ever; a command on a
+cached stream reads only the events after v (none, unless another writer appended) and
+folds them on. States must be immutable values (``apply`` returns new ones, as the fold
+contract says): the cache hands the same object to every command.
+
 Thread safety: a handler may be shared by threads (each thread keeps one connection of
-the engine's pool). After ``fork()``, make a new handler in the child.
+the engine's pool; the cache has a lock). After ``fork()``, make a new handler in the child.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -61,7 +72,8 @@ class HandlerConfig:
     ``pool_size``: connections the handler's engine keeps. ``pin_connections``: each
     thread keeps one connection checked out between commands (fastest; right for a few
     long-lived threads); off, every call checks one out of the pool (right for a web
-    server's many short-lived threads).
+    server's many short-lived threads). ``cache_size``: streams whose latest state the
+    handler keeps in memory (0: none; see the module docstring).
     """
 
     max_attempts: int = 10
@@ -70,8 +82,11 @@ class HandlerConfig:
     retry_pause_seconds: float = 0.001
     pool_size: int = 5
     pin_connections: bool = True
+    cache_size: int = 10_000
 
     def __post_init__(self) -> None:
+        if self.cache_size < 0:
+            raise ValueError(f"cache_size must be ≥ 0, not {self.cache_size}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be ≥ 1, not {self.max_attempts}")
         if self.snapshot_every is not None and self.snapshot_every < 1:
@@ -105,6 +120,68 @@ class Loaded(Generic[T]):
     version: int
 
 
+def new_command_id() -> str:
+    """A fresh command id: a time-ordered UUID (version 7, RFC 9562: 48 bits of Unix
+    milliseconds, then random bits), so the ``commands`` primary key grows at its right
+    edge instead of touching a random index page per command as a random UUID does."""
+    millis = time.time_ns() // 1_000_000
+    value = (millis & (2**48 - 1)) << 80 | int.from_bytes(os.urandom(10)) & (2**80 - 1)
+    value = value & ~(0xF << 76) | 0x7 << 76  # version 7
+    value = value & ~(0x3 << 62) | 0x2 << 62  # variant 10
+    return str(uuid.UUID(int=value))
+
+
+@dataclass(frozen=True, slots=True)
+class CacheInfo:
+    """How the state cache did: loads that started from a cached state, loads that did not."""
+
+    hits: int
+    misses: int
+    size: int
+    max_size: int
+
+
+class StateCache:
+    """The latest known state of up to ``max_size`` streams, least recently used out (thread-safe)."""
+
+    def __init__(self, max_size: int) -> None:
+        self.max_size = max_size
+        self._states: OrderedDict[tuple[str, int, str], Loaded[Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key: tuple[str, int, str]) -> Loaded[Any] | None:
+        with self._lock:
+            found = self._states.get(key)
+            if found is None:
+                self.misses += 1
+                return None
+            self._states.move_to_end(key)
+            self.hits += 1
+            return found
+
+    def put(self, key: tuple[str, int, str], loaded: Loaded[Any]) -> None:
+        """Keep ``loaded`` unless the cache holds a later version of the stream."""
+        if self.max_size == 0:
+            return
+        with self._lock:
+            held = self._states.get(key)
+            if held is not None and held.version > loaded.version:
+                return
+            self._states[key] = loaded
+            self._states.move_to_end(key)
+            while len(self._states) > self.max_size:
+                self._states.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._states.clear()
+
+    def info(self) -> CacheInfo:
+        with self._lock:
+            return CacheInfo(self.hits, self.misses, len(self._states), self.max_size)
+
+
 class CommandHandler:
     """Handles commands for any aggregate type against one database (see module docstring)."""
 
@@ -120,6 +197,7 @@ class CommandHandler:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._pinned: list[SqlConnection] = []
+        self.cache = StateCache(self.config.cache_size)
 
     @contextmanager
     def _connection(self) -> Iterator[Connection[Any]]:
@@ -182,15 +260,39 @@ class CommandHandler:
     def load(self, aggregate: AggregateType[S, C], stream_id: str) -> Loaded[S]:
         """The aggregate's current state and version (version 0: no events yet)."""
         with self._connection() as conn:
-            loaded = store.load_stream(
-                conn, stream_id, state_version=aggregate.state_version, use_snapshot=self.config.use_snapshots
-            )
-        return self._fold(aggregate, loaded)
+            current, _ = self._load(conn, aggregate, stream_id, None)
+        return current
 
-    def _fold(self, aggregate: AggregateType[S, C], loaded: store.LoadedStream) -> Loaded[S]:
-        state = aggregate.initial
+    def cache_info(self) -> CacheInfo:
+        return self.cache.info()
+
+    def _load(
+        self, conn: Connection[Any], aggregate: AggregateType[S, C], stream_id: str, command_id: str | None
+    ) -> tuple[Loaded[S], store.RecordedCommand | None]:
+        """The stream's current state (from the cache when it holds one) and the command id's
+        record (None: a fresh id, nothing to look up)."""
+        key = (aggregate.name, aggregate.state_version, stream_id)
+        cached: Loaded[S] | None = self.cache.get(key) if self.config.cache_size else None
+        loaded = store.load_stream(
+            conn,
+            stream_id,
+            state_version=aggregate.state_version,
+            use_snapshot=self.config.use_snapshots,
+            command_id=command_id,
+            after_version=None if cached is None else cached.version,
+        )
+        current = self._fold(aggregate, loaded, cached)
+        if loaded.recorded is None and (cached is None or current.version != cached.version):
+            self.cache.put(key, current)
+        return current, loaded.recorded
+
+    def _fold(self, aggregate: AggregateType[S, C], loaded: store.LoadedStream, cached: Loaded[S] | None) -> Loaded[S]:
         if loaded.snapshot is not None:
             state = from_json(aggregate.state_type, loaded.snapshot.state)
+        elif cached is not None and loaded.after_version == cached.version:
+            state = cached.state
+        else:
+            state = aggregate.initial
         decode = aggregate.events.decode
         for e in loaded.events:
             state = aggregate.apply(state, decode(e.event_type, e.schema_version, e.payload))
@@ -217,7 +319,8 @@ class CommandHandler:
         retried: :class:`WrongExpectedVersionError`. Raises the aggregate's DomainError,
         DuplicateClaimError, CommandIdReusedError, ConcurrencyError or WrongExpectedVersionError.
         """
-        command_id = command_id or str(uuid.uuid4())
+        given = command_id
+        command_id = command_id or new_command_id()
         stream_id = aggregate.stream_id(command)
         metadata = {
             "command_id": command_id,
@@ -228,23 +331,17 @@ class CommandHandler:
         expected = 0
         with self._connection() as conn:
             for attempt in range(1, self.config.max_attempts + 1):
-                loaded = store.load_stream(
-                    conn,
-                    stream_id,
-                    state_version=aggregate.state_version,
-                    use_snapshot=self.config.use_snapshots,
-                    command_id=command_id,
-                )
-                if loaded.recorded is not None:
-                    return self._replay(conn, loaded.recorded, command_id, stream_id, attempt)
-                current = self._fold(aggregate, loaded)
+                current, recorded = self._load(conn, aggregate, stream_id, given)
+                if recorded is not None:
+                    return self._replay(conn, recorded, command_id, stream_id, attempt)
                 expected = current.version
                 if expected_version is not None and expected != expected_version:
                     raise WrongExpectedVersionError(stream_id, expected_version, expected)
                 events = list(aggregate.decide(current.state, command))
                 decision = self._decision(aggregate, command, command_id, stream_id, expected, events, metadata)
                 try:
-                    if not store.append(conn, decision):
+                    lsn = store.append(conn, decision)
+                    if lsn is None:
                         recorded = store.recorded_command(conn, command_id)
                         assert recorded is not None, "command row vanished"  # rows are never deleted
                         return self._replay(conn, recorded, command_id, stream_id, attempt)
@@ -254,8 +351,10 @@ class CommandHandler:
                     log.debug("attempt %d of command %s on %s: %s", attempt, command_id, stream_id, e)
                     self._pause(attempt)
                     continue
-                lsn = store.wal_insert_lsn(conn)
-                self._maybe_snapshot(conn, aggregate, stream_id, current, events)
+                after = Loaded(aggregate.fold(events, current.state), expected + len(events)) if events else current
+                if events:
+                    self.cache.put((aggregate.name, aggregate.state_version, stream_id), after)
+                self._maybe_snapshot(conn, aggregate, stream_id, current, after)
                 return CommandResult(
                     command_id=command_id,
                     stream_id=stream_id,
@@ -324,21 +423,19 @@ class CommandHandler:
         aggregate: AggregateType[S, C],
         stream_id: str,
         before: Loaded[S],
-        events: list[Event],
+        after: Loaded[S],
     ) -> None:
         every = self.config.snapshot_every
-        after = before.version + len(events)
-        if every is None or not events or after // every == before.version // every:
+        if every is None or after.version == before.version or after.version // every == before.version // every:
             return
-        state = aggregate.fold(events, before.state)
         try:
             store.save_snapshot(
                 conn,
                 stream_id=stream_id,
                 stream_type=aggregate.name,
-                version=after,
+                version=after.version,
                 schema_version=aggregate.state_version,
-                state=to_json(state),
+                state=to_json(after.state),
             )
         except Exception:  # a snapshot is a cache: the command is already committed
-            log.warning("could not store the snapshot of %s at version %d", stream_id, after, exc_info=True)
+            log.warning("could not store the snapshot of %s at version %d", stream_id, after.version, exc_info=True)

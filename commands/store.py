@@ -7,17 +7,27 @@ they are the cost of a command:
 
 - :func:`load_stream` — one statement: the latest usable snapshot, the events after it
   and the command record if the command id was seen before (one MVCC snapshot, so the
-  three agree).
-- :func:`append` — one statement (a data-modifying CTE) inserts the command record and
-  the events: the command row with ``ON CONFLICT (command_id) DO NOTHING`` and the
-  events only if it was inserted, so a repeated command id appends nothing, also when
-  two arrive at once (the second waits for the first to commit, then does nothing). A
-  version conflict is the unique violation of ``(stream_id, version)``: the whole
-  statement is rolled back. Without claims the statement is its own transaction; with
-  claims, ``BEGIN`` … claims … ``COMMIT`` wraps it.
-- :func:`wal_insert_lsn` — one statement *after* the commit, so the position it returns
-  is past the commit record (a position read inside the transaction would precede the
-  commit, and a reader caught up to it might not yet have the events).
+  three agree); or, for a state the handler has cached, only the events after its
+  version and the command record.
+- :func:`append` — one round trip without claims: a simple-protocol query string
+  ``BEGIN; EXECUTE tideline_append(…); COMMIT; SELECT pg_current_wal_insert_lsn()``.
+  ``tideline_append`` (prepared once per connection by :func:`prepare`) is a
+  data-modifying CTE that inserts the command record and the events: the command row
+  with ``ON CONFLICT (command_id) DO NOTHING`` and the events only if it was inserted,
+  so a repeated command id appends nothing, also when two arrive at once (the second
+  waits for the first to commit, then does nothing). A version conflict is the unique
+  violation of ``(stream_id, version)``: the server stops the string there and the
+  client sends ``ROLLBACK``. The ``COMMIT`` ends the transaction, so the position read
+  after it (in the same string) is past the commit record (a position read inside the
+  transaction would precede the commit, and a reader caught up to it might not yet have
+  the events). With claims: ``BEGIN``, the append, the claims, then ``COMMIT; SELECT
+  pg_current_wal_insert_lsn()``.
+- :func:`wal_insert_lsn` — the position alone (a repeated command's reply).
+
+The loads and the append are prepared statements (SQL ``PREPARE``, once per connection;
+a connection that lost them, e.g. to ``DISCARD ALL``, prepares them again). The append's
+parameters are quoted client-side by libpq (``PQescapeLiteral``), as a multi-statement
+string must be; the statements run on libpq directly (see "the wire" below).
 
 Claims are inserted in sorted order (two commands claiming the same values queue up
 instead of deadlocking); a deadlock or serialization failure is treated like a version
@@ -26,14 +36,16 @@ conflict: the handler retries from a fresh load.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg.errors
-from psycopg import Connection
+from psycopg import Connection, generators
+from psycopg.pq import Escaping, ExecStatus, TransactionStatus
+from psycopg.pq.abc import PGconn, PGresult
 from psycopg.types.json import set_json_loads
 
 from commands.aggregate import Claim
@@ -43,42 +55,65 @@ from commands.schema import EVENTS_STREAM_VERSION_KEY
 
 KIND_SNAPSHOT, KIND_EVENT, KIND_COMMAND = 0, 1, 2
 
-LOAD_SQL = """
+T = TypeVar("T")
+
+# Prepared once per connection by :func:`prepare` (SQL ``PREPARE``), run by name.
+LOAD_NAME, LOAD_AFTER_NAME, APPEND_NAME = "tideline_load", "tideline_load_after", "tideline_append"
+
+# $1 stream_id, $2 state_version, $3 use_snapshot, $4 command_id
+PREPARE_LOAD_SQL = f"""
+PREPARE {LOAD_NAME} (text, integer, boolean, text) AS
 SELECT 0 AS kind, s.version, s.schema_version, NULL AS event_type, s.state AS data
   FROM snapshots s
- WHERE s.stream_id = %(stream_id)s AND s.schema_version = %(state_version)s AND %(use_snapshot)s
+ WHERE s.stream_id = $1 AND s.schema_version = $2 AND $3
 UNION ALL
 SELECT 1, e.version, e.schema_version, e.event_type, e.payload
   FROM events e
- WHERE e.stream_id = %(stream_id)s
-   AND e.version > CASE WHEN %(use_snapshot)s THEN COALESCE(
-           (SELECT version FROM snapshots WHERE stream_id = %(stream_id)s AND schema_version = %(state_version)s), 0)
+ WHERE e.stream_id = $1
+   AND e.version > CASE WHEN $3 THEN COALESCE(
+           (SELECT version FROM snapshots WHERE stream_id = $1 AND schema_version = $2), 0)
        ELSE 0 END
 UNION ALL
 SELECT 2, NULL, NULL, c.stream_id, c.result
   FROM commands c
- WHERE c.command_id = %(command_id)s
+ WHERE c.command_id = $4
 ORDER BY 1, 2
 """
 
-APPEND_SQL = """
+# $1 stream_id, $2 after_version, $3 command_id
+PREPARE_LOAD_AFTER_SQL = f"""
+PREPARE {LOAD_AFTER_NAME} (text, integer, text) AS
+SELECT 1 AS kind, e.version, e.schema_version, e.event_type, e.payload AS data
+  FROM events e
+ WHERE e.stream_id = $1 AND e.version > $2
+UNION ALL
+SELECT 2, NULL, NULL, c.stream_id, c.result
+  FROM commands c
+ WHERE c.command_id = $3
+ORDER BY 1, 2
+"""
+
+# $1 command_id, $2 stream_id, $3 command_type, $4 result, $5 stream_type, $6 metadata,
+# $7 events: [{version, event_type, schema_version, payload}, …]
+PREPARE_APPEND_SQL = f"""
+PREPARE {APPEND_NAME} (text, text, text, jsonb, text, jsonb, jsonb) AS
 WITH new_command AS (
     INSERT INTO commands (command_id, stream_id, command_type, result)
-    VALUES (%(command_id)s, %(stream_id)s, %(command_type)s, CAST(%(result)s AS jsonb))
+    VALUES ($1, $2, $3, $4)
     ON CONFLICT (command_id) DO NOTHING
     RETURNING command_id
 ), new_events AS (
     INSERT INTO events (stream_id, stream_type, version, event_type, schema_version, payload, metadata)
-    SELECT %(stream_id)s, %(stream_type)s, e.version, e.event_type, e.schema_version, e.payload,
-           CAST(%(metadata)s AS jsonb)
+    SELECT $2, $5, e.version, e.event_type, e.schema_version, e.payload, $6
       FROM new_command,
-           jsonb_to_recordset(CAST(%(events)s AS jsonb))
-               AS e(version integer, event_type text, schema_version integer, payload jsonb)
+           jsonb_to_recordset($7) AS e(version integer, event_type text, schema_version integer, payload jsonb)
      ORDER BY e.version
     RETURNING id
 )
 SELECT (SELECT count(*) FROM new_command) AS recorded, (SELECT count(*) FROM new_events) AS appended
 """
+
+PREPARED = (PREPARE_LOAD_SQL, PREPARE_LOAD_AFTER_SQL, PREPARE_APPEND_SQL)
 
 ACQUIRE_SQL = """
 INSERT INTO claims (claim_type, value, stream_id, command_id)
@@ -152,12 +187,13 @@ class LoadedStream:
     snapshot: Snapshot | None
     events: list[StoredEvent]
     recorded: RecordedCommand | None  # the command id's stored record, if seen before
+    after_version: int = 0  # the events follow this version (a state the caller holds; 0: the start)
 
     @property
     def version(self) -> int:
         if self.events:
             return self.events[-1].version
-        return self.snapshot.version if self.snapshot is not None else 0
+        return self.snapshot.version if self.snapshot is not None else self.after_version
 
 
 def dumps(value: Any) -> str:
@@ -165,49 +201,95 @@ def dumps(value: Any) -> str:
 
 
 def prepare(conn: Connection[Any]) -> None:
-    """Make ``conn`` parse jsonb with orjson (once per connection)."""
+    """Make ``conn`` parse jsonb with orjson and prepare the hot statements (once per connection)."""
     set_json_loads(orjson.loads, conn)
+    for sql in PREPARED:
+        with contextlib.suppress(psycopg.errors.DuplicatePreparedStatement):  # prepared before on this session
+            conn.execute(sql)
+
+
+def _prepared(conn: Connection[Any], run: Callable[[], T]) -> T:
+    """``run()``, preparing the statements again if the session lost them (``DISCARD ALL``)."""
+    try:
+        return run()
+    except psycopg.errors.InvalidSqlStatementName:
+        prepare(conn)
+        return run()
+
+
+# -- the wire: the two statements of every command, on libpq directly ------------------------
+#
+# psycopg's cursor layer (adapting parameters, preparing, result sets) cost as much client
+# CPU as everything else in a command, and commands are CPU-bound with a few writers per
+# core. The hot statements therefore go through the connection's libpq object: parameters
+# sent as text, results read as text (jsonb parsed with orjson), through psycopg's own
+# generators and ``Connection.wait`` (the socket wait releases the GIL; Ctrl-C cancels the query). Errors are psycopg's
+# exceptions (``error_from_result``): the same classes and diagnostics as anywhere else.
+
+
+def _run(conn: Connection[Any], send: Callable[[PGconn], None]) -> list[PGresult]:
+    pgconn = conn.pgconn
+    send(pgconn)
+    results: list[PGresult] = conn.wait(generators.execute(pgconn))
+    for result in results:
+        if result.status == ExecStatus.FATAL_ERROR:
+            raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+    return results
+
+
+def _text(value: object) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
+    return str(value).encode()
 
 
 def load_stream(
-    conn: Connection[Any], stream_id: str, *, state_version: int, use_snapshot: bool, command_id: str = ""
+    conn: Connection[Any],
+    stream_id: str,
+    *,
+    state_version: int,
+    use_snapshot: bool,
+    command_id: str | None = None,
+    after_version: int | None = None,
 ) -> LoadedStream:
     """The stream's latest snapshot at ``state_version`` (if ``use_snapshot``), the events after it,
-    and the record of ``command_id`` if there is one."""
-    params = {
-        "stream_id": stream_id,
-        "state_version": state_version,
-        "use_snapshot": use_snapshot,
-        "command_id": command_id,
-    }
+    and the record of ``command_id`` if there is one (None: nothing to look up).
+
+    ``after_version``: the caller holds the state at that version (a cached one); only the
+    events after it are read, no snapshot.
+    """
+    params: tuple[object, ...]
+    if after_version is None:
+        name, params = LOAD_NAME, (stream_id, state_version, use_snapshot, command_id)
+    else:
+        name, params = LOAD_AFTER_NAME, (stream_id, after_version, command_id)
+    values = [_text(v) for v in params]
+
+    def run() -> list[PGresult]:
+        return _run(conn, lambda pgconn: pgconn.send_query_prepared(name.encode(), values))
+
+    (result,) = _prepared(conn, run)
     snapshot: Snapshot | None = None
     recorded: RecordedCommand | None = None
     events: list[StoredEvent] = []
-    for kind, version, schema_version, event_type, data in conn.execute(LOAD_SQL, params).fetchall():
+    get = result.get_value
+    for i in range(result.ntuples):
+        kind = int(get(i, 0) or b"")
+        data = orjson.loads(get(i, 4) or b"null")
         if kind == KIND_EVENT:
-            events.append(StoredEvent(version, event_type, schema_version, data))
+            events.append(StoredEvent(int(get(i, 1) or b""), (get(i, 3) or b"").decode(), int(get(i, 2) or b""), data))
         elif kind == KIND_SNAPSHOT:
-            snapshot = Snapshot(version, schema_version, data)
+            snapshot = Snapshot(int(get(i, 1) or b""), int(get(i, 2) or b""), data)
         else:
-            recorded = RecordedCommand(event_type, data)
-    return LoadedStream(snapshot, events, recorded)
+            recorded = RecordedCommand((get(i, 3) or b"").decode(), data)
+    return LoadedStream(snapshot, events, recorded, after_version or 0)
 
 
 def recorded_command(conn: Connection[Any], command_id: str) -> RecordedCommand | None:
     row = conn.execute(RECORDED_SQL, {"command_id": command_id}).fetchone()
     return None if row is None else RecordedCommand(row[0], row[1])
-
-
-@contextmanager
-def transaction(conn: Connection[Any]) -> Iterator[None]:
-    """An explicit server-side transaction on an autocommit connection (rolled back on any error)."""
-    conn.execute("BEGIN")
-    try:
-        yield
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,24 +308,47 @@ class Append:
     release: Sequence[Claim] = ()
 
 
-def append(conn: Connection[Any], decision: Append) -> bool:
-    """Store ``decision`` atomically; False if its command id was already recorded (nothing written).
+def append(conn: Connection[Any], decision: Append) -> str | None:
+    """Store ``decision`` atomically and commit; the WAL position right after the commit, or
+    None if its command id was already recorded (nothing written).
 
     Raises VersionConflict (retry), ClaimReleased (retry) or DuplicateClaimError.
     """
     try:
-        if not decision.acquire and not decision.release:
-            return _append_events(conn, decision)
-        with transaction(conn):
-            if not _append_events(conn, decision):
-                return False
-            _acquire(conn, decision)
-            _release(conn, decision)
-            return True
+        return _prepared(conn, lambda: _append(conn, decision))
     except psycopg.Error as e:
         if _is_version_conflict(e):
             raise VersionConflict(str(e)) from e
         raise
+
+
+def _append(conn: Connection[Any], decision: Append) -> str | None:
+    quote = Escaping(conn.pgconn).escape_literal
+    args = b", ".join(quote(v.encode()) for v in _append_params(decision))
+    execute = b"EXECUTE " + APPEND_NAME.encode() + b" (" + args + b")"
+    lsn = LSN_SQL.encode()
+    try:
+        if not decision.acquire and not decision.release:
+            results = _run(conn, lambda c: c.send_query(b"BEGIN; " + execute + b"; COMMIT; " + lsn))
+            recorded = results[1].get_value(0, 0) != b"0"
+        else:
+            results = _run(conn, lambda c: c.send_query(b"BEGIN; " + execute))
+            recorded = results[1].get_value(0, 0) != b"0"
+            if recorded:
+                _acquire(conn, decision)
+                _release(conn, decision)
+                results = _run(conn, lambda c: c.send_query(b"COMMIT; " + lsn))
+            else:
+                _run(conn, lambda c: c.send_query(b"ROLLBACK"))
+    except BaseException:
+        if not conn.closed and conn.pgconn.transaction_status != TransactionStatus.IDLE:
+            conn.execute("ROLLBACK")
+        raise
+    if not recorded:
+        return None  # the command id was recorded before: nothing appended
+    value = results[-1].get_value(0, 0)
+    assert value is not None
+    return value.decode()
 
 
 def _is_version_conflict(error: BaseException | None) -> bool:
@@ -252,24 +357,13 @@ def _is_version_conflict(error: BaseException | None) -> bool:
     return isinstance(error, _RETRYABLE)
 
 
-def _append_events(conn: Connection[Any], d: Append) -> bool:
+def _append_params(d: Append) -> tuple[str, ...]:
     rows = [
         {"version": d.expected_version + i, "event_type": e.event_type,
          "schema_version": e.schema_version, "payload": e.payload}
         for i, e in enumerate(d.events, start=1)
     ]  # fmt: skip
-    params = {
-        "command_id": d.command_id,
-        "stream_id": d.stream_id,
-        "command_type": d.command_type,
-        "result": dumps(d.result),
-        "stream_type": d.stream_type,
-        "metadata": dumps(d.metadata),
-        "events": dumps(rows),
-    }
-    row = conn.execute(APPEND_SQL, params).fetchone()
-    assert row is not None
-    return bool(row[0])
+    return (d.command_id, d.stream_id, d.command_type, dumps(d.result), d.stream_type, dumps(d.metadata), dumps(rows))
 
 
 def _acquire(conn: Connection[Any], d: Append) -> None:

@@ -135,7 +135,9 @@ def test_snapshot_plus_later_events_equals_the_full_fold(dsn: str) -> None:
         h.handle(RESERVATION, ReserveSeat("r1", "hamlet", seats[0], "alice"))
         for seat in seats[1:]:
             h.handle(RESERVATION, ChangeSeat("r1", seat))
-        with_snapshot = h.load(RESERVATION, "reservation-r1")
+    with CommandHandler(dsn, config) as fresh:  # nothing cached: the snapshot + the events after it
+        with_snapshot = fresh.load(RESERVATION, "reservation-r1")
+        assert fresh.cache_info().misses == 1
     assert rows(dsn, "SELECT version, state FROM snapshots WHERE stream_id = 'reservation-r1'") == [
         (10, {"status": "active", "reservation_id": "r1", "show_id": "hamlet", "seat": "A10",
               "customer_id": "alice", "seat_changes": 9})
@@ -165,7 +167,7 @@ def test_retries_are_bounded_then_concurrency_error(
     loads = []
 
     def stale_load(*args: object, **kwargs: object) -> store_module.LoadedStream:
-        loaded = real_load(*args, **kwargs)  # type: ignore[arg-type]
+        loaded = real_load(*args, **{**kwargs, "after_version": None})  # type: ignore[arg-type]  # a full load
         loads.append(loaded.version)
         return store_module.LoadedStream(None, loaded.events[:1], loaded.recorded)  # always "version 1"
 
@@ -192,10 +194,80 @@ def test_expected_version_from_the_caller(handler: CommandHandler, dsn: str, mon
     real_load = store_module.load_stream
 
     def stale_load(*args: object, **kwargs: object) -> store_module.LoadedStream:
-        loaded = real_load(*args, **kwargs)  # type: ignore[arg-type]
+        loaded = real_load(*args, **{**kwargs, "after_version": None})  # type: ignore[arg-type]  # a full load
         return store_module.LoadedStream(None, loaded.events[:1], loaded.recorded)  # "version 1"
 
     monkeypatch.setattr(store_module, "load_stream", stale_load)
     with pytest.raises(WrongExpectedVersionError, match="moved on while appending"):
         handler.handle(RESERVATION, ChangeSeat("r1", "A4"), expected_version=1)
     assert rows(dsn, "SELECT count(*) FROM events")[0][0] == 2  # nothing written by the refused ones
+
+
+def test_cached_states_fast_forward_over_other_writers_events(dsn: str) -> None:
+    """A cached state is only a starting point: each load reads the events after it, so two
+    handlers writing one stream in turn each see the other's events."""
+    with CommandHandler(dsn) as a, CommandHandler(dsn) as b:
+        a.handle(RESERVATION, ReserveSeat("r1", "hamlet", "A1", "alice"))
+        for n in range(2, 8):
+            writer = a if n % 2 else b
+            result = writer.handle(RESERVATION, ChangeSeat("r1", f"A{n}"))
+            assert result.version == n
+        # An event written behind both handlers' backs is folded in as well.
+        rows(
+            dsn,
+            "INSERT INTO events (stream_id, stream_type, version, event_type, schema_version, payload) "
+            """VALUES ('reservation-r1', 'reservation', 8, 'SeatChanged', 1,"""
+            """ '{"reservation_id": "r1", "show_id": "hamlet", "from_seat": "A7", "to_seat": "B9"}') RETURNING id""",
+        )
+        for h in (a, b):
+            cached = h.load(RESERVATION, "reservation-r1")
+            assert cached.version == 8 and cached.state.seat == "B9" and cached.state.seat_changes == 7
+            assert h.cache_info().hits >= 3
+        with CommandHandler(dsn, HandlerConfig(cache_size=0, use_snapshots=False)) as full:
+            assert full.load(RESERVATION, "reservation-r1") == cached
+            assert full.cache_info().size == 0
+
+
+def test_cache_keeps_the_most_recently_used_streams(dsn: str) -> None:
+    with CommandHandler(dsn, HandlerConfig(cache_size=2)) as h:
+        for n in range(1, 4):
+            h.handle(RESERVATION, ReserveSeat(f"r{n}", "hamlet", f"A{n}", "alice"))
+        assert h.cache_info().size == 2
+        misses = h.cache_info().misses
+        h.handle(RESERVATION, ChangeSeat("r1", "C1"))  # r1 was evicted: a full load
+        assert h.cache_info().misses == misses + 1
+        h.handle(RESERVATION, ChangeSeat("r3", "C3"))  # r3 kept (r2 went when r1 came back)
+        assert h.cache_info().misses == misses + 1
+        assert h.load(RESERVATION, "reservation-r1").state.seat == "C1"
+    with pytest.raises(ValueError, match="cache_size must be"):
+        HandlerConfig(cache_size=-1)
+
+
+def test_awkward_text_round_trips_and_a_lost_prepared_statement_is_prepared_again(dsn: str) -> None:
+    """Parameters of the append are bound client-side (quoted by psycopg): quotes,
+    backslashes, SQL and non-ASCII text arrive as sent; ``DISCARD ALL`` on the session
+    (a pool's reset) makes the handler prepare its statement again."""
+    name = "o'brien \\\\ \"x\" ); DROP TABLE events; -- é🎭 $1 %s"
+    with CommandHandler(dsn, HandlerConfig(pool_size=1)) as h:
+        h.handle(USER, RegisterUser("u1", "obrien", display_name=name))
+        with h._connection() as conn:
+            conn.execute("DISCARD ALL")
+        result = h.handle(RESERVATION, ReserveSeat("r1", "hamlet", "A1", "alice"))
+        assert result.version == 1
+    assert rows(dsn, "SELECT payload->>'display_name' FROM events WHERE stream_id = 'user-u1'") == [(name,)]
+    assert rows(dsn, "SELECT count(*) FROM events") == [(2,)]
+
+
+def test_generated_command_ids_are_time_ordered_uuid7() -> None:
+    import time
+    import uuid
+
+    from commands.handler import new_command_id
+
+    first = [new_command_id() for _ in range(1000)]
+    time.sleep(0.002)
+    later = new_command_id()
+    assert len(set(first)) == 1000
+    assert all(uuid.UUID(i).version == 7 and uuid.UUID(i).variant == uuid.RFC_4122 for i in first)
+    assert max(first) < later  # a later millisecond sorts after (text order = byte order = time order)
+    assert abs(int(later[:8] + later[9:13], 16) - time.time_ns() // 1_000_000) < 5_000
