@@ -1,21 +1,29 @@
-"""Projections benchmark: a rebuild-style fold on Spark, from the log vs from Parquet.
+"""Projections benchmark: rebuilds on Spark from the log vs the same work from Parquet.
 
-The events: ``n`` records (2,000,000 in a full run) over 100,000 keys ``acct-%06d`` in a
-4-partition topic (segment_bytes 32 MiB), values ~70-byte JSON, every 50th a tombstone,
-written with ``Producer.send_batch`` (fsync policy none). The same records, as the
-``tideline`` source delivers them (same columns and types), are read once with the
-Consumer and written with pyarrow to 8 Parquet files (snappy, Spark's default).
+Two figures, each against Spark doing the same computation over the same records stored
+as Parquet (same columns and types as the ``tideline`` source delivers, 8 files, snappy),
+in the same run:
 
-The fold (what a projection rebuild does: "latest value per key"): per key, the number
-of events, the value of the record with the largest offset, and whether that record is
-a tombstone; keys whose latest record is a tombstone are dropped. The result is written
-to Spark's ``noop`` sink (everything computed, nothing stored). Both folds must give
-the same number of keys, event total and value checksum, or the run fails.
+1. **Rebuild of the ``seats`` view** (examples/reservations: an aggregate fold view —
+   the fold per stream with the aggregate's own ``apply``, rows COPYed into Postgres).
+   The log: ``n`` outbox records (2,000,000 in a full run) in ``events.reservation`` (4
+   partitions), as capture's outbox routing writes them (~330-byte JSON values: the
+   event, its metadata, ``source``), ~215k reservation streams of 1–18 events each
+   (SeatReserved, SeatChanged…, 30 % ReservationCancelled). From the log:
+   ``projections.rebuild.rebuild`` end to end (offsets fixed, shadow table, fold, COPY,
+   swap, checkpoints). From Parquet: ``rebuild.fold_frame`` — the very fold and COPY
+   the rebuild runs — over the Parquet records into scratch tables. Both must leave the
+   same rows.
+2. **Latest value per key** (the DataFrame fast path of a CDC mirror): ``n`` records
+   over 100,000 keys ``acct-%06d`` in a 4-partition topic (segment_bytes 32 MiB), values
+   ~70-byte JSON, every 50th a tombstone; per key the count of events and the value at
+   the largest offset, tombstoned keys dropped, written to Spark's ``noop`` sink. Both
+   folds must agree (keys, events, value checksum).
 
-Target (DESIGN.md §3): the fold from the log ≥ 0.5× the events/s of the same fold from
-Parquet, same run. Spark ``local[2]``, driver memory 1.5 GiB; a warm-up run of each,
-then ``runs`` runs interleaved; events/s from the best run, the paired ratio in a note.
-Informational: a plain scan (``noop`` write of the source DataFrame) of each.
+Target (DESIGN.md §3, issue 7): the rebuild from the log ≥ 0.5× the events/s of the
+same fold from Parquet, same run (stretch 0.65). Spark ``local[2]``, driver memory
+1.5 GiB; warm-up runs first, then runs interleaved; events/s from the best run, the
+paired ratios in notes. Informational: a plain scan (``noop`` write) of each source.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -40,14 +49,19 @@ from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
 from eventstore.partition_log import FsyncMode, FsyncPolicy
 from eventstore.producer import Producer
+from projections import rebuild, store
 from projections.datasource import register
+from projections.engine import REPO_ROOT
+from projections.models import projection_state
 from projections.range_reader import arrow_schema
+from projections.views import FoldView
+from tideline.pgharness import LocalPostgres
 
 if TYPE_CHECKING:
     from bench.__main__ import Context
 
 KEY = "projections"
-TITLE = "Projections: Spark fold (latest value per key) from the log vs from Parquet"
+TITLE = "Projections: view rebuilds on Spark from the log vs the same fold from Parquet"
 
 FULL_EVENTS = 2_000_000
 QUICK_EVENTS = 100_000
@@ -58,7 +72,10 @@ PARQUET_FILES = 8
 SEND_BATCH = 50_000
 TOMBSTONE_EVERY = 50
 RUNS = 4
+REBUILD_RUNS = 2
 TOPIC = "accounts"
+EVENTS_TOPIC = "events.reservation"
+VIEW = "seats"
 
 
 def make_log(path: Path, n: int) -> None:
@@ -82,13 +99,50 @@ def make_log(path: Path, n: int) -> None:
                 producer.send_batch(TOPIC, values, keys, timestamp=1_700_000_000_000 + start)
 
 
-def write_parquet(log_dir: Path, out: Path) -> int:
+def make_reservations_log(path: Path, n: int) -> int:
+    """``n`` outbox records of reservation streams in :data:`EVENTS_TOPIC` (values as capture's
+    outbox routing writes them); the number of streams."""
+    rng = np.random.default_rng(11)
+    written = streams = 0
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    with Log(path, fsync=FsyncPolicy(FsyncMode.NONE)) as log:
+        log.create_topic(EVENTS_TOPIC, partitions=PARTITIONS, overrides={"segment_bytes": str(SEGMENT_BYTES)})
+        with Producer(log) as producer:
+            while written < n:
+                streams += 1
+                r, show = streams, b"show-%d" % (streams % 200)
+                changes = int(rng.integers(0, 17))
+                events = [(b"SeatReserved", b'"seat":"R%dS0","customer_id":"cust-%d"' % (r, r % 5000))]
+                moves = [b'"from_seat":"R%dS%d","to_seat":"R%dS%d"' % (r, c - 1, r, c) for c in range(1, changes + 1)]
+                events += [(b"SeatChanged", fields) for fields in moves]
+                if rng.random() < 0.3:
+                    events.append((b"ReservationCancelled", b'"seat":"R%dS%d"' % (r, changes)))
+                for version, (event_type, fields) in enumerate(events[: n - written], start=1):
+                    written += 1
+                    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(1_700_000_000 + written // 50)).encode()
+                    values.append(
+                        b'{"id":%d,"stream_id":"reservation-r%d","stream_type":"reservation","version":%d,'
+                        b'"event_type":"%s","schema_version":1,"payload":{"reservation_id":"r%d","show_id":"%s",%s},'
+                        b'"metadata":{"command_id":"c%d","command_type":"X","correlation_id":"c%d","causation_id":"c%d"},'
+                        b'"recorded_at":"%s.123456+00:00","source":{"commit_lsn":%d,"event_index":0,"txId":%d}}'
+                        % (written, r, version, event_type, r, show, fields, written, written, written, when,
+                           0x1000000 + 200 * written, written)
+                    )  # fmt: skip
+                    keys.append(b"reservation-r%d" % r)
+                if len(values) >= SEND_BATCH or written == n:
+                    producer.send_batch(EVENTS_TOPIC, pa.array(values, pa.binary()), pa.array(keys, pa.binary()))
+                    keys, values = [], []
+    return streams
+
+
+def write_parquet(log_dir: Path, out: Path, topic: str = TOPIC) -> int:
     """The topic's records, in the source's columns and types, as :data:`PARQUET_FILES` Parquet files."""
     out.mkdir()
     tables = []
     with Log(log_dir, create=False) as log:
         consumer = Consumer(log, max_poll_bytes=64 << 20)
-        consumer.assign([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
+        consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
         consumer.seek_to_beginning()
         while records := consumer.poll(timeout_ms=0):
             tables.append(records.to_table())
@@ -148,6 +202,7 @@ def start_spark() -> SparkSession:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.executorEnv.PYTHONPATH", str(REPO_ROOT))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -157,6 +212,92 @@ def start_spark() -> SparkSession:
 
 def run(ctx: Context, section: Section) -> None:
     n = QUICK_EVENTS if ctx.quick else FULL_EVENTS
+    spark = start_spark()
+    pg = LocalPostgres(ctx.workdir / "pg", fast=True)
+    pg.start()
+    try:
+        latest_per_key(ctx, section, spark, n)  # first: its warm-up folds warm the JVM and the Python workers
+        view_rebuild(ctx, section, spark, pg, n)
+    finally:
+        spark.stop()
+        pg.stop()
+    section.notes.append(
+        f"Spark local[2], driver memory 1.5 GiB, shuffle partitions 4 ({PARTITIONS} topic partitions, "
+        f"segment_bytes {SEGMENT_BYTES >> 20} MiB); Parquet: the same records in the source's columns, "
+        f"{PARQUET_FILES} files, snappy. Postgres: a private cluster (`LocalPostgres`, fast settings: fsync off)."
+    )
+
+
+def view_rebuild(ctx: Context, section: Section, spark: SparkSession, pg: LocalPostgres, n: int) -> None:
+    """Figure 1: ``rebuild`` of the seats view from the log vs ``fold_frame`` over Parquet."""
+    import migrations
+    from examples.reservations.views import VIEWS
+
+    log_dir, parquet_dir = ctx.workdir / "reservations", ctx.workdir / "reservations.parquet"
+    t0 = time.perf_counter()
+    streams = make_reservations_log(log_dir, n)
+    ctx.say(f"{n:,} reservation events ({streams:,} streams) into the log in {time.perf_counter() - t0:.1f} s")
+    written = write_parquet(log_dir, parquet_dir, EVENTS_TOPIC)
+    assert written == n, f"the Consumer read {written:,} of {n:,} events"
+    dsn = pg.create_database("bench_projections")
+    migrations.upgrade(dsn)
+    view = VIEWS[VIEW]
+    assert isinstance(view, FoldView)
+    from_parquet = spark.read.parquet(str(parquet_dir))
+
+    def log_run() -> float:
+        result = rebuild.rebuild(spark, VIEWS, VIEW, log_dir=log_dir, dsn=dsn)
+        assert result.events == n, f"the rebuild read {result.events:,} of {n:,} events"
+        return result.seconds
+
+    def parquet_run() -> float:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            target = store.create_shadow(conn, view.table.name)
+            states = store.create_staging(conn, projection_state.name, f"{VIEW}__bench_state")
+        t = time.perf_counter()
+        events = rebuild.fold_frame(spark, VIEWS, view, from_parquet, dsn, target, states)
+        seconds = time.perf_counter() - t
+        assert events == n, f"the Parquet fold read {events:,} of {n:,} events"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            differ = conn.execute(
+                f'SELECT count(*) FROM ((TABLE seats EXCEPT ALL TABLE "{target}") '
+                f'UNION ALL (TABLE "{target}" EXCEPT ALL TABLE seats)) d'
+            ).fetchone()
+            assert differ is not None and differ[0] == 0, f"{differ} rows differ between the two folds"
+            store.drop_table(conn, target)
+            store.drop_table(conn, states)
+        return seconds
+
+    log_s, parquet_s = [], []
+    for i in range(1 if ctx.quick else REBUILD_RUNS):
+        log_s.append(log_run())
+        parquet_s.append(parquet_run())
+        ctx.say(f"rebuild run {i + 1}: log {n / log_s[-1]:,.0f} events/s, Parquet {n / parquet_s[-1]:,.0f} events/s")
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT count(*) FROM seats").fetchone()
+    paired = statistics.median(p / q for q, p in zip(log_s, parquet_s, strict=True))
+    section.results.append(
+        measured(
+            f"rebuild of the `{VIEW}` view (aggregate fold) from the log",
+            n / min(log_s),
+            "events/s",
+            baseline_name="same fold from Parquet",
+            baseline_value=n / min(parquet_s),
+            min_ratio=0.5,
+            note=f"{n:,} events, {streams:,} streams → {rows[0] if rows else 0:,} seat rows; "
+            f"rebuild {min(log_s):.1f} s end to end; paired run ratios (median) {paired:.2f}×",
+        )
+    )
+    section.notes.append(
+        f'Rebuild: `rebuild.rebuild(spark, VIEWS, "{VIEW}")` end to end (offsets, shadow table, the fold, COPY, '
+        "swap, checkpoints) vs `rebuild.fold_frame` over the Parquet records into scratch tables (the same fold "
+        f"and COPY, no swap); both leave the same rows (checked with EXCEPT ALL). {REBUILD_RUNS} runs each, "
+        "interleaved, after the latest-value folds below warmed Spark; best run reported."
+    )
+
+
+def latest_per_key(ctx: Context, section: Section, spark: SparkSession, n: int) -> None:
+    """Figure 2: the DataFrame fold (latest value per key) from the log vs from Parquet."""
     log_dir, parquet_dir = ctx.workdir / "log", ctx.workdir / "parquet"
     t0 = time.perf_counter()
     make_log(log_dir, n)
@@ -165,36 +306,31 @@ def run(ctx: Context, section: Section) -> None:
     assert written == n, f"the Consumer read {written:,} of {n:,} events"
     parquet_mib = sum(f.stat().st_size for f in parquet_dir.iterdir()) >> 20
     ctx.say(f"same events as {PARQUET_FILES} Parquet files ({parquet_mib} MiB)")
-    spark = start_spark()
-    try:
-        from_log = spark.read.format("tideline").option("path", str(log_dir)).option("topic", TOPIC).load()
-        from_parquet = spark.read.parquet(str(parquet_dir))
-        log_summary, parquet_summary = summary(fold(from_log)), summary(fold(from_parquet))  # also the warm-up
-        if log_summary != parquet_summary:
-            raise AssertionError(f"the folds disagree: log {log_summary} vs Parquet {parquet_summary}")
-        ctx.say(f"folds agree: {log_summary[0]:,} live keys over {log_summary[1]:,} events")
-        log_s, parquet_s = [], []
-        for i in range(RUNS):
-            log_s.append(timed(noop(fold(from_log))))
-            parquet_s.append(timed(noop(fold(from_parquet))))
-            ctx.say(f"run {i + 1}: log {n / log_s[-1]:,.0f} events/s, Parquet {n / parquet_s[-1]:,.0f} events/s")
-        scan_log, scan_parquet = timed(noop(from_log)), timed(noop(from_parquet))
-        tasks = from_log.rdd.getNumPartitions()
-    finally:
-        spark.stop()
+    from_log = spark.read.format("tideline").option("path", str(log_dir)).option("topic", TOPIC).load()
+    from_parquet = spark.read.parquet(str(parquet_dir))
+    log_summary, parquet_summary = summary(fold(from_log)), summary(fold(from_parquet))  # also the warm-up
+    if log_summary != parquet_summary:
+        raise AssertionError(f"the folds disagree: log {log_summary} vs Parquet {parquet_summary}")
+    ctx.say(f"folds agree: {log_summary[0]:,} live keys over {log_summary[1]:,} events")
+    log_s, parquet_s = [], []
+    for i in range(RUNS):
+        log_s.append(timed(noop(fold(from_log))))
+        parquet_s.append(timed(noop(fold(from_parquet))))
+        ctx.say(f"run {i + 1}: log {n / log_s[-1]:,.0f} events/s, Parquet {n / parquet_s[-1]:,.0f} events/s")
+    scan_log, scan_parquet = timed(noop(from_log)), timed(noop(from_parquet))
+    tasks = from_log.rdd.getNumPartitions()
     paired = statistics.median(p / q for q, p in zip(log_s, parquet_s, strict=True))
     section.notes += [
-        f"Events: {n:,} over {KEYS:,} keys (`acct-%06d`), ~70-byte JSON values, every {TOMBSTONE_EVERY}th a "
-        f"tombstone; {PARTITIONS} partitions, segment_bytes {SEGMENT_BYTES >> 20} MiB ({tasks} Spark input "
-        f"partitions); Parquet: the same records in the source's columns, {PARQUET_FILES} files, snappy.",
-        "Fold: `groupBy(key).agg(count, max_by(struct(value, is_tombstone), offset))`, tombstoned keys dropped, "
-        "written to the `noop` sink; both folds checked equal (keys, events, XOR of xxhash64(key, value)).",
-        f"Spark local[2], driver memory 1.5 GiB, shuffle partitions 4; one warm-up fold each, then {RUNS} runs "
-        f"interleaved, best run reported; median of paired run ratios (log ÷ Parquet events/s) {paired:.2f}×.",
+        f"Latest value per key: {n:,} events over {KEYS:,} keys (`acct-%06d`), ~70-byte JSON values, every "
+        f"{TOMBSTONE_EVERY}th a tombstone ({tasks} Spark input partitions); "
+        "`groupBy(key).agg(count, max_by(struct(value, is_tombstone), offset))`, tombstoned keys dropped, "
+        "written to the `noop` sink; both folds checked equal (keys, events, XOR of xxhash64(key, value)). "
+        f"One warm-up fold each, then {RUNS} runs interleaved, best run reported; median of paired run ratios "
+        f"(log ÷ Parquet events/s) {paired:.2f}×.",
     ]
     section.results += [
         measured(
-            "Spark fold from the log (tideline source)",
+            "Spark fold, latest value per key, from the log (tideline source)",
             n / min(log_s),
             "events/s",
             baseline_name="same fold from Parquet",

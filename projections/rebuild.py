@@ -110,7 +110,7 @@ def _rebuild(
     if ends:
         raw = source(spark, log_dir, ends)
         if isinstance(view, FoldView):
-            events = _fold(spark, catalog, view, raw, dsn, target, states)
+            events = fold_frame(spark, catalog, view, raw, dsn, target, states)
         elif isinstance(view, CountView):
             parsed = engine.parse_events(raw).persist()
             events = parsed.count()
@@ -137,21 +137,30 @@ def _rebuild(
     return events, rows
 
 
-def _fold(
+def fold_frame(
     spark: SparkSession, catalog: ViewCatalog, view: FoldView, raw: DataFrame, dsn: str, target: str, states: str
 ) -> int:
-    parsed = engine.python_rows(engine.parse_events(raw).select(*engine.EVENT_COLUMNS))
+    """Fold the outbox records of ``raw`` (the source's columns) into ``target`` and ``states``;
+    the number of events folded. The records go to Python as Arrow batches (``mapInArrow``),
+    repartitioned by key (= stream id) and sorted by key and offset (a stream's events
+    in order, together); values are parsed and folded there (:func:`engine.fold_batches`)."""
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or "2")
-    ordered = parsed.repartition(partitions, "stream_id").sortWithinPartitions("stream_id", "version")
-    job = functools.partial(engine.fold_and_copy, catalog.module, view.name, dsn, target, states)
-    return int(ordered.rdd.mapPartitions(job).sum())
+    records = raw.where(~F.col("is_tombstone") & F.col("key").isNotNull()).select("key", "value", "offset")
+    ordered = records.repartition(partitions, "key").sortWithinPartitions("key", "offset").select("key", "value")
+    job = functools.partial(engine.fold_batches, catalog.module, view.name, dsn, target, states)
+    total = ordered.mapInArrow(job, "events long").agg(F.sum("events")).first()
+    return int(total[0] or 0) if total is not None else 0
 
 
 def _mirror(view: MirrorView, raw: DataFrame, dsn: str, target: str) -> int:
-    cdc = engine.parse_cdc(raw).persist()
-    events = cdc.count()
-    latest = engine.latest_per_key(cdc).where(~F.col("gone"))
-    rows = latest.select(
+    """The last record of every key, parsed (only those: parsing every change event cost more
+    than the rest of the read), keys whose last record says "gone" dropped."""
+    last = F.max_by(F.struct("topic", "partition", "offset", "key", "value", "is_tombstone"), F.col("offset"))
+    latest = raw.groupBy("key").agg(F.count(F.lit(1)).alias("events"), last.alias("last")).persist()
+    total = latest.agg(F.sum("events")).first()
+    events = int(total[0] or 0) if total is not None else 0
+    parsed = engine.parse_cdc(latest.select("last.*")).where(~F.col("gone"))
+    rows = parsed.select(
         F.lit(view.name).alias("projection"),
         "key",
         F.col("after").alias("row"),
@@ -159,7 +168,7 @@ def _mirror(view: MirrorView, raw: DataFrame, dsn: str, target: str) -> int:
         F.col("event_index").cast("int").alias("event_index"),
     )
     engine.write_frame(rows, dsn, target)
-    cdc.unpersist()
+    latest.unpersist()
     return events
 
 

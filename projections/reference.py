@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,21 +45,6 @@ def records(log_dir: Path, topics: tuple[str, ...], until: Offsets | None = None
                                 yield topic, p, (r.key, r.value)
 
 
-def stored_event(value: bytes) -> StoredEvent:
-    v = orjson.loads(value)
-    return StoredEvent(
-        v["stream_id"],
-        v["stream_type"],
-        int(v["version"]),
-        v["event_type"],
-        int(v.get("schema_version", 1)),
-        v["payload"],
-        datetime.fromisoformat(v["recorded_at"]),
-        int(v["source"]["commit_lsn"]),
-        int(v["source"]["event_index"]),
-    )
-
-
 def expected_rows(view: View, log_dir: Path, until: Offsets | None = None) -> list[Row]:
     """What ``view`` must hold after applying everything committed in the log (or, with
     ``until``, the records below those offsets: what a view with these checkpoints holds)."""
@@ -75,7 +59,7 @@ def _fold(view: FoldView, log_dir: Path, until: Offsets | None) -> list[Row]:
     streams: dict[str, list[StoredEvent]] = defaultdict(list)
     for _, _, (_, value) in records(log_dir, view.topics, until):
         if value is not None:
-            e = stored_event(value)
+            e = StoredEvent.from_value(value)
             streams[e.stream_id].append(e)
     out: list[Row] = []
     for events in streams.values():
@@ -93,7 +77,7 @@ def _counts(view: CountView, log_dir: Path, until: Offsets | None) -> list[Row]:
     for _, _, (_, value) in records(log_dir, view.topics, until):
         if value is None:
             continue
-        for key, counts in view.contributions(stored_event(value)):
+        for key, counts in view.contributions(StoredEvent.from_value(value)):
             current = totals.setdefault(key, [0] * len(counts))
             for i, n in enumerate(counts):
                 current[i] += n

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Union
 
+import orjson
 from pyspark.sql import DataFrame
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 from sqlalchemy import Table
@@ -88,6 +89,30 @@ class StoredEvent:
     recorded_at: datetime  # aware (UTC)
     commit_lsn: int
     event_index: int
+
+    @classmethod
+    def from_value(cls, value: bytes) -> StoredEvent:
+        """An outbox record's value (capture's JSON, docs/capture.md "Outbox routing")."""
+        try:
+            v = orjson.loads(value)
+            source = v["source"]
+            return cls(
+                v["stream_id"],
+                v["stream_type"],
+                int(v["version"]),
+                v["event_type"],
+                int(v.get("schema_version", 1)),
+                v["payload"],
+                datetime.fromisoformat(v["recorded_at"]),
+                int(source["commit_lsn"]),
+                int(source["event_index"]),
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            head = bytes(value[:60])
+            raise ConfigError(
+                f"not an outbox event value ({type(e).__name__}: {e}); fold views read the JSON values of capture's "
+                f"outbox routing, got {head!r}…"
+            ) from None
 
 
 @dataclass(frozen=True, slots=True)
