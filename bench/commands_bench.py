@@ -21,8 +21,9 @@ every writer, up to 10 attempts; a command counts when accepted. Scenarios: 1 an
 worker processes × a pool of 1,000 aggregates and a hot pool of 10 (each command picks
 an aggregate uniformly at random). The pools are created before timing; each run lasts a
 fixed time, all workers of a run start together (after connecting), issue commands for a
-warm-up period first (the steady state of a long-running writer: caches filled,
-statements prepared) and count only the commands that completed inside the window.
+warm-up period first (the steady state of a long-running writer: each worker reads every
+aggregate of the pool once, filling its state cache, then issues uncounted commands) and
+count only the commands that completed inside the window.
 Latency is per accepted command, retries included.
 """
 
@@ -126,9 +127,17 @@ class Target:
     ids: tuple[str, ...]  # the pool's aggregate ids, per contender's own id scheme
 
 
-def tideline_writer(dsn: str) -> Callable[[str], bool]:
+Issue = Callable[[str], bool]  # issue a command on aggregate i; False: given up after MAX_ATTEMPTS
+Prime = Callable[[Sequence[str]], None]  # read these aggregates once (fills a state cache)
+
+
+def tideline_writer(dsn: str) -> tuple[Issue, Prime]:
     config = HandlerConfig(max_attempts=MAX_ATTEMPTS, snapshot_every=SNAPSHOT_EVERY, pool_size=1, cache_size=CACHE_SIZE)
     handler = CommandHandler(dsn, config)
+
+    def prime(ids: Sequence[str]) -> None:
+        for tally_id in ids:
+            handler.load(TALLY, f"tally-{tally_id}")
 
     def issue(tally_id: str) -> bool:
         try:
@@ -137,10 +146,10 @@ def tideline_writer(dsn: str) -> Callable[[str], bool]:
             return False
         return True
 
-    return issue
+    return issue, prime
 
 
-def plain_writer(dsn: str) -> Callable[[str], bool]:
+def plain_writer(dsn: str) -> tuple[Issue, Prime]:
     conn = psycopg.connect(dsn)
 
     def issue(stream_id: str) -> bool:
@@ -160,7 +169,7 @@ def plain_writer(dsn: str) -> Callable[[str], bool]:
                 conn.rollback()
         return False
 
-    return issue
+    return issue, lambda ids: None  # nothing cached
 
 
 def eventsourcing_env(dsn_parts: dict[str, str], create_table: bool) -> dict[str, str]:
@@ -208,8 +217,12 @@ def eventsourcing_app(dsn: str, create_table: bool) -> TallyApp:
     return TallyApp(env=eventsourcing_env({k: str(v) for k, v in parts.items()}, create_table))
 
 
-def eventsourcing_writer(dsn: str) -> Callable[[str], bool]:
+def eventsourcing_writer(dsn: str) -> tuple[Issue, Prime]:
     app = eventsourcing_app(dsn, create_table=False)
+
+    def prime(ids: Sequence[str]) -> None:
+        for tally_id in ids:
+            app.repository.get(uuid.UUID(tally_id))
 
     def issue(tally_id: str) -> bool:
         for _ in range(MAX_ATTEMPTS):
@@ -222,10 +235,10 @@ def eventsourcing_writer(dsn: str) -> Callable[[str], bool]:
                 continue
         return False
 
-    return issue
+    return issue, prime
 
 
-WRITERS: dict[str, Callable[[str], Callable[[str], bool]]] = {
+WRITERS: dict[str, Callable[[str], tuple[Issue, Prime]]] = {
     "tideline": tideline_writer,
     "eventsourcing": eventsourcing_writer,
     "plain loop": plain_writer,
@@ -286,17 +299,24 @@ class WorkerReport:
     latencies: list[float]  # seconds, accepted commands only
 
 
-def worker_main(
-    pipe: Pipe, contender: str, dsn: str, ids: tuple[str, ...], warm_at: float, start_at: float, stop_at: float
-) -> None:
+READY = "ready"
+
+
+def worker_main(pipe: Pipe, contender: str, dsn: str, ids: tuple[str, ...], warmup: float, seconds: float) -> None:
+    """Connect and read the pool (untimed), say READY, get the start time, warm up, then count
+    the commands of the window; send a WorkerReport (or the exception)."""
     try:
-        issue = WRITERS[contender](dsn)
+        issue, prime = WRITERS[contender](dsn)
+        prime(ids)  # the steady state of a long-running writer: its cache holds the pool
+        pipe.send(READY)
+        warm_at: float = pipe.recv()
+        start_at, stop_at = warm_at + warmup, warm_at + warmup + seconds
         rng = random.Random(os.getpid())
         accepted = gave_up = 0
         latencies: list[float] = []
         while time.time() < warm_at:
             time.sleep(0.001)
-        while time.time() < start_at:  # warm-up: caches filled, statements prepared; not counted
+        while time.time() < start_at:  # warm-up: statements prepared, caches current; not counted
             issue(rng.choice(ids))
         while True:
             t0 = time.perf_counter()
@@ -328,23 +348,28 @@ class RunResult:
 
 def run_once(contender: str, target: Target, workers: int, seconds: float, pool: int, warmup: float) -> RunResult:
     ctx = multiprocessing.get_context("fork")
-    warm_at = time.time() + 1.0 + 0.15 * workers  # time to connect before the warm-up
-    start_at = warm_at + warmup
-    stop_at = start_at + seconds
     pipes, procs = [], []
     for _ in range(workers):
-        parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=worker_main, args=(child, contender, target.dsn, target.ids, warm_at, start_at, stop_at))
+        parent, child = ctx.Pipe(duplex=True)
+        p = ctx.Process(target=worker_main, args=(child, contender, target.dsn, target.ids, warmup, seconds))
         p.start()
         pipes.append(parent)
         procs.append(p)
+
+    def receive(pipe: Pipe) -> Any:
+        message = pipe.recv()
+        if isinstance(message, BaseException):
+            raise RuntimeError(f"{contender} worker failed: {message!r}") from message
+        return message
+
     reports = []
     try:
         for pipe in pipes:
-            report = pipe.recv()
-            if isinstance(report, BaseException):
-                raise RuntimeError(f"{contender} worker failed: {report!r}") from report
-            reports.append(report)
+            assert receive(pipe) == READY
+        warm_at = time.time() + 0.2  # every worker has connected and read the pool: start together
+        for pipe in pipes:
+            pipe.send(warm_at)
+        reports = [receive(pipe) for pipe in pipes]
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -378,9 +403,11 @@ def run(ctx: Context, section: Section) -> None:
         "synchronous_commit on), one database per writer.",
         f"Workload: aggregates created before timing; each command adds to one aggregate picked at random from "
         f"the pool (a pool of {POOL:,} and a hot pool of {HOT_POOL}); conflicts retried from a fresh read up to "
-        f"{MAX_ATTEMPTS} attempts; {seconds:g} s per run after a {warmup:g} s warm-up (commands issued, not counted: "
-        f"caches filled, statements prepared — the steady state of a long-running writer), workers are processes "
-        f"started together. The 8-worker scenarios run {ROUNDS} times per contender, interleaved (the order "
+        f"{MAX_ATTEMPTS} attempts. Each worker process connects and reads every aggregate of the pool once "
+        "(Tideline `handler.load`, eventsourcing `repository.get`: both fill their state caches; the plain loop "
+        "has none) — the steady state of a long-running writer whose cache holds its working set —; when all are "
+        f"ready they start together: a {warmup:g} s warm-up of uncounted commands, then {seconds:g} s counted. "
+        f"The 8-worker scenarios run {ROUNDS} times per contender, interleaved (the order "
         "rotated each round); each figure is the median run, ratios are between medians. The 1-worker "
         "scenarios (informational) run once.",
         f"Snapshots every {SNAPSHOT_EVERY} events for Tideline and eventsourcing (`snapshotting_intervals`); "
