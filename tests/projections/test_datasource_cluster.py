@@ -1,10 +1,12 @@
-"""The tideline source on a Spark standalone cluster (master + one worker started from the
-pyspark wheel on 127.0.0.1), read by a driver in its own process with ``master("spark://…")``."""
+"""The tideline source and a view rebuild on a Spark standalone cluster (master + one worker
+started from the pyspark wheel on 127.0.0.1), driven from their own processes with
+``master("spark://…")`` / ``--master spark://…``."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,14 +19,19 @@ from pathlib import Path
 import pyspark
 import pytest
 from projections_util import consumer_rows
+from views_util import capture, drop_slots, issue_commands, migrated_database
 
 from eventstore.log import Log
 from eventstore.partition_log import FsyncMode, FsyncPolicy
 from eventstore.producer import Producer
+from examples.reservations.views import VIEWS
+from projections.reference import expected_rows, view_rows
+from tideline.pgharness import LocalPostgres
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SPARK_HOME = Path(pyspark.__file__).parent
 DRIVER = Path(__file__).with_name("cluster_driver.py")
+TIDELINE = str(Path(sys.executable).with_name("tideline"))
 
 
 def _free_port() -> int:
@@ -130,3 +137,25 @@ def test_read_on_a_standalone_cluster(standalone_master: str, tmp_path: Path) ->
     assert result["rows"] == expected and len(expected) == 150
     # the Python workers that read the log ran in the standalone worker's application directory
     assert result["worker_dirs"] and all("/work/app-" in d for d in result["worker_dirs"])
+
+
+def test_rebuild_on_a_standalone_cluster(standalone_master: str, postgres: LocalPostgres, tmp_path: Path) -> None:
+    """``tideline project rebuild seats --master spark://…``: the fold view's rebuild (Arrow
+    batches to Python workers, folds and COPY on the cluster's executor) on the standalone
+    cluster, from events captured from a real database, equals the reference fold."""
+    dsn = migrated_database(postgres, "cluster")
+    log_dir = tmp_path / "log"
+    assert issue_commands(dsn, 80, random.Random(17), "cl") > 0
+    capture(log_dir, dsn)
+    drop_slots(dsn)
+    argv = [TIDELINE, "--data-dir", str(log_dir), "project", "rebuild", "seats", "--dsn", dsn]
+    argv += ["--master", standalone_master, "--json"]
+    done = subprocess.run(
+        argv, env={**os.environ, "PYSPARK_PYTHON": sys.executable}, capture_output=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()[-4000:]
+    summary = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    view = VIEWS["seats"]
+    expected = expected_rows(view, log_dir)
+    assert summary["projection"] == "seats" and summary["events"] > 0 and summary["rows"] == len(expected) > 0
+    assert view_rows(dsn, view) == expected
