@@ -105,6 +105,7 @@ def _settings(options: SourceOptions) -> ReadSettings:
         ending_timestamp=options.ending_timestamp,
         fail_on_data_loss=options.fail_on_data_loss,
         batch_rows=options.batch_rows,
+        decode_avro=options.decode_avro,
     )
 
 

@@ -194,6 +194,7 @@ class Follower:
             self.spark.readStream.format("tideline")
             .option("path", str(self.log_dir))
             .option("subscribe", ",".join(self.view.topics))
+            .option("decodeAvro", "true")  # capture's --value-format avro: read as its JSON
             .option("startingOffsets", json.dumps(self.starting))
         )
         if self.max_records_per_trigger:

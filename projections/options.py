@@ -40,6 +40,7 @@ OPTION_MIN_PARTITIONS = "minpartitions"
 OPTION_MAX_OFFSETS_PER_PARTITION = "maxoffsetsperpartition"
 OPTION_MAX_RECORDS_PER_TRIGGER = "maxrecordspertrigger"
 OPTION_BATCH_ROWS = "batchrows"
+OPTION_DECODE_AVRO = "decodeavro"
 
 KNOWN_OPTIONS = frozenset(
     {
@@ -56,6 +57,7 @@ KNOWN_OPTIONS = frozenset(
         OPTION_MAX_OFFSETS_PER_PARTITION,
         OPTION_MAX_RECORDS_PER_TRIGGER,
         OPTION_BATCH_ROWS,
+        OPTION_DECODE_AVRO,
     }
 )
 
@@ -123,6 +125,7 @@ class SourceOptions:
     max_offsets_per_partition: int = DEFAULT_MAX_OFFSETS_PER_PARTITION
     max_records_per_trigger: int | None = None
     batch_rows: int = DEFAULT_BATCH_ROWS
+    decode_avro: bool = False  # Confluent-framed Avro keys/values → capture's JSON, through the log's registry
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool = False) -> SourceOptions:
@@ -171,6 +174,7 @@ class SourceOptions:
             or DEFAULT_MAX_OFFSETS_PER_PARTITION,
             max_records_per_trigger=max_per_trigger,
             batch_rows=_positive_int(opts, OPTION_BATCH_ROWS) or DEFAULT_BATCH_ROWS,
+            decode_avro=_bool(opts, OPTION_DECODE_AVRO, default=False),
         )
 
 

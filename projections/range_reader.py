@@ -44,7 +44,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from eventstore.errors import OffsetOutOfRangeError
+from eventstore.errors import ConfigError, OffsetOutOfRangeError
 from eventstore.isolation import IsolationLevel, read_visible
 from eventstore.log import Log
 from eventstore.partition_log import FetchedBatch
@@ -90,6 +90,7 @@ class ReadSettings:
     ending_timestamp: int | None
     fail_on_data_loss: bool
     batch_rows: int
+    decode_avro: bool = False
 
 
 def read_range(rng: OffsetRange, settings: ReadSettings) -> Iterator[pa.RecordBatch]:
@@ -100,6 +101,7 @@ def read_range(rng: OffsetRange, settings: ReadSettings) -> Iterator[pa.RecordBa
     """
     with Log(settings.path, create=False) as log:
         plog = log.partition(rng.topic, rng.partition)
+        decoder = AvroDecoding(log) if settings.decode_avro else None
         pending: list[FetchedBatch] = []
         rows = 0
         position = rng.start
@@ -121,10 +123,51 @@ def read_range(rng: OffsetRange, settings: ReadSettings) -> Iterator[pa.RecordBa
                     rows += fetched.header.record_count
             position = visible.next_offset
             if rows >= settings.batch_rows:
-                yield from _assembled(rng, pending, settings)
+                yield from _assembled(rng, pending, settings, decoder)
                 pending, rows = [], 0
         if pending:
-            yield from _assembled(rng, pending, settings)
+            yield from _assembled(rng, pending, settings, decoder)
+
+
+class AvroDecoding:
+    """Option ``decodeAvro``: keys and values framed as Confluent Avro (capture's
+    ``--value-format avro``) become the JSON capture writes in JSON mode, through the
+    schema registry stored in the same log (``__schemas``); everything else passes
+    untouched. A framed value whose schema id the registry lacks fails the read: a
+    projection must not mistake undecoded bytes for data."""
+
+    def __init__(self, log: Log) -> None:
+        from eventstore.schema_store import FramedDecoder
+
+        self.decoder = FramedDecoder(log, lambda note: None)  # a value it cannot decode fails the read below
+
+    def column(self, array: pa.Array, what: str, rng: OffsetRange, offsets: np.ndarray) -> pa.Array:
+        if not len(array):
+            return array
+        framed = pc.equal(pc.binary_slice(array, 0, 1), pa.scalar(b"\x00", pa.binary()))
+        if not pc.any(framed).as_py():
+            return array  # JSON (or raw) throughout: stays vectorized
+        out: list[bytes | None] = []
+        for i, data in enumerate(array.to_pylist()):
+            decoded, schema_id = self.decoder.decode(data)
+            if schema_id is None and data is not None and data[:1] == b"\x00":
+                raise ConfigError(f"{rng.topic}[{rng.partition}] offset {int(offsets[i])}: {self._why(what, data)}")
+            out.append(decoded)
+        return pa.array(out, pa.binary())
+
+    def _why(self, what: str, data: bytes) -> str:
+        from schemas.errors import UnknownSchemaError
+        from schemas.jsonform import framed_schema_id
+
+        schema_id = framed_schema_id(data)
+        try:
+            self.decoder.registry.schema_by_id(schema_id or 0)
+        except UnknownSchemaError:
+            return (
+                f"the {what} is framed Avro but schema id {schema_id} is not in the registry of "
+                f"{self.decoder.registry_path} (topic __schemas)"
+            )
+        return f"the {what} is framed Avro but does not decode with schema id {schema_id}"
 
 
 def _may_hold_wanted_timestamps(fetched: FetchedBatch, settings: ReadSettings) -> bool:
@@ -133,13 +176,17 @@ def _may_hold_wanted_timestamps(fetched: FetchedBatch, settings: ReadSettings) -
     return lo is None or fetched.header.max_timestamp >= lo
 
 
-def _assembled(rng: OffsetRange, fetched: list[FetchedBatch], settings: ReadSettings) -> Iterator[pa.RecordBatch]:
-    batch = assemble(rng, fetched, settings)
+def _assembled(
+    rng: OffsetRange, fetched: list[FetchedBatch], settings: ReadSettings, decoder: AvroDecoding | None
+) -> Iterator[pa.RecordBatch]:
+    batch = assemble(rng, fetched, settings, decoder)
     if batch.num_rows:
         yield batch
 
 
-def assemble(rng: OffsetRange, fetched: list[FetchedBatch], settings: ReadSettings) -> pa.RecordBatch:
+def assemble(
+    rng: OffsetRange, fetched: list[FetchedBatch], settings: ReadSettings, decoder: AvroDecoding | None = None
+) -> pa.RecordBatch:
     """One record batch of :func:`arrow_schema` from stored batches, cut to the range and time bounds."""
     counts = np.fromiter((f.records.num_rows for f in fetched), np.int64, len(fetched))
     bases = np.fromiter((f.header.base_offset for f in fetched), np.int64, len(fetched))
@@ -158,6 +205,9 @@ def assemble(rng: OffsetRange, fetched: list[FetchedBatch], settings: ReadSettin
         offsets, timestamps_ms = offsets[keep], timestamps_ms[keep]
         mask = pa.array(keep)
         keys, values, headers = keys.filter(mask), values.filter(mask), headers.filter(mask)
+    if decoder is not None:
+        keys = decoder.column(keys, "key", rng, offsets)
+        values = decoder.column(values, "value", rng, offsets)
     n = len(offsets)
     schema = arrow_schema()
     columns = [

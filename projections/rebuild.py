@@ -58,6 +58,7 @@ def source(spark: SparkSession, log_dir: Path, ends: store.Offsets) -> DataFrame
         spark.read.format("tideline")
         .option("path", str(log_dir))
         .option("subscribe", ",".join(ends))
+        .option("decodeAvro", "true")  # capture's --value-format avro: read as its JSON
         .option("startingOffsets", "earliest")
         .option("endingOffsets", json.dumps({t: {str(p): o for p, o in per.items()} for t, per in ends.items()}))
         .load()

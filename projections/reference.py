@@ -22,6 +22,7 @@ from psycopg import sql
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.isolation import IsolationLevel
 from eventstore.log import Log
+from eventstore.schema_store import FramedDecoder
 from projections.store import Offsets
 from projections.views import CountView, FoldView, MirrorView, Row, StoredEvent, Stream, View, columns_of
 
@@ -30,8 +31,10 @@ Record = tuple[bytes | None, bytes | None]  # key, value
 
 def records(log_dir: Path, topics: tuple[str, ...], until: Offsets | None = None) -> Iterator[tuple[str, int, Record]]:
     """``(topic, partition, (key, value))`` of every committed record, partition by partition
-    (with ``until``: only those at offsets below it; partitions it leaves out: none)."""
+    (with ``until``: only those at offsets below it; partitions it leaves out: none); keys and
+    values framed as Avro by capture come back as the JSON capture writes otherwise."""
     with Log(log_dir, create=False) as log:
+        decoder = FramedDecoder(log, lambda problem: None)  # Avro-framed keys/values → capture's JSON
         for topic in topics:
             if topic not in log.topics():
                 continue
@@ -42,7 +45,7 @@ def records(log_dir: Path, topics: tuple[str, ...], until: Offsets | None = None
                     while batch := c.poll(timeout_ms=0):
                         for r in batch:
                             if until is None or r.offset < until.get(topic, {}).get(p, 0):
-                                yield topic, p, (r.key, r.value)
+                                yield topic, p, (decoder.decode(r.key)[0], decoder.decode(r.value)[0])
 
 
 def expected_rows(view: View, log_dir: Path, until: Offsets | None = None) -> list[Row]:

@@ -173,3 +173,28 @@ def test_offsets_removed_by_retention(spark: SparkSession, tmp_path: Path) -> No
     assert rows == consumer_rows(path, ["r"])
     assert rows[0][2] == log_start and rows[-1][2] == 199
     assert source(spark, path, "r").count() == 200 - log_start  # earliest is the log start
+
+
+def test_decode_avro_passes_json_through_and_refuses_unknown_schema_ids(spark: SparkSession, tmp_path: Path) -> None:
+    """``decodeAvro``: a value framed as Confluent Avro with a schema id the log's registry
+    lacks fails the read, naming where; JSON and tombstones pass untouched; without the
+    option the stored bytes come back as they are."""
+    log_dir = tmp_path / "log"
+    framed = b"\x00" + (999).to_bytes(4, "big") + b"\x02x"
+    with Log(log_dir, fsync=FsyncPolicy(FsyncMode.NONE)) as log:
+        log.create_topic("plain", partitions=1)
+        log.create_topic("mixed", partitions=1)
+        with Producer(log) as producer:
+            producer.send_batch("plain", [b'{"a": 1}', None], [b"k1", b"k2"])
+            producer.send_batch("mixed", [b'{"a": 1}', framed], [b"k1", b"k2"])
+    plain = source(spark, log_dir, "plain", decodeAvro="true").select("key", "value").collect()
+    assert [(bytes(r.key), None if r.value is None else bytes(r.value)) for r in plain] == [
+        (b"k1", b'{"a": 1}'),
+        (b"k2", None),
+    ]
+    raw = source(spark, log_dir, "mixed").select("value").collect()
+    assert bytes(raw[1].value) == framed
+    with pytest.raises(PySparkException, match=r"mixed\[0\] offset 1: the value is framed Avro but schema id 999"):
+        source(spark, log_dir, "mixed", decodeAvro="true").count()
+    with pytest.raises(PySparkException, match="option decodeavro must be true or false"):
+        source(spark, log_dir, "plain", decodeAvro="yes").count()
