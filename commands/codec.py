@@ -26,14 +26,21 @@ T = TypeVar("T")
 JsonValue = Any  # what orjson/json can dump: dict, list, str, int, float, bool, None
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def to_json(value: Any) -> JsonValue:
     """A JSON-ready form of ``value`` (dataclasses become dicts of their fields)."""
-    if value is None or isinstance(value, str | int | float | bool):
+    cls: Any = type(value)
+    if cls in _SCALARS:
         return value
+    names = _field_names(cls) if hasattr(cls, "__dataclass_fields__") else None
+    if names is not None:
+        return {name: to_json(getattr(value, name)) for name in names}
+    if value is None or isinstance(value, str | int | float | bool):
+        return value  # subclasses of the scalars (IntEnum members are enums: handled next)
     if isinstance(value, enum.Enum):
         return to_json(value.value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, frozenset | set):
         return sorted((to_json(v) for v in value), key=_sort_key)
     if isinstance(value, tuple | list):
@@ -41,6 +48,12 @@ def to_json(value: Any) -> JsonValue:
     if isinstance(value, dict):
         return {str(k): to_json(v) for k, v in value.items()}
     raise CodecError(f"cannot encode {type(value).__name__} value {value!r} as JSON")
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A dataclass's field names (``dataclasses.fields`` rebuilds its tuple on every call)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def _sort_key(v: Any) -> tuple[str, str]:
@@ -178,6 +191,9 @@ def _dataclass_decoder(cls: type) -> Decoder:
         for f in fields
     ]
 
+    top = cls.__name__  # the usual ``where`` (a top-level decode): its field paths are made once
+    top_paths = {name: f"{top}.{name}" for name in names}
+
     def decode(data: JsonValue, where: str) -> Any:
         if not isinstance(data, dict):
             raise CodecError(f"{where}: expected an object for {cls.__name__}, got {type(data).__name__}")
@@ -187,7 +203,7 @@ def _dataclass_decoder(cls: type) -> Decoder:
         kwargs: dict[str, Any] = {}
         for name, field_decoder, required in plan:
             if name in data:
-                kwargs[name] = field_decoder(data[name], f"{where}.{name}")
+                kwargs[name] = field_decoder(data[name], top_paths[name] if where == top else f"{where}.{name}")
             elif required:
                 raise CodecError(f"{where}: missing field {name!r} of {cls.__name__}")
         return cls(**kwargs)
