@@ -136,7 +136,10 @@ class TidelineBatchReader(DataSourceReader):
 
 
 class TidelineStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """A streaming read: micro-batches between positions ``{topic: {"partition": next offset}}``."""
+    """A streaming read: micro-batches between positions ``{topic: {"partition": next offset}}``.
+
+    As Kafka's ``subscribe``: a topic that does not exist yet is read from its earliest
+    offset once it appears (a view's aggregate may have no events yet)."""
 
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
         _check_schema(schema)
@@ -145,7 +148,7 @@ class TidelineStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_target: PartitionOffsets | None = None
 
     def initialOffset(self) -> dict[str, Any]:
-        with LogPlanner(self.options) as planner:
+        with LogPlanner(self.options, missing_ok=True) as planner:
             return offsets_to_json(planner.resolve(self.options.starting_offsets))
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -154,13 +157,13 @@ class TidelineStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Fix the end of this ``availableNow`` run: what is readable now, nothing appended later."""
-        with LogPlanner(self.options) as planner:
+        with LogPlanner(self.options, missing_ok=True) as planner:
             self._available_now_target = planner.latest_offsets()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The end of the next micro-batch: readable offsets (never past the last stable
         offset under read_committed), capped by ``limit``; ``start`` itself when nothing is new."""
-        with LogPlanner(self.options) as planner:
+        with LogPlanner(self.options, missing_ok=True) as planner:
             starts = planner.complete(offsets_from_json(start))
             latest = self._available_now_target or planner.latest_offsets(note_open_transactions=True)
             ends = {t: {p: max(latest.get(t, {}).get(p, o), o) for p, o in per.items()} for t, per in starts.items()}
@@ -169,11 +172,11 @@ class TidelineStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return offsets_to_json(ends)
 
     def reportLatestOffset(self) -> dict[str, Any]:
-        with LogPlanner(self.options) as planner:
+        with LogPlanner(self.options, missing_ok=True) as planner:
             return offsets_to_json(planner.latest_offsets())
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        with LogPlanner(self.options) as planner:
+        with LogPlanner(self.options, missing_ok=True) as planner:
             starts = planner.complete(offsets_from_json(start))
             return [RangePartition(r) for r in planner.plan(starts, offsets_from_json(end))]
 

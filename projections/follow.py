@@ -26,6 +26,7 @@ batch start; the batch raises :class:`CheckpointMoved` and the job restarts from
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import threading
@@ -63,6 +64,8 @@ from projections.views import (
 )
 
 IDLE_TICK_S = 0.5
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointMoved(TidelineError):
@@ -118,18 +121,6 @@ def batch_end_offsets(location: Path, batch_id: int) -> store.Offsets | None:
     return {t: {int(p): int(o) for p, o in per.items()} for t, per in raw.items()}
 
 
-def wait_for_topics(log_dir: Path, topics: Iterable[str], stop: threading.Event, timeout: float | None) -> bool:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while not stop.is_set():
-        with Log(log_dir) as log:
-            if set(topics) <= set(log.topics()):
-                return True
-        if deadline is not None and time.monotonic() >= deadline:
-            return False
-        stop.wait(0.5)
-    return False
-
-
 class Follower:
     """One follow job: the streaming query of one view and its bookkeeping (driver side)."""
 
@@ -164,10 +155,10 @@ class Follower:
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> FollowStats:
         """Follow until ``stop`` is set (or, ``once``, until everything readable now is applied)."""
         stop = stop or threading.Event()
-        if not wait_for_topics(self.log_dir, self.view.topics, stop, 0.0 if once else None):
-            if once:
-                raise TidelineError(f"projection {self.view.name}: topic(s) {', '.join(self.view.topics)} not found")
-            return self.stats
+        with Log(self.log_dir) as log:  # the log may be new (nothing captured yet)
+            missing = sorted(set(self.view.topics) - set(log.topics()))
+        if missing:  # read from their start once they appear (an aggregate with no events yet)
+            logger.info("projection=%s missing_topics=%s (read once they appear)", self.view.name, ",".join(missing))
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             store.start_run(conn, self.view.name, "follow")
         status, error = "done", None
@@ -232,8 +223,11 @@ class Follower:
             stored = store.offsets_of(store.read_checkpoints(conn, self.view.name))
         self.stats.applied = stored
         with Log(self.log_dir, create=False) as log:
+            existing = set(log.topics())
             starting = {
-                t: {p: stored.get(t, {}).get(p, -2) for p in range(log.topic(t).partitions)} for t in self.view.topics
+                t: {p: stored.get(t, {}).get(p, -2) for p in range(log.topic(t).partitions)}
+                for t in self.view.topics
+                if t in existing  # a topic that appears later is read from its earliest offset
             }
         if self.location.exists() and spark_committed_offsets(self.location) != {
             t: {p: o for p, o in per.items() if o >= 0} for t, per in starting.items()
@@ -242,14 +236,22 @@ class Follower:
         return starting
 
     def _idle_tick(self) -> None:
-        """Between batches: promote samples the stored checkpoints cover (raises reached when idle)."""
+        """Between batches: promote samples the stored checkpoints cover (raises reached when idle).
+
+        ``self.lock`` is never held across a database call: a batch holds the projection's
+        checkpoint rows locked in its transaction while it takes ``self.lock``, so waiting on
+        those rows under ``self.lock`` would deadlock (it did, when a sample was covered
+        while a batch was being applied). ``advance_reached`` only ever raises the value.
+        """
         with self.lock:
             self.tracker.sample()
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                applied = store.offsets_of(store.read_checkpoints(conn, self.view.name))
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            applied = store.offsets_of(store.read_checkpoints(conn, self.view.name))
+            with self.lock:
                 reached = self.tracker.promote(applied)
-                if reached:
-                    store.advance_reached(conn, self.view.name, reached)
+            if reached:
+                store.advance_reached(conn, self.view.name, reached)
+                with self.lock:
                     self.stats.reached_lsn = max(self.stats.reached_lsn, reached)
 
     # ------------------------------------------------------------------ one micro-batch

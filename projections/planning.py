@@ -67,8 +67,12 @@ def offsets_from_json(raw: Mapping[str, Any]) -> PartitionOffsets:
 class LogPlanner:
     """The log as seen by planning: partitions, their bounds, their segments."""
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, *, missing_ok: bool = False) -> None:
+        """``missing_ok`` (streaming reads, like Kafka's ``subscribe``): a topic that does not
+        exist yet has no partitions, and its partitions are read from their earliest offset
+        once it appears; otherwise (batch reads) a missing topic is an error."""
         self.options = options
+        self.missing_ok = missing_ok
         self.log = Log(options.path, create=False)
 
     def close(self) -> None:
@@ -81,8 +85,13 @@ class LogPlanner:
         self.close()
 
     def partitions(self) -> list[tuple[str, int]]:
-        """Every ``(topic, partition)`` read, in order (UnknownTopicError for a missing topic)."""
-        return [(t, p) for t in self.options.topics for p in range(self.log.topic(t).partitions)]
+        """Every ``(topic, partition)`` read, in order (UnknownTopicError for a missing topic,
+        unless ``missing_ok``)."""
+        topics = self.options.topics
+        if self.missing_ok:
+            existing = set(self.log.topics())
+            topics = tuple(t for t in topics if t in existing)
+        return [(t, p) for t in topics for p in range(self.log.topic(t).partitions)]
 
     def earliest(self, topic: str, partition: int) -> int:
         return self.log.partition(topic, partition).log_start_offset()

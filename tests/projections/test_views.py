@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -195,3 +196,49 @@ def records_raw(log_dir: Path, topics: tuple[str, ...]) -> Iterator[tuple[str, i
                     while batch := c.poll(timeout_ms=0):
                         for r in batch:
                             yield topic, p, (r.key, r.value)
+
+
+def test_follow_reads_topics_that_appear_later(spark: SparkSession, db: str, tmp_path: Path) -> None:
+    """As Kafka's subscribe: a view over topics that do not exist yet (no events of its
+    aggregates so far) follows from the start; a topic that appears while it runs is read
+    from its earliest offset. ``snapshots`` reads events.user and events.reservation."""
+    log_dir, checkpoints = tmp_path / "log", tmp_path / "checkpoints"
+    capture(log_dir, db)  # nothing to capture yet: no events.* topic exists
+    view = VIEWS["snapshots"]
+    stats = follow(spark, VIEWS, "snapshots", log_dir=log_dir, dsn=db, checkpoint_dir=checkpoints, once=True)
+    assert stats.events == 0 and view_rows(db, view) == []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            follow(spark, VIEWS, "snapshots", log_dir=log_dir, dsn=db, checkpoint_dir=checkpoints, stop=stop)
+        except BaseException as e:  # reported by the test thread
+            errors.append(e)
+
+    job = threading.Thread(target=run)
+    job.start()
+    try:
+        with CommandHandler(db, HandlerConfig(snapshot_every=None)) as handler:
+            handler.handle(USER, RegisterUser("u1", "first_user"))
+        capture(log_dir, db)  # events.user appears while the job runs
+        wait_until(lambda: view_rows(db, view) == expected_rows(view, log_dir) != [], errors)
+        issue_commands(db, 60, random.Random(3), tag="later-")  # events.reservation appears too
+        capture(log_dir, db)
+        with Log(log_dir) as log:
+            assert {"events.user", "events.reservation"} <= set(log.topics())
+        expected = expected_rows(view, log_dir)
+        assert {row[1] for row in expected} == {"user", "reservation"}
+        wait_until(lambda: view_rows(db, view) == expected, errors)
+    finally:
+        stop.set()
+        job.join(timeout=120)
+    assert not job.is_alive() and not errors, errors
+
+
+def wait_until(condition: Callable[[], bool], errors: list[BaseException], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert not errors, errors
+        assert time.monotonic() < deadline, "the follow job did not catch up in time"
+        time.sleep(0.5)
