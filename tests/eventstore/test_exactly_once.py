@@ -91,7 +91,7 @@ def committed_output(log: Log) -> list[bytes]:
 def test_consume_transform_produce_exactly_once_under_kill_9(tmp_path: Path) -> None:
     rng = random.Random(3)
     path = tmp_path / "log"
-    n = 20_000 if SOAK else 3_000
+    n = 20_000 if SOAK else 6_000  # enough work that the kills land before it is all done
     with Log(path) as log:
         log.create_topic("in", IN_PARTITIONS)
         log.create_topic("out", 3)
@@ -103,7 +103,7 @@ def test_consume_transform_produce_exactly_once_under_kill_9(tmp_path: Path) -> 
     try:
         with Log(path) as log:
             while time.monotonic() < deadline:
-                time.sleep(0.2 + rng.random() * 0.3)
+                time.sleep(0.1 + rng.random() * 0.2)
                 done = len(set(committed_output(log)))
                 if done >= n:
                     break
