@@ -34,11 +34,16 @@ DRIVER = Path(__file__).with_name("cluster_driver.py")
 TIDELINE = str(Path(sys.executable).with_name("tideline"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (all bound at once while choosing, so none is handed out twice)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -57,7 +62,7 @@ def _alive_workers(ui_port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as response:
             state = json.load(response)
-    except OSError:
+    except (OSError, ValueError):  # not listening yet, or still starting (its /json/ answered with HTML)
         return 0
     return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
 
@@ -66,7 +71,7 @@ def _alive_workers(ui_port: int) -> int:
 def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``spark://127.0.0.1:P`` with one registered worker (1 core, 1 GiB); both stopped by PID afterwards."""
     work = tmp_path_factory.mktemp("spark-standalone")
-    port, ui_port, worker_ui = _free_port(), _free_port(), _free_port()
+    port, ui_port, worker_ui = _free_ports(3)
     env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(work)}
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     url = f"spark://127.0.0.1:{port}"
