@@ -1,9 +1,11 @@
 """Spark plumbing shared by rebuild and follow: the session, parsing the log's records, the
 per-stream fold that runs on executors, and bulk writes into Postgres.
 
-Parsing is Spark's own: ``from_json`` on the record value with a fixed schema
-(:data:`projections.views.OUTBOX_VALUE_SCHEMA`, :data:`~projections.views.CDC_VALUE_SCHEMA`);
-event payloads and CDC images stay JSON text so that numbers keep every digit.
+Parsing: Spark's own ``from_json`` with a fixed schema
+(:data:`projections.views.OUTBOX_VALUE_SCHEMA`, :data:`~projections.views.CDC_VALUE_SCHEMA`)
+for count views, mirrors and follow; event payloads and CDC images stay JSON text so that
+numbers keep every digit. A fold rebuild parses outbox values in Python instead
+(:func:`fold_batches`, orjson), where the fold runs anyway.
 
 **Writes: psycopg COPY from the partitions, not JDBC.** Measured (docs/projections-views.md,
 "Writes"; 300k ``cdc_mirror``-shaped rows, local[2]): COPY 70k–140k rows/s, JDBC with
@@ -35,6 +37,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
 from commands.codec import from_json, to_json
+from eventstore.errors import ConfigError
 from projections import store
 from projections.datasource import register
 from projections.views import (
@@ -202,26 +205,28 @@ def fold_batches(
     current: list[StoredEvent] = []
     current_key: bytes | None = None
 
-    def fold_current() -> None:
+    def fold_current() -> int:
         current.sort(key=lambda e: e.version)  # offset order already, unless a topic was repartitioned
         stream = stream_of(view, current)
         view_rows.extend(view.rows(stream))
         states.append((view.name, stream.stream_id, stream.version, stream.commit_lsn, to_json(stream.state)))
+        return len(current)
 
     with psycopg.connect(dsn) as conn:
         for batch in batches:
             for key, value in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
                 if key != current_key and current:
-                    fold_current()
-                    events += len(current)
+                    events += fold_current()
                     current = []
                     if len(states) >= 10_000:
                         _flush(conn, view, rows_table, state_table, view_rows, states)
+                event = StoredEvent.from_value(value)
+                if key != event.stream_id.encode():  # streams are grouped by key: a mis-keyed record would mix two
+                    raise ConfigError(f"outbox record of stream {event.stream_id!r} has key {key!r}, not its stream id")
                 current_key = key
-                current.append(StoredEvent.from_value(value))
+                current.append(event)
         if current:
-            fold_current()
-            events += len(current)
+            events += fold_current()
         _flush(conn, view, rows_table, state_table, view_rows, states)
     yield pa.RecordBatch.from_pydict({"events": [events]}, schema=pa.schema([("events", pa.int64())]))
 

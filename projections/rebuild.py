@@ -146,7 +146,7 @@ def fold_frame(
     repartitioned by key (= stream id) and sorted by key and offset (a stream's events
     in order, together); values are parsed and folded there (:func:`engine.fold_batches`)."""
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or "2")
-    records = raw.where(~F.col("is_tombstone") & F.col("key").isNotNull()).select("key", "value", "offset")
+    records = raw.where(~F.col("is_tombstone")).select("key", "value", "offset")
     ordered = records.repartition(partitions, "key").sortWithinPartitions("key", "offset").select("key", "value")
     job = functools.partial(engine.fold_batches, catalog.module, view.name, dsn, target, states)
     total = ordered.mapInArrow(job, "events long").agg(F.sum("events")).first()

@@ -242,3 +242,23 @@ def wait_until(condition: Callable[[], bool], errors: list[BaseException], timeo
         assert not errors, errors
         assert time.monotonic() < deadline, "the follow job did not catch up in time"
         time.sleep(0.5)
+
+
+def test_rebuild_refuses_an_outbox_record_keyed_by_another_stream(spark: SparkSession, db: str, tmp_path: Path) -> None:
+    """A fold rebuild groups streams by record key: a record whose key is not its stream id
+    would fold into another stream, so the rebuild fails naming it (and swaps nothing in)."""
+    from eventstore.producer import Producer
+
+    log_dir = tmp_path / "log"
+    value = (
+        b'{"stream_id":"reservation-r1","stream_type":"reservation","version":1,"event_type":"SeatReserved",'
+        b'"schema_version":1,"payload":{"reservation_id":"r1","show_id":"s","seat":"A1","customer_id":"c"},'
+        b'"recorded_at":"2026-01-01T00:00:00+00:00","source":{"commit_lsn":100,"event_index":0}}'
+    )
+    with Log(log_dir) as log:
+        log.create_topic("events.reservation", partitions=1)
+        with Producer(log) as producer:
+            producer.send_batch("events.reservation", [value], [b"reservation-r2"])
+    with pytest.raises(Exception, match="has key b'reservation-r2', not its stream id"):
+        rebuild(spark, VIEWS, "seats", log_dir=log_dir, dsn=db)
+    assert view_rows(db, VIEWS["seats"]) == []
