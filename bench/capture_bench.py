@@ -11,7 +11,7 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
    consumed from the same point to the same end, interleaved run by run:
 
    * ``pg_recvlogical --start -f /dev/null --endpos <end> --no-loop`` with the connector's
-     own plugin options (``capture.wal2json.SLOT_OPTIONS``): the ceiling — decoding and the
+     own plugin options (``capture.decoders.wal2json.SLOT_OPTIONS``): the ceiling — decoding and the
      wire, nothing parsed, nothing stored (no fsync: ``/dev/null`` is not a regular file);
    * the connector in this process (``Connector(CaptureConfig(snapshot=never,
      exit_when_caught_up=True)).run()``, default settings: 4 MiB / 20 ms log transactions,
@@ -49,7 +49,7 @@ import psycopg
 
 from bench.report import Section, measured
 from capture.connector import CaptureConfig, Connector, SnapshotMode
-from capture.wal2json import SLOT_OPTIONS
+from capture.decoders.wal2json import SLOT_OPTIONS
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
 from tideline.pgharness import DEFAULT_BIN_DIR, LocalPostgres
@@ -488,8 +488,9 @@ def run(ctx: Context, section: Section) -> None:
         f"Throughput: {sizes.changes:,} changes in {TXN_ROWS}-row transactions; for each run two copies of one slot "
         "(`pg_copy_logical_replication_slot`) so both consumers decode the identical WAL from the same point to "
         "the same end LSN. `pg_recvlogical --start -f /dev/null --endpos <end>` with the connector's wal2json "
-        "options (`capture.wal2json.SLOT_OPTIONS`) vs the connector in-process (default settings, snapshot never, "
-        "exit when caught up) writing a fresh log directory; pg_recvlogical and connector interleaved run by run.",
+        "options (`capture.decoders.wal2json.SLOT_OPTIONS`) vs the connector in-process (default settings, "
+        "snapshot never, exit when caught up) writing a fresh log directory; pg_recvlogical and connector "
+        "interleaved run by run.",
         f"Latency: connector in its own process (default settings: 4 MiB / linger 20 ms log transactions, fsync "
         f"per log transaction), a writer process committing {LATENCY_TXN_ROWS}-row INSERTs on a fixed schedule of "
         f"{LATENCY_RATE // LATENCY_TXN_ROWS:,} transactions/s for {sizes.latency_seconds:.0f} s, and a "

@@ -139,17 +139,20 @@ class AvroEncoder:
             raise ValueConversionError(f"{table.qualified}: {e}") from e
         return self._encode(table, ids.value_id, datum)
 
-    def after_image(self, table: TableInfo, value: bytes) -> dict[str, Any] | None:
-        """The ``after`` image of a stored Avro change event, as capture values, for TOAST filling.
+    def read_change(self, table: TableInfo, value: bytes) -> tuple[str, dict[str, Any] | None]:
+        """``(op, after image)`` of a stored Avro change event, the image as capture values, for TOAST filling.
 
         Only the TOAST-able kinds come back (the only ones an UPDATE can omit): text and
         bytea as they are, json/jsonb parsed exactly, numeric as Decimal; other columns
         (arrays among them) are left out, so they fall back to the placeholder.
         """
         datum = self.wire.decode(value)
-        after = datum.get("after") if isinstance(datum, dict) else None
+        if not isinstance(datum, dict):
+            return "", None
+        op = str(datum.get("op"))
+        after = datum.get("after")
         if not isinstance(after, dict):
-            return None
+            return op, None
         kinds = {c.name: c.column_type for c in self.ids(table).row_codec.columns}
         out: dict[str, Any] = {}
         for name, raw in after.items():
@@ -162,7 +165,7 @@ class AvroEncoder:
                 out[name] = parse_json(raw)  # exactly as a jsonb value from the stream
             elif ctype.kind in (Kind.DECIMAL, Kind.VARIABLE_DECIMAL):
                 out[name] = Decimal(to_json_converter(ctype)(raw))
-        return out
+        return op, out
 
     def _placeholders(self, ids: TableSchemaIds, image: dict[str, Any]) -> dict[str, Any]:
         if UNAVAILABLE not in image.values():

@@ -8,19 +8,28 @@ Value (JSON, UTF-8, one envelope per record; DESIGN.md §2)::
                 "commit_lsn", "event_index"},
      "transaction": {"id": "<txId>:<commit_lsn>", "total_order", "data_collection_order"} | null}
 
-Key: JSON ``{<key column>: value, …}`` in key order (see capture.tables for which columns).
-Values are converted by capture.pgtypes (its table lists every type's JSON form).
+Key: JSON ``{<key column>: value, …}`` in key order (see capture.tables for which columns);
+null for a keyless table (capture.tables.KeylessPolicy). Topic: capture.topics.
+Values are converted by capture.pgtypes (its table lists every type's JSON form); keys and
+envelopes are written by a value converter (capture.converters: JSON or Avro).
 
 Rules, Debezium's unless noted:
 
-* DELETE → the ``d`` event, then a **tombstone** (same key, null value).
-* UPDATE that changes the key → ``d`` (old key) + tombstone (old key) + ``c`` (new key).
+* DELETE → the ``d`` event (``before``: the old row image the replica identity carries —
+  the key columns under DEFAULT, every column under FULL), then a **tombstone** (same
+  key, null value).
+* UPDATE → ``u``; ``before`` is the old row only under REPLICA IDENTITY FULL, else null.
+* UPDATE that changes the key → ``d`` (old key; ``before`` = the old image the replica
+  identity carries, as for a DELETE) + tombstone (old key) + ``c`` (new key).
   The ``d`` event and its tombstone carry the header ``__debezium.newkey`` (the new
   key), the ``c`` event ``__debezium.oldkey`` (the old key), as Debezium writes them;
   the three events also share ``source.event_index``.
-* TRUNCATE → a ``t`` event with key ``{}`` (the whole table), then a tombstone for every
-  key still live in the table's topic (ours: so that compaction, and "latest value per
-  key", forget truncated rows as they forget deleted ones).
+* TRUNCATE → a ``t`` event with key ``{}`` (the whole table; Debezium's has a null key,
+  which a compacted topic cannot hold), then a tombstone for every key still live in the
+  table's topic (ours: so that compaction, and "latest value per key", forget truncated
+  rows as they forget deleted ones). The live keys come from the key state
+  (capture.keystate), in chunks, never from reading the topic.
+* Keyless tables: inserts (and truncates) only, with a null key; no tombstones.
 * **Outbox routing** (``outbox_table``, the commands' ``events`` table; Debezium's outbox
   event router): an inserted row becomes a record on ``<outbox prefix>.<stream_type>``
   (delete policy, infinite retention: events are facts), key = ``stream_id`` (UTF-8),
@@ -31,13 +40,13 @@ Rules, Debezium's unless noted:
   and truncates of outbox rows are refused by the table's trigger; if one shows up
   anyway the connector logs it and counts it (``outbox_violations``), writing nothing.
 * Logical messages → ``m`` events on ``<prefix>.message``: ``{"op": "m", "message":
-  {"prefix", "content": base64}}``, keyed by prefix.
+  {"prefix", "content": base64}}``, key ``{"prefix": …}`` (Debezium's message key).
 * **Unchanged TOAST columns** (wal2json omits them from an UPDATE): filled from the old
   row image when the table has REPLICA IDENTITY FULL, else from the key's last known
   image (an LRU cache of the TOAST-able columns of rows over 1 KB — smaller rows are
-  never TOASTed — bounded in bytes, and on a miss the
-  key's latest value in the log), else set to the marker
-  :data:`UNAVAILABLE` (Debezium's ``__debezium_unavailable_value``).
+  never TOASTed — bounded in bytes, and on a miss the key state's copy of the same
+  values, capture.keystate), else set to the marker :data:`UNAVAILABLE` (Debezium's
+  ``__debezium_unavailable_value``).
 
 Thread-safety: none; owned by the connector thread.
 """
@@ -45,16 +54,19 @@ Thread-safety: none; owned by the connector thread.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from capture.avro import UNAVAILABLE, AvroEncoder
+from capture.avro import UNAVAILABLE
+from capture.converters import ValueConverter
+from capture.keystate import KeyState
 from capture.messages import ChangeMessage, Column, Kind
 from capture.pgtypes import dumps, dumps_values
 from capture.tables import TableFilter, TableInfo
+from capture.topics import TopicRouter, table_topic
 from eventstore.errors import ConfigError
 
 NEWKEY_HEADER = "__debezium.newkey"  # on the d event (and tombstone) of a key change: the new key
@@ -66,12 +78,21 @@ OUTBOX_VALUE_COLUMNS = (
     "id", "stream_id", "stream_type", "version", "event_type", "schema_version", "payload", "metadata", "recorded_at",
 )  # fmt: skip
 
-__all__ = ["OUTBOX_COLUMNS", "UNAVAILABLE", "Event", "EventBuilder", "ToastCache", "TxnContext", "table_topic"]
+__all__ = [
+    "OUTBOX_COLUMNS",
+    "UNAVAILABLE",
+    "Event",
+    "EventBuilder",
+    "ToastCache",
+    "TxnContext",
+    "table_topic",
+]
 # Postgres TOASTs a row only when it exceeds TOAST_TUPLE_THRESHOLD (≈ 2 KB by default), so
-# smaller rows are never cached (a table with a lower toast_tuple_target falls back to the log).
+# smaller rows are never cached (a table with a lower toast_tuple_target falls back to the key state).
 TOAST_MIN_ROW_BYTES = 1024
 ENTRY_OVERHEAD = 400  # Python objects per cache entry (dict, tuple, key), for the byte bound
 VERSION = "tideline-0.1"
+TRUNCATE_KEY = b"{}"  # the t event's key: "the whole table"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +114,6 @@ class TxnContext:
     total_order: int = 0
     per_table: dict[str, int] | None = None
     source_prefix: dict[str, bytes] = field(default_factory=dict)  # rendered once per table
-
-
-def table_topic(prefix: str, schema: str, table: str) -> str:
-    return f"{prefix}.{schema}.{table}"
 
 
 class ToastCache:
@@ -159,28 +176,36 @@ class ToastCache:
 
 
 class EventBuilder:
-    """Builds the events of change messages for one connector."""
+    """Builds the events of change messages for one connector.
+
+    It keeps the key state (capture.keystate) in step with the events it builds: live keys,
+    the TOAST-able values of big rows, routed outbox versions. The caller makes sure the
+    table topics it builds for are tracked there (capture.writer).
+    """
 
     def __init__(
         self,
         prefix: str,
         db: str,
         table_filter: TableFilter,
+        router: TopicRouter,
+        converter: ValueConverter,
         toast_cache: ToastCache,
-        latest_in_log: Callable[[TableInfo, str, bytes], dict[str, Any] | None],
-        live_keys_in_log: Callable[[str], list[bytes]],
-        avro: AvroEncoder | None = None,
+        keystate: KeyState,
     ) -> None:
-        self.avro = avro  # None: JSON keys and values (the default value format)
         self.prefix = prefix
         self.db = db
         self.filter = table_filter
+        self.router = router
+        self.converter = converter
         self.toast = toast_cache
-        self.latest_in_log = latest_in_log
-        self.live_keys_in_log = live_keys_in_log
+        self.keystate = keystate
         self.message_topic = f"{prefix}.message"
         self.transaction_topic = f"{prefix}.transaction"
         self.unavailable_filled = 0
+
+    def topic(self, table: TableInfo) -> str:
+        return self.router.topic(table.schema, table.name)
 
     # ------------------------------------------------------------------ images
 
@@ -195,10 +220,10 @@ class EventBuilder:
             out[col.name] = self.filter.mask(col.value) if action == "mask" else col.value
         return out
 
-    def key_of(self, table: TableInfo, image: dict[str, Any]) -> bytes:
-        if self.avro is not None:
-            return self.avro.key(table, image)
-        return dumps_values({k: image.get(k) for k in table.key})
+    def key_of(self, table: TableInfo, image: dict[str, Any]) -> bytes | None:
+        if table.keyless:
+            return None
+        return self.converter.key(table, image)
 
     def _source(self, m: ChangeMessage | None, table: TableInfo | None, ctx: TxnContext, index: int) -> bytes:
         """``source`` as JSON: the part shared by a transaction's events of one table is rendered once."""
@@ -212,8 +237,8 @@ class EventBuilder:
                 "ts_ms": ctx.ts_ms,
                 "snapshot": ctx.snapshot,
                 "db": self.db,
-                "schema": table.schema if table else None,
-                "table": table.name if table else None,
+                "schema": table.schema if table else "",  # a logical message has none: "" as Debezium
+                "table": table.name if table else "",
                 "txId": ctx.xid,
                 "commit_lsn": ctx.commit_lsn,
             }
@@ -240,106 +265,81 @@ class EventBuilder:
             n,
         )
 
-    def _envelope(
-        self,
-        table: TableInfo,
-        op: bytes,
-        before: dict[str, Any] | None,
-        after: dict[str, Any] | None,
-        source: bytes,
-        transaction: bytes | None,
-        now_ms: int,
-    ) -> bytes:
-        """The envelope, concatenated from its JSON parts (the same JSON as one ``dumps`` of it, faster)."""
-        if self.avro is not None:
-            return self.avro.envelope(table, op.decode(), before, after, source, transaction, now_ms)
-        return b"".join(
-            (
-                b'{"before":',
-                b"null" if before is None else dumps_values(before),
-                b',"after":',
-                b"null" if after is None else dumps_values(after),
-                b',"source":',
-                source,
-                b',"op":"',
-                op,
-                b'","ts_ms":%d,"transaction":' % now_ms,
-                b"null" if transaction is None else transaction,
-                b"}",
-            )
-        )
-
     # ------------------------------------------------------------------ events
 
     def snapshot_read(self, table: TableInfo, columns: list[Column], ctx: TxnContext, index: int, now_ms: int) -> Event:
-        topic = table_topic(self.prefix, table.schema, table.name)
+        topic = self.topic(table)
         after = self._image(table, columns)
         key = self.key_of(table, after)
         self._remember(table, topic, key, after)
-        value = self._envelope(table, b"r", None, after, self._source(None, table, ctx, index), None, now_ms)
-        return Event(topic, key, value)
+        source = self._source(None, table, ctx, index)
+        return Event(topic, key, self.converter.envelope(table, b"r", None, after, source, None, now_ms))
 
     def change(self, m: ChangeMessage, table: TableInfo, ctx: TxnContext, index: int, now_ms: int) -> list[Event]:
-        topic = table_topic(self.prefix, table.schema, table.name)
+        """The events of one row change (a TRUNCATE's tombstones come from :meth:`truncate_tombstones`)."""
+        topic = self.topic(table)
         source = self._source(m, table, ctx, index)
+        convert = self.converter.envelope
         if m.kind is Kind.INSERT:
             after = self._image(table, m.columns)
             key = self.key_of(table, after)
             self._remember(table, topic, key, after)
             txn = self._transaction(table, ctx)
-            return [Event(topic, key, self._envelope(table, b"c", None, after, source, txn, now_ms))]
+            return [Event(topic, key, convert(table, b"c", None, after, source, txn, now_ms))]
         if m.kind is Kind.DELETE:
             before = self._image(table, m.identity)
             key = self.key_of(table, before)
-            self.toast.drop(topic, key)
             txn = self._transaction(table, ctx)
-            return [
-                Event(topic, key, self._envelope(table, b"d", before, None, source, txn, now_ms)),
-                Event(topic, key, None),
-            ]
+            if key is None:  # a keyless table's delete (the plugin sends none; be safe): no tombstone
+                return [Event(topic, None, convert(table, b"d", before, None, source, txn, now_ms))]
+            self._forget(topic, key)
+            return [Event(topic, key, convert(table, b"d", before, None, source, txn, now_ms)), Event(topic, key, None)]
         if m.kind is Kind.UPDATE:
             return self._update(m, table, topic, source, ctx, now_ms)
         if m.kind is Kind.TRUNCATE:
-            return self._truncate(table, topic, source, ctx, now_ms)
+            txn = self._transaction(table, ctx)
+            self.toast.drop_topic(topic)
+            return [Event(topic, None if table.keyless else TRUNCATE_KEY,
+                          convert(table, b"t", None, None, source, txn, now_ms))]  # fmt: skip
         raise ValueError(f"not a row change: {m.kind}")
 
     def _update(
         self, m: ChangeMessage, table: TableInfo, topic: str, source: bytes, ctx: TxnContext, now_ms: int
     ) -> list[Event]:
+        convert = self.converter.envelope
         after = self._image(table, m.columns)
         identity = self._image(table, m.identity) if m.identity else None
         old_key = self.key_of(table, identity if identity is not None else after)
-        # ``before`` is the old row only under REPLICA IDENTITY FULL (Debezium's rule); otherwise
-        # the identity holds just the old key, which decides whether the key changed.
-        before = identity if table.replica_identity == "f" else None
+        # ``before`` of a ``u`` is the old row only under REPLICA IDENTITY FULL (Debezium's rule);
+        # otherwise the identity holds just the old key, which decides whether the key changed.
+        full_before = identity if table.replica_identity == "f" else None
         missing = [c for c in table.toastable_columns if c not in after and self._kept(table, c)]
-        if missing:
-            self._fill_toast(table, topic, old_key, after, before, missing)
+        if missing and old_key is not None:
+            self._fill_toast(topic, old_key, after, full_before, missing)
         key = self.key_of(table, after)
-        self._remember(table, topic, key, after)
         txn = self._transaction(table, ctx)
-        if key == old_key:
-            return [Event(topic, key, self._envelope(table, b"u", before, after, source, txn, now_ms))]
-        self.toast.drop(topic, old_key)
+        if key == old_key or key is None:
+            self._remember(table, topic, key, after, update=True)
+            return [Event(topic, key, convert(table, b"u", full_before, after, source, txn, now_ms))]
+        assert old_key is not None
+        self._forget(topic, old_key)
+        self._remember(table, topic, key, after)
+        # The delete of a key change carries the old image the replica identity provides (the
+        # old key columns at least), as a plain DELETE does.
+        before = identity
         to_new: list[tuple[str, bytes | None]] = [(NEWKEY_HEADER, key)]
         from_old: list[tuple[str, bytes | None]] = [(OLDKEY_HEADER, old_key)]
         return [
-            Event(topic, old_key, self._envelope(table, b"d", before, None, source, txn, now_ms), to_new),
+            Event(topic, old_key, convert(table, b"d", before, None, source, txn, now_ms), to_new),
             Event(topic, old_key, None, to_new),
-            Event(topic, key, self._envelope(table, b"c", None, after, source, txn, now_ms), from_old),
+            Event(topic, key, convert(table, b"c", None, after, source, txn, now_ms), from_old),
         ]
 
     def _kept(self, table: TableInfo, column: str) -> bool:
         return self.filter.column_action(table.schema, table.name, column) != "drop"
 
     def _fill_toast(
-        self,
-        table: TableInfo,
-        topic: str,
-        key: bytes,
-        after: dict[str, Any],
-        before: dict[str, Any] | None,
-        missing: list[str],
+        self, topic: str, key: bytes, after: dict[str, Any], before: dict[str, Any] | None, missing: list[str]
     ) -> None:
         known: dict[str, Any] | None = None
         if before is not None and all(c in before for c in missing):
@@ -347,7 +347,7 @@ class EventBuilder:
         if known is None:
             known = self.toast.get(topic, key)
         if known is None or not all(c in known for c in missing):
-            known = self.latest_in_log(table, topic, key)
+            known = self.keystate.toast(topic, key)
         for c in missing:
             if known is not None and c in known:
                 after[c] = known[c]
@@ -355,30 +355,43 @@ class EventBuilder:
                 after[c] = UNAVAILABLE
                 self.unavailable_filled += 1
 
-    def _remember(self, table: TableInfo, topic: str, key: bytes, after: dict[str, Any]) -> None:
-        """Cache the TOAST-able values of rows big enough to have been TOASTed at all.
+    def _remember(
+        self, table: TableInfo, topic: str, key: bytes | None, after: dict[str, Any], *, update: bool = False
+    ) -> None:
+        """Record the key as live, with the TOAST-able values of rows big enough to have been TOASTed at all.
 
         The row's size is judged by its TOAST-able (variable-length) columns alone: the
-        others are a few bytes each, far below the threshold's margin.
+        others are a few bytes each, far below the threshold's margin. An update of a small
+        row changes nothing in the key state (the key is live already, and a value that is
+        stored inline is never omitted from a later update).
         """
+        if key is None:
+            return  # keyless: nothing to fill or truncate by key
         cols = table.toastable_columns
-        if not cols:
-            return
-        values = {c: after[c] for c in cols if c in after and after[c] != UNAVAILABLE}
-        if ToastCache.size_of(values) < TOAST_MIN_ROW_BYTES:
+        values = {c: after[c] for c in cols if c in after and after[c] != UNAVAILABLE} if cols else None
+        if values is None or ToastCache.size_of(values) < TOAST_MIN_ROW_BYTES:
             self.toast.drop(topic, key)  # a small row is stored inline: nothing to fill later
+            if not update:
+                self.keystate.put(topic, key, None)
             return
         self.toast.put(topic, key, values)
+        self.keystate.put(topic, key, values)
 
-    def _truncate(self, table: TableInfo, topic: str, source: bytes, ctx: TxnContext, now_ms: int) -> list[Event]:
-        txn = self._transaction(table, ctx)
-        events = [Event(topic, b"{}", self._envelope(table, b"t", None, None, source, txn, now_ms))]
-        events += [Event(topic, key, None) for key in self.live_keys_in_log(topic) if key != b"{}"]
-        self.toast.drop_topic(topic)
-        return events
+    def _forget(self, topic: str, key: bytes) -> None:
+        self.toast.drop(topic, key)
+        self.keystate.delete(topic, key)
+
+    def truncate_tombstones(self, table: TableInfo) -> Iterator[list[Event]]:
+        """After a TRUNCATE's ``t`` event: a tombstone for every live key of the table's topic, in chunks."""
+        if table.keyless:
+            return
+        topic = self.topic(table)
+        for keys in self.keystate.live_keys(topic):
+            yield [Event(topic, key, None) for key in keys if key != TRUNCATE_KEY]
+        self.keystate.truncate(topic)
 
     def outbox(self, table: TableInfo, topic_prefix: str, image: dict[str, Any], ctx: TxnContext, index: int) -> Event:
-        """An inserted row of the outbox table → the event on ``<topic_prefix>.<stream_type>`` (see capture.outbox)."""
+        """An inserted row of the outbox table → the event on ``<topic_prefix>.<stream_type>``."""
         missing = [c for c in OUTBOX_COLUMNS if c not in image]
         if missing:
             raise ConfigError(
@@ -391,7 +404,7 @@ class EventBuilder:
         value = {c: image[c] for c in OUTBOX_VALUE_COLUMNS if c in image}
         value["source"] = {"commit_lsn": ctx.commit_lsn, "event_index": index, "txId": ctx.xid, "ts_ms": ctx.ts_ms}
         return Event(
-            f"{topic_prefix}.{stream_type}",
+            outbox_topic(topic_prefix, stream_type),
             stream_id.encode(),
             dumps_values(value),
             [("event_type", event_type.encode()), ("id", str(image.get("id")).encode())],
@@ -408,7 +421,7 @@ class EventBuilder:
                 "transaction": {"id": f"{ctx.xid}:{ctx.commit_lsn}"} if ctx.xid is not None else None,
             }
         )
-        return Event(self.message_topic, dumps(m.prefix), value)
+        return Event(self.message_topic, dumps({"prefix": m.prefix}), value)
 
     def transaction_begin(self, ctx: TxnContext) -> Event:
         txn_id = f"{ctx.xid}:{ctx.commit_lsn}"
@@ -430,3 +443,8 @@ class EventBuilder:
             }
         )
         return Event(self.transaction_topic, dumps({"id": txn_id}), value)
+
+
+def outbox_topic(topic_prefix: str, stream_type: str) -> str:
+    """The topic of an outbox event: ``<prefix>.<stream_type>``."""
+    return f"{topic_prefix}.{stream_type}"

@@ -38,11 +38,22 @@ class Plugin(enum.Enum):
     def capabilities(self) -> Capabilities:
         return _CAPABILITIES[self]
 
+    @property
+    def implemented(self) -> bool:
+        return self.capabilities.implemented
+
+    def decoder(self) -> Decoder:
+        """A fresh decoder for one replication stream of this plugin (capture.decoders)."""
+        from capture.decoders import decoder_for  # the decoders import this module
+
+        return decoder_for(self)
+
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a plugin's stream carries (drives fallbacks in the rest of capture)."""
 
+    implemented: bool  # capture.decoders has a decoder for it
     marks_unchanged_toast: bool  # pgoutput marks them 'u'; wal2json omits the column
     numeric_nan_distinct: bool  # wal2json renders numeric/real/double NaN and ±Infinity as JSON null
     needs_publication: bool  # pgoutput streams only tables of a publication
@@ -52,6 +63,7 @@ class Capabilities:
 
 _CAPABILITIES = {
     Plugin.WAL2JSON: Capabilities(
+        implemented=True,
         marks_unchanged_toast=False,
         numeric_nan_distinct=False,
         needs_publication=False,
@@ -59,6 +71,7 @@ _CAPABILITIES = {
         emits_primary_key=True,
     ),
     Plugin.PGOUTPUT: Capabilities(
+        implemented=False,
         marks_unchanged_toast=True,
         numeric_nan_distinct=True,
         needs_publication=True,

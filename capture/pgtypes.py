@@ -61,7 +61,7 @@ Mapping (``docs/capture-types.md`` holds the same table; keep the two in step)::
       over integer or numeric), so a domain is a str on both paths. With wal2json's
       ``include-domain-data-type`` the stream names the base type, which this module would
       convert like the base type (the name decides for an unknown OID); the snapshot would
-      then have to name it the same way (capture.wal2json leaves that option off).
+      then have to name it the same way (capture.decoders.wal2json leaves that option off).
   [6] Python's isoformat(): fractions as 6 digits (".500000", ".789000"), none when zero.
   [7] real: the shortest decimal that round-trips in float4 ("1.1"), read as a double.
   [8] -0 of real/double arrives from wal2json as the JSON integer -0, read as 0: a change

@@ -13,14 +13,20 @@ Keys (the record key of every change event, JSON ``{column: value}`` in key orde
 3. the replica identity index (``REPLICA IDENTITY USING INDEX``), else
 4. every column, when the table has ``REPLICA IDENTITY FULL``;
 
-a table with none of these is refused with a message naming the fixes (Debezium would
-emit keyless updates, which a compacted topic cannot hold).
+5. none: a **keyless** table. What happens to it is the :class:`KeylessPolicy`
+   (``--keyless-tables``): ``keyless`` (default, Debezium's behaviour) captures it with a
+   null record key onto a delete-policy topic — wal2json sends no UPDATE or DELETE for
+   such a table, so only its inserts (and truncates) are seen until it gets a replica
+   identity; ``skip`` leaves it out; ``fail`` refuses to start, naming the fixes.
+   :attr:`TableCatalog.keyless` lists the keyless tables captured, :attr:`TableCatalog.skipped`
+   those left out.
 
 Thread-safety: :class:`TableCatalog` is used by the connector thread only.
 """
 
 from __future__ import annotations
 
+import enum
 import fnmatch
 import hashlib
 from collections.abc import Iterator
@@ -43,6 +49,34 @@ class TableRefusedError(ConfigError):
     """A table cannot be captured as configured (no usable key)."""
 
 
+class KeylessPolicy(enum.Enum):
+    """What to do with a table that has no primary key and no replica identity to key its events by.
+
+    ``keyless`` is Debezium's behaviour: its inserts are captured with a null record key
+    onto a topic with ``cleanup_policy=delete`` (a compacted topic cannot hold keyless
+    records), partitioned round-robin; the plugin sends no UPDATE or DELETE for such a
+    table, so those stay invisible until the table gets a replica identity.
+    """
+
+    KEYLESS = "keyless"
+    SKIP = "skip"  # not captured; listed in the start-up warning and in `capture status`
+    FAIL = "fail"  # refuse to start
+
+    @classmethod
+    def parse(cls, text: str) -> KeylessPolicy:
+        try:
+            return cls(text)
+        except ValueError:
+            raise ConfigError(f"--keyless-tables must be keyless, skip or fail; not {text!r}") from None
+
+
+KEYLESS_WARNING = (
+    "has no primary key and no replica identity: its inserts are captured with a null key, but its updates and "
+    "deletes are invisible (the server does not decode them) until it gets one — ALTER TABLE … REPLICA IDENTITY "
+    "FULL, or add a primary key"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class TableColumn:
     name: str
@@ -63,7 +97,7 @@ class TableInfo:
     name: str
     columns: tuple[TableColumn, ...]
     key: tuple[str, ...]
-    key_source: str  # "primary key" | "configured" | "replica identity index" | "replica identity full"
+    key_source: str  # "primary key" | "configured" | "replica identity index" | "replica identity full" | "none"
     replica_identity: str  # d(efault) n(othing) f(ull) i(ndex)
     toastable_columns: tuple[str, ...] = ()  # non-key columns whose values may be TOASTed
     column_names: frozenset[str] = frozenset()
@@ -89,6 +123,11 @@ class TableInfo:
     @property
     def qualified(self) -> str:
         return f"{self.schema}.{self.name}"
+
+    @property
+    def keyless(self) -> bool:
+        """Captured without a record key (see :class:`KeylessPolicy`)."""
+        return not self.key
 
 
 @dataclass(slots=True)
@@ -155,21 +194,30 @@ WHERE i.indrelid = %s AND {which} ORDER BY k.ord
 class TableCatalog:
     """Table metadata read from the source database, refreshed when the stream shows something new."""
 
-    def __init__(self, dsn: str, table_filter: TableFilter) -> None:
+    def __init__(self, dsn: str, table_filter: TableFilter, keyless: KeylessPolicy = KeylessPolicy.KEYLESS) -> None:
         self.dsn = dsn
         self.filter = table_filter
+        self.keyless_policy = keyless
         self._tables: dict[tuple[str, str], TableInfo] = {}
+        self.keyless: list[str] = []  # captured without a key (policy keyless), "schema.table"
+        self.skipped: list[str] = []  # keyless and left out (policy skip)
 
     def load(self, conn: psycopg.Connection[Any] | None = None) -> list[TableInfo]:
-        """Every captured table (refusing those without a usable key)."""
+        """Every captured table (keyless ones as the policy says)."""
         own = conn is None
         c = conn or psycopg.connect(self.dsn, autocommit=True)
         try:
-            tables = []
+            tables, skipped = [], []
             for schema, name, ident, oid in c.execute(_TABLES_SQL).fetchall():
                 if self.filter.captures(schema, name):
-                    tables.append(self._describe(c, schema, name, ident, oid))
+                    table = self._describe(c, schema, name, ident, oid)
+                    if table.keyless and self.keyless_policy is KeylessPolicy.SKIP:
+                        skipped.append(table.qualified)
+                    else:
+                        tables.append(table)
             self._tables = {(t.schema, t.name): t for t in tables}
+            self.keyless = [t.qualified for t in tables if t.keyless]
+            self.skipped = skipped
             return tables
         finally:
             if own:
@@ -216,11 +264,13 @@ class TableCatalog:
             return TableInfo.make(
                 schema, name, columns, tuple(col.name for col in columns), "replica identity full", ident
             )
-        raise TableRefusedError(
-            f"table {qualified} has no primary key and no replica identity to key its events by: add a primary "
-            f"key, set REPLICA IDENTITY FULL or USING INDEX, configure key columns for it, or exclude it "
-            f"(--exclude-tables {qualified})"
-        )
+        if self.keyless_policy is KeylessPolicy.FAIL:
+            raise TableRefusedError(
+                f"table {qualified} has no primary key and no replica identity to key its events by: add a primary "
+                f"key, set REPLICA IDENTITY FULL or USING INDEX, configure key columns for it, exclude it "
+                f"(--exclude-tables {qualified}), or capture it keyless (--keyless-tables keyless)"
+            )
+        return TableInfo.make(schema, name, columns, (), "none", ident)
 
 
 def select_columns_sql(table: TableInfo) -> str:

@@ -38,43 +38,41 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
 import psycopg
 
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.isolation import IsolationLevel, end_offset
 from eventstore.log import Log
 from projections import store
+from schemas.position import POSITIONS_TOPIC, SourcePosition, format_lsn, parse_lsn
 
-CAPTURE_OFFSETS_TOPIC = "__tideline_capture_offsets"  # capture.connector.OFFSETS_TOPIC
-
-
-def parse_lsn(text: str) -> int:
-    """``"16/B374D848"`` → 0x16B374D848 (Postgres's text form of a WAL position)."""
-    high, _, low = text.partition("/")
-    if not _ or not high or not low:
-        raise ValueError(f"not an LSN: {text!r}")
-    return (int(high, 16) << 32) | int(low, 16)
-
-
-def format_lsn(lsn: int) -> str:
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
+__all__ = [
+    "ReachedTracker",
+    "Sample",
+    "captured_lsn",
+    "consistent_offsets",
+    "format_lsn",
+    "parse_lsn",
+    "stable_offsets",
+    "take_sample",
+    "wait_for",
+]
 
 
 def captured_lsn(log: Log, connector: bytes | None = None) -> int:
     """The end of the last wholly stored source transaction (``confirm_lsn`` of capture's stored
     position; the largest over connectors unless ``connector`` names one key); 0 if none."""
-    if CAPTURE_OFFSETS_TOPIC not in log.topics():
+    if POSITIONS_TOPIC not in log.topics():
         return 0
     latest: dict[bytes, int] = {}
     with Consumer(log, enable_auto_commit=False, isolation_level=IsolationLevel.READ_COMMITTED) as consumer:
-        consumer.assign([TopicPartition(CAPTURE_OFFSETS_TOPIC, 0)])
+        consumer.assign([TopicPartition(POSITIONS_TOPIC, 0)])
         consumer.seek_to_beginning()
         while records := consumer.poll(timeout_ms=0):
             for r in records:
                 if r.key is None or r.value is None or (connector is not None and r.key != connector):
                     continue
-                latest[r.key] = int(orjson.loads(r.value)["confirm_lsn"])
+                latest[r.key] = SourcePosition.from_json(r.value).confirm_lsn
     return max(latest.values(), default=0)
 
 

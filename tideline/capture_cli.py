@@ -7,8 +7,9 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -25,6 +26,27 @@ PrefixOption = Annotated[str, typer.Option("--topic-prefix", help="Topics are <p
 
 def _split(values: list[str] | None) -> list[str]:
     return [p.strip() for v in values or [] for p in v.split(",") if p.strip()]
+
+
+def _table_topics(values: list[str] | None) -> dict[str, str]:
+    """``schema.table=topic`` items (split at the last ``=``: topic names cannot hold one)."""
+    out: dict[str, str] = {}
+    for v in values or []:
+        table, sep, topic = v.rpartition("=")
+        if not sep or not table.strip() or not topic.strip() or "." not in table:
+            raise fail(f"--table-topic expects schema.table=topic, not {v!r}")
+        out[table.strip()] = topic.strip()
+    return out
+
+
+KeylessOption = Annotated[
+    str,
+    typer.Option(
+        "--keyless-tables",
+        help="Tables without a primary key or replica identity: keyless (capture inserts with a null key, "
+        "Debezium's behaviour), skip, or fail.",
+    ),
+]
 
 
 def _key_columns(values: list[str] | None) -> dict[str, list[str]]:
@@ -55,6 +77,27 @@ def run(
         typer.Option("--key-columns", help="schema.table:col1,col2 — key for a table without a primary key."),
     ] = None,
     snapshot: Annotated[str, typer.Option("--snapshot", help="initial | always | never | when_needed.")] = "initial",
+    keyless_tables: KeylessOption = "keyless",
+    table_topic: Annotated[
+        list[str] | None,
+        typer.Option("--table-topic", help="schema.table=topic: a table gets this topic instead of the default."),
+    ] = None,
+    max_retry_time: Annotated[
+        float,
+        typer.Option(
+            "--max-retry-time",
+            min=0,
+            help="Seconds to keep reconnecting after a transient failure before giving up (0: forever).",
+        ),
+    ] = 600.0,
+    retry_on_start: Annotated[
+        bool,
+        typer.Option("--retry-on-start", help="Retry a first connection that fails instead of reporting it."),
+    ] = False,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option("--state-dir", help="Directory of the connector's key state (default: <data dir>/_capture)."),
+    ] = None,
     topic_prefix: PrefixOption = "tideline",
     partitions: Annotated[int, typer.Option("--partitions", min=1, help="Partitions of new table topics.")] = 1,
     plugin: Annotated[str, typer.Option("--plugin", help="Logical decoding plugin (wal2json).")] = "wal2json",
@@ -101,7 +144,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
 ) -> None:
     """Run the connector until SIGINT/SIGTERM (or caught up): snapshot, then stream, exactly once."""
-    from capture.connector import CaptureConfig, Connector, SnapshotMode, ValueFormat
+    from capture.connector import CaptureConfig, Connector, KeylessPolicy, SnapshotMode, ValueFormat
     from capture.messages import Plugin
     from capture.tables import TableFilter
     from eventstore.log import Log
@@ -119,6 +162,11 @@ def run(
             topic_prefix=topic_prefix,
             plugin=plugin_,
             snapshot=SnapshotMode.parse(snapshot),
+            keyless_tables=KeylessPolicy.parse(keyless_tables),
+            table_topics=_table_topics(table_topic),
+            max_retry_time_s=max_retry_time,
+            retry_on_start=retry_on_start,
+            state_dir=state_dir,
             table_filter=TableFilter(
                 include=_split(tables),
                 exclude=_split(exclude_tables),
@@ -175,24 +223,35 @@ def status(
     dsn: DsnOption,
     slot: SlotOption = "tideline",
     topic_prefix: PrefixOption = "tideline",
+    tables: Annotated[list[str] | None, typer.Option("--tables", help="schema.table patterns captured.")] = None,
+    exclude_tables: Annotated[list[str] | None, typer.Option("--exclude-tables", help="Patterns skipped.")] = None,
+    keyless_tables: KeylessOption = "keyless",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """The slot (confirmed LSN, retained WAL), the last stored position, and the lag."""
-    from capture.connector import CaptureConfig, Connector, slot_status
+    """The slot (confirmed LSN, retained WAL), the last stored position, the lag, and tables needing attention."""
+    from capture.connector import CaptureConfig, Connector, KeylessPolicy, slot_status
+    from capture.tables import KEYLESS_WARNING, TableCatalog, TableFilter
     from eventstore.log import Log
+    from schemas.position import parse_lsn
     from tideline.cli import State
 
     with one_line_errors():
         info = slot_status(dsn, slot)
+        policy = KeylessPolicy.parse(keyless_tables)
+        catalog = TableCatalog(dsn, TableFilter(include=_split(tables), exclude=_split(exclude_tables)), policy)
+        catalog.load()
         with Log(State.data_dir, create=False) as log:
             position = Connector(CaptureConfig(dsn=dsn, slot=slot, topic_prefix=topic_prefix), log).read_position()
-    out = {
+    warnings = [f"table {name} {KEYLESS_WARNING}" for name in catalog.keyless]
+    warnings += [f"table {name} has no primary key and no replica identity: not captured" for name in catalog.skipped]
+    out: dict[str, Any] = {
         "slot": info,
         "stored_position": None if position is None else json.loads(position.to_json()),
+        "keyless_tables": catalog.keyless,
+        "skipped_tables": catalog.skipped,
+        "warnings": warnings,
     }
     if info is not None and position is not None:
-        from capture.replication import parse_lsn
-
         out["lag_bytes"] = max(0, parse_lsn(info["current_wal_lsn"]) - position.confirm_lsn)
     if as_json:
         typer.echo(json.dumps(out))
@@ -211,3 +270,5 @@ def status(
             f"stored up to commit {json.loads(position.to_json())['commit_lsn_text']} event {position.event_index}"
             + (f"; lag {out['lag_bytes']:,} bytes" if "lag_bytes" in out else "")
         )
+    for warning in warnings:
+        typer.echo(f"warning: {warning}")

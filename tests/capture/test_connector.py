@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, records, sql
 
-from capture.connector import SlotLostError, SnapshotMode
+from capture.connector import KeylessPolicy, SlotLostError, SnapshotMode
 from capture.events import UNAVAILABLE
 from capture.tables import TableFilter, TableRefusedError
 from eventstore.errors import ConfigError
@@ -182,10 +182,11 @@ def test_replica_identity_full_fills_toast_and_keys_tables_without_pk(db: str, t
     assert keyed[1][1]["before"] == {"a": 7, "b": "k"}
 
 
-def test_table_without_key_is_refused(db: str, tmp_path: Path) -> None:
+def test_table_without_key_is_refused_under_fail(db: str, tmp_path: Path) -> None:
+    """--keyless-tables fail: the behaviour before keyless capture existed (the default is keyless)."""
     sql(db, "CREATE TABLE loose (a int, b text)")
     with pytest.raises(TableRefusedError, match=r"public\.loose has no primary key"):
-        capture(tmp_path / "log", db)
+        capture(tmp_path / "log", db, keyless_tables=KeylessPolicy.FAIL)
     capture(tmp_path / "log", db, table_filter=TableFilter(exclude=["public.loose"]), slot="t2")
 
 

@@ -1,4 +1,4 @@
-"""capture.wal2json against a real PostgreSQL 15 + wal2json 2.5, plus captured payloads.
+"""capture.decoders.wal2json against a real PostgreSQL 15 + wal2json 2.5, plus captured payloads.
 
 Every live test reads real payloads with ``pg_logical_slot_get_binary_changes`` (the
 bytes START_REPLICATION would carry), decodes them, and checks the values against what
@@ -25,9 +25,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from capture.decoders.wal2json import Wal2JsonDecoder
 from capture.messages import ChangeMessage, Column, DecodeError, Kind, Plugin
 from capture.pgtypes import SESSION_SETTINGS, Interval, JsonNumber, NonFiniteFloat, convert_text, dumps
-from capture.wal2json import Wal2JsonDecoder
 from tideline.pgharness import LocalPostgres, require_wal2json
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -11,6 +11,11 @@ Three captured tables, between them every value shape the connector must carry e
   wl_pairs   (tenant text, seq bigint) composite PK; numeric, jsonb STORAGE EXTERNAL
              (sometimes big: unchanged TOAST again), int[], timestamptz, interval, enum
   wl_events  id uuid PK; text, bytea, numeric, boolean, date, jsonb
+  "wl Odd Näme"  id bigint PK; text, integer — a name outside [A-Za-z0-9._-]: its topic is
+             cdc.public.wl_Odd_N_me (capture.topics maps it)
+  wl_audit   no key and no replica identity (a keyless table): inserts only, captured with
+             null keys onto a delete-policy topic (``KEYLESS``; not in TABLES: compared as a
+             multiset of rows: tests/capture/test_materialize.py)
 
 Transactions (1 to a few hundred statements; ~8 % rolled back, some with a savepoint
 rolled back inside a committed transaction): single and multi-row INSERTs, UPDATEs of
@@ -44,7 +49,9 @@ from typing import Any, ClassVar
 
 import psycopg
 
-TABLES = ("wl_items", "wl_pairs", "wl_events")
+ODD = "wl Odd Näme"
+TABLES = ("wl_items", "wl_pairs", "wl_events", ODD)
+KEYLESS = "wl_audit"
 TENANTS = ("acme", "o'brien", "ünïcødé", "a,b {c}", '"quoted"', "", "NULL", "x\\y")
 MOODS = ("sad", "ok", "happy", "so so", 'it\'s "fine"')
 
@@ -66,7 +73,14 @@ SCHEMA = [
     """CREATE TABLE wl_events (
         id uuid PRIMARY KEY, kind text, payload bytea, amount numeric(30,10), ok boolean,
         day date, attrs jsonb)""",
+    f'CREATE TABLE "{ODD}" (id bigint PRIMARY KEY, label text, n integer)',
+    f"CREATE TABLE {KEYLESS} (at timestamptz NOT NULL DEFAULT now(), actor text, amount numeric, detail jsonb)",
 ]
+
+
+def q(table: str) -> str:
+    """A table name as SQL (quoted: one of them needs it)."""
+    return '"' + table.replace('"', '""') + '"'
 
 
 def soak() -> bool:
@@ -379,9 +393,14 @@ class Workload:
                 ColumnSpec("day", "date", v.date),
                 ColumnSpec("attrs", "jsonb", v.jsonb),
             ],
+            ODD: [
+                ColumnSpec("label", "text", v.text),
+                ColumnSpec("n", "integer", v.int4),
+            ],
         }
-        self.key_columns = {"wl_items": ("id",), "wl_pairs": ("tenant", "seq"), "wl_events": ("id",)}
-        self.key_casts = {"wl_items": ("bigint",), "wl_pairs": ("text", "bigint"), "wl_events": ("uuid",)}
+        self.key_columns = {"wl_items": ("id",), "wl_pairs": ("tenant", "seq"), "wl_events": ("id",), ODD: ("id",)}
+        self.key_casts = {"wl_items": ("bigint",), "wl_pairs": ("text", "bigint"), "wl_events": ("uuid",),
+                          ODD: ("bigint",)}  # fmt: skip
 
     # ------------------------------------------------------------------ setup
 
@@ -398,6 +417,9 @@ class Workload:
                     for _ in range(min(200, rows_per_table - start)):
                         self._insert(c, table, 1)
                     c.commit()
+            for _ in range(max(1, rows_per_table // 20)):
+                self._audit(c)
+            c.commit()
         for pool in self.keys.values():
             pool.forget_journal()
 
@@ -410,7 +432,7 @@ class Workload:
             key = pool.dead[r.randrange(len(pool.dead))]
             if key not in pool:
                 return key  # type: ignore[no-any-return]
-        if table == "wl_items":
+        if table in ("wl_items", ODD):
             self.next_id += r.randint(1, 3)
             return (self.next_id,)
         if table == "wl_pairs":
@@ -439,19 +461,19 @@ class Workload:
             self.keys[table].add(key)
             params += [*key, *self._row_values(table, cols)]
         column_list = ", ".join(f'"{n}"' for n in names)
-        c.execute(f"INSERT INTO {table} ({column_list}) VALUES {', '.join([one] * rows)}".encode(), params)
+        c.execute(f"INSERT INTO {q(table)} ({column_list}) VALUES {', '.join([one] * rows)}".encode(), params)
         self.stats.statements["insert" if rows == 1 else "insert multi-row"] += 1
 
     # ------------------------------------------------------------------ statements
 
     def _update_values(self, c: psycopg.Connection[Any], table: str) -> None:
         key = self.keys[table].choice(self.rng)
-        cols = self.rng.sample(self.columns[table], self.rng.randint(1, 3))
+        cols = self.rng.sample(self.columns[table], min(len(self.columns[table]), self.rng.randint(1, 3)))
         if self.rng.random() < 0.8:  # leave the big (TOASTed) columns alone, mostly
             cols = [col for col in cols if col.name not in ("doc", "meta")] or cols
         sets = ", ".join(f'"{col.name}" = %s::{col.cast}' for col in cols)
         c.execute(
-            f"UPDATE {table} SET {sets} WHERE {self._where(table)}".encode(), [*self._row_values(table, cols), *key]
+            f"UPDATE {q(table)} SET {sets} WHERE {self._where(table)}".encode(), [*self._row_values(table, cols), *key]
         )
         self.stats.statements["update"] += 1
 
@@ -464,6 +486,7 @@ class Workload:
         ],
         "wl_pairs": ["amount = amount + 1", "meta = meta || '[\"tail\"]'", "note = note || '!'"],
         "wl_events": ["ok = NOT ok", "amount = -amount", "attrs = attrs || '{\"z\": null}'"],
+        ODD: ["n = n + 1", "label = label || ' ünï'"],
     }  # fmt: skip
 
     def _update_expression(self, c: psycopg.Connection[Any], table: str) -> None:
@@ -474,7 +497,8 @@ class Workload:
             c.execute(f"UPDATE wl_items SET {expression} WHERE id = ANY(%s::bigint[])".encode(), [ids])
             self.stats.statements["update multi-row"] += 1
             return
-        c.execute(f"UPDATE {table} SET {expression} WHERE {self._where(table)}".encode(), list(pool.choice(self.rng)))
+        key = list(pool.choice(self.rng))
+        c.execute(f"UPDATE {q(table)} SET {expression} WHERE {self._where(table)}".encode(), key)
         self.stats.statements["update expression"] += 1
 
     def _update_key(self, c: psycopg.Connection[Any], table: str) -> None:
@@ -487,7 +511,7 @@ class Workload:
         extra = ""
         if table == "wl_items" and self.rng.random() < 0.5:
             extra = ", i = i / 2"  # key and a value at once
-        c.execute(f"UPDATE {table} SET {sets}{extra} WHERE {self._where(table)}".encode(), [*new, *old])
+        c.execute(f"UPDATE {q(table)} SET {sets}{extra} WHERE {self._where(table)}".encode(), [*new, *old])
         pool.remove(old)
         pool.add(new)
         self.stats.statements["update key"] += 1
@@ -502,13 +526,13 @@ class Workload:
             self.stats.statements["delete multi-row"] += 1
             return
         key = pool.choice(self.rng)
-        c.execute(f"DELETE FROM {table} WHERE {self._where(table)}".encode(), list(key))
+        c.execute(f"DELETE FROM {q(table)} WHERE {self._where(table)}".encode(), list(key))
         pool.remove(key)
         self.stats.statements["delete"] += 1
 
     def _truncate(self, c: psycopg.Connection[Any]) -> None:
         tables = self.rng.sample(TABLES, self.rng.choice([1, 1, 2]))
-        c.execute(f"TRUNCATE {', '.join(tables)}".encode())
+        c.execute(f"TRUNCATE {', '.join(q(t) for t in tables)}".encode())
         for t in tables:
             self.keys[t].clear()
         self.stats.statements["truncate"] += 1
@@ -519,9 +543,22 @@ class Workload:
         c.execute(b"SELECT pg_logical_emit_message(%s, 'wl', %s::bytea)", [transactional, content])
         self.stats.statements["message" if transactional else "message non-transactional"] += 1
 
+    def _audit(self, c: psycopg.Connection[Any]) -> None:
+        """An insert into the keyless table (its updates and deletes are not decoded by the server: none are made)."""
+        rows = self.rng.randint(1, 3)
+        params: list[Any] = []
+        for _ in range(rows):
+            params += [self.v.text(), self.v.numeric_any(), self.v.jsonb()]
+        values = ", ".join(["(%s, %s::numeric, %s::jsonb)"] * rows)
+        c.execute(f"INSERT INTO {KEYLESS} (actor, amount, detail) VALUES {values}".encode(), params)
+        self.stats.statements["insert keyless"] += 1
+
     def statement(self, c: psycopg.Connection[Any], *, truncate_p: float) -> None:
         r = self.rng
-        table = r.choices(TABLES, weights=(5, 3, 2))[0]
+        table = r.choices(TABLES, weights=(5, 3, 2, 1))[0]
+        if r.random() < 0.04:
+            self._audit(c)
+            return
         if r.random() < truncate_p:
             self._truncate(c)
             return

@@ -1,0 +1,120 @@
+"""The connector's configuration: one dataclass, its enums, and the checks that run before anything starts.
+
+Names follow Debezium's PostgreSQL connector where there is an equivalent
+(``snapshot.mode``, ``message.key.columns``, ``provide.transaction.metadata``,
+``errors.max.retries``/``retriable.restart.connector.wait.ms`` → ``max_retry_time_s``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from capture.messages import Plugin
+from capture.tables import KeylessPolicy, TableFilter
+from eventstore.errors import ConfigError
+from eventstore.topic import validate_topic_name
+
+__all__ = ["CaptureConfig", "KeylessPolicy", "SnapshotMode", "ValueFormat"]
+
+
+class SnapshotMode(enum.Enum):
+    INITIAL = "initial"
+    ALWAYS = "always"
+    NEVER = "never"
+    WHEN_NEEDED = "when_needed"
+
+    @classmethod
+    def parse(cls, text: str) -> SnapshotMode:
+        try:
+            return cls(text)
+        except ValueError:
+            raise ConfigError(f"--snapshot must be one of initial, always, never, when_needed; not {text!r}") from None
+
+
+class ValueFormat(enum.Enum):
+    JSON = "json"
+    AVRO = "avro"
+
+    @classmethod
+    def parse(cls, text: str) -> ValueFormat:
+        try:
+            return cls(text)
+        except ValueError:
+            raise ConfigError(f"--value-format must be json or avro, not {text!r}") from None
+
+
+@dataclass(slots=True)
+class CaptureConfig:
+    dsn: str
+    slot: str = "tideline"
+    topic_prefix: str = "tideline"
+    plugin: Plugin = Plugin.WAL2JSON
+    snapshot: SnapshotMode = SnapshotMode.INITIAL
+    table_filter: TableFilter = field(default_factory=TableFilter)
+    keyless_tables: KeylessPolicy = KeylessPolicy.KEYLESS
+    # "schema.table" → topic: overrides the <prefix>.<schema>.<table> rule (capture.topics)
+    table_topics: dict[str, str] = field(default_factory=dict)
+    partitions: int = 1
+    batch_bytes: int = 4 << 20
+    # ... or this many events, whichever comes first: tiny records (a TRUNCATE's tombstones)
+    # cost far more memory as Python objects than their bytes say.
+    batch_events: int = 20_000
+    linger_ms: int = 10  # caught up: commit a batch this old at the first gap in the stream
+    max_linger_ms: int = 50  # messages waiting (behind): let the batch grow this long
+    status_interval_s: float = 1.0
+    heartbeat_query: str | None = None
+    heartbeat_interval_s: float = 10.0
+    retained_wal_warn_bytes: int = 1 << 30
+    toast_cache_bytes: int = 64 << 20
+    # The key state (capture.keystate): its directory (None: the sink's default, next to
+    # the log) and the bound of its page cache in memory.
+    state_dir: Path | None = None
+    key_state_cache_bytes: int = 16 << 20
+    exit_when_caught_up: bool = False
+    # Failures (capture.errors): transient ones are retried with a backoff that resets after
+    # success, for at most this long in a row (0: forever). A first connection that fails
+    # is reported at once unless retry_on_start.
+    max_retry_time_s: float = 600.0
+    retry_on_start: bool = False
+    # A slot held by another walsender is retried this long (our own dead connection's walsender
+    # may not have noticed yet) before it counts as used by another process.
+    slot_busy_wait_s: float = 15.0
+    # BEGIN/END records on <prefix>.transaction (Debezium's provide.transaction.metadata, off
+    # by default there too): one more partition in every log transaction, two events per
+    # Postgres transaction. Events carry their ``transaction`` block either way.
+    transaction_metadata: bool = False
+    value_format: ValueFormat = ValueFormat.JSON  # avro: table topics through the schema registry (capture.avro)
+    # Outbox routing (capture.events): rows inserted into this table ("schema.table", e.g. the
+    # commands' "public.events") become records on <outbox_topic_prefix>.<stream_type>.
+    outbox_table: str | None = None
+    outbox_topic_prefix: str = "events"
+
+    def validate(self) -> None:
+        validate_topic_name(f"{self.topic_prefix}.transaction")
+        if not self.slot.replace("_", "").isalnum() or self.slot.lower() != self.slot or not self.slot.isascii():
+            raise ConfigError(f"slot name {self.slot!r}: use lower-case letters, digits and _")
+        if not self.plugin.implemented:
+            raise ConfigError(f"plugin {self.plugin.value} is not implemented yet (wal2json is)")
+        if self.partitions < 1 or self.batch_bytes < 1 or self.batch_events < 1 or self.linger_ms < 0:
+            raise ConfigError("partitions, batch_bytes and batch_events must be ≥ 1, linger_ms ≥ 0")
+        if self.outbox_table is not None:
+            validate_topic_name(f"{self.outbox_topic_prefix}.x")
+            if self.outbox_table.count(".") != 1:
+                raise ConfigError(f"outbox table {self.outbox_table!r}: write it as schema.table (e.g. public.events)")
+        if self.max_linger_ms < self.linger_ms:
+            raise ConfigError(f"max_linger_ms ({self.max_linger_ms}) must be ≥ linger_ms ({self.linger_ms})")
+        if self.max_retry_time_s < 0:
+            raise ConfigError(f"--max-retry-time must be ≥ 0 seconds (0: retry forever), not {self.max_retry_time_s}")
+        if self.key_state_cache_bytes < 1 << 20:
+            raise ConfigError(f"key state cache must be at least 1 MiB, not {self.key_state_cache_bytes} bytes")
+        for table, topic in self.table_topics.items():
+            if table.count(".") < 1:
+                raise ConfigError(f"topic override for {table!r}: write the table as schema.table")
+            validate_topic_name(topic)
+
+    @property
+    def connector_id(self) -> str:
+        """The connector's identity: its transactional id, position key and key state name derive from it."""
+        return f"{self.topic_prefix}.{self.slot}"

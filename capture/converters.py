@@ -1,0 +1,143 @@
+"""The value converter seam: how a change event's key and envelope become bytes (JSON or Avro).
+
+The event builder (capture.events) decides *what* an event says — op, before, after,
+source, transaction — and hands it to a :class:`ValueConverter`, which decides *how* it
+is written. One class per format, chosen once by :func:`converter_for`:
+
+* :class:`JsonConverter` — the default: keys ``{col: value}``, the envelope as JSON text
+  (DESIGN.md §2; capture.pgtypes has the value mapping).
+* :class:`AvroConverter` — Confluent-framed Avro through the schema registry
+  (capture.avro has the schemas and their evolution).
+
+A converter also reads back what it wrote (:meth:`ValueConverter.read_change`): the key
+state is rebuilt from stored events (capture.keystate), and a TOAST fill needs the
+values of a stored row.
+
+Thread-safety: none; owned by the connector thread.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from capture.avro import AvroEncoder
+from capture.config import ValueFormat
+from capture.pgtypes import JsonNumber, dumps_values
+from capture.tables import TableFilter, TableInfo
+from eventstore.errors import ConfigError
+from eventstore.log import Log
+from eventstore.schema_store import LogSchemaStore
+from schemas.registry import SchemaRegistry
+
+
+class ValueConverter(Protocol):
+    """Keys and envelope values of table change events in one format."""
+
+    # Whether a column's type (not only its name) is part of what is written: then a change
+    # of a column's type OID makes the connector read the catalog again.
+    types_matter: bool
+
+    def key(self, table: TableInfo, image: dict[str, Any]) -> bytes:
+        """The record key of a row (its key columns)."""
+        ...
+
+    def envelope(
+        self,
+        table: TableInfo,
+        op: bytes,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        source: bytes,
+        transaction: bytes | None,
+        now_ms: int,
+    ) -> bytes:
+        """The change event's value; ``source`` and ``transaction`` come rendered as JSON."""
+        ...
+
+    def read_change(self, table: TableInfo, value: bytes) -> tuple[str, dict[str, Any] | None]:
+        """``(op, after image)`` of a stored change event; the image holds at least the TOAST-able columns."""
+        ...
+
+
+class JsonConverter:
+    """JSON keys and envelopes (the default value format)."""
+
+    types_matter = False
+
+    def key(self, table: TableInfo, image: dict[str, Any]) -> bytes:
+        return dumps_values({k: image.get(k) for k in table.key})
+
+    def envelope(
+        self,
+        table: TableInfo,
+        op: bytes,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        source: bytes,
+        transaction: bytes | None,
+        now_ms: int,
+    ) -> bytes:
+        """The envelope, concatenated from its JSON parts (the same JSON as one ``dumps`` of it, faster)."""
+        return b"".join(
+            (
+                b'{"before":',
+                b"null" if before is None else dumps_values(before),
+                b',"after":',
+                b"null" if after is None else dumps_values(after),
+                b',"source":',
+                source,
+                b',"op":"',
+                op,
+                b'","ts_ms":%d,"transaction":' % now_ms,
+                b"null" if transaction is None else transaction,
+                b"}",
+            )
+        )
+
+    def read_change(self, table: TableInfo, value: bytes) -> tuple[str, dict[str, Any] | None]:
+        # Exact: fractions inside json/jsonb stay JsonNumber (written back as the same bare
+        # number), integers stay ints of any size, everything else is already a JSON string.
+        envelope = json.loads(value, parse_float=JsonNumber)
+        after = envelope.get("after")
+        return str(envelope.get("op")), after if isinstance(after, dict) else None
+
+
+class AvroConverter:
+    """Confluent-framed Avro keys and envelopes, schemas in the log's registry (capture.avro)."""
+
+    types_matter = True
+
+    def __init__(self, encoder: AvroEncoder) -> None:
+        self.encoder = encoder
+
+    def key(self, table: TableInfo, image: dict[str, Any]) -> bytes:
+        return self.encoder.key(table, image)
+
+    def envelope(
+        self,
+        table: TableInfo,
+        op: bytes,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        source: bytes,
+        transaction: bytes | None,
+        now_ms: int,
+    ) -> bytes:
+        return self.encoder.envelope(table, op.decode(), before, after, source, transaction, now_ms)
+
+    def read_change(self, table: TableInfo, value: bytes) -> tuple[str, dict[str, Any] | None]:
+        if value[:1] != b"\x00":  # written before the table's topic went Avro: JSON
+            return JsonConverter().read_change(table, value)
+        return self.encoder.read_change(table, value)
+
+
+def converter_for(
+    value_format: ValueFormat, log: Log | None, topic_prefix: str, table_filter: TableFilter
+) -> ValueConverter:
+    """The converter of a value format (the schema registry of Avro lives in ``log``'s ``__schemas``)."""
+    if value_format is ValueFormat.AVRO:
+        if log is None:
+            raise ConfigError("--value-format avro keeps its schema registry in the embedded log: give the log")
+        return AvroConverter(AvroEncoder(SchemaRegistry(LogSchemaStore(log)), topic_prefix, table_filter))
+    return JsonConverter()

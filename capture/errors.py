@@ -1,0 +1,132 @@
+"""Capture's errors, and the one place where a failure is classified as permanent or transient.
+
+Errors are classified where they enter (STYLE.md): :func:`classify` looks at a
+database error once and says either "permanent: stop now, and here is what to do" or
+"transient: reconnect with backoff". Permanent failures (Debezium stops its task on the
+same ones) are:
+
+========================  ====================================================  =========
+what                      how it shows                                          SQLSTATE
+========================  ====================================================  =========
+authentication            password authentication failed / no pg_hba.conf entry 28P01, 28000
+missing role              role "…" does not exist                               28000
+missing database          database "…" does not exist                           3D000
+permission                must be superuser or replication role, permission …   42501
+wal_level not logical     logical decoding requires wal_level >= logical        55000
+plugin not installed      could not access file "wal2json"                      58P01
+plugin not allowed        library "…" may not be used as an output plugin       (15.19+)
+slot limit reached        all replication slots are in use                      53400
+slot active elsewhere     replication slot "…" is active for PID …              55006
+table refused (``fail``)  capture.tables.TableRefusedError                      —
+configuration             eventstore.errors.ConfigError (bad options, topics)   —
+========================  ====================================================  =========
+
+A busy slot is the one class that waits first: right after a connection of ours died (a
+crash, a network cut) its walsender may hold the slot a little longer, so the connector
+retries for ``slot_busy_wait_s`` before calling the slot another process's.
+
+Everything else a connection can suffer — refused or reset connections, server restart
+(57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now), network errors
+(class 08) — is transient *after streaming has started once*. A first connection that
+fails is reported, not retried, unless the connector runs with ``retry_on_start``: a typo
+in a DSN should not look like a connector that is "reconnecting" forever.
+"""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+
+from eventstore.errors import ConfigError, TidelineError
+
+
+class CaptureError(TidelineError):
+    """Base of capture's own errors."""
+
+
+class PermanentCaptureError(CaptureError):
+    """A failure retrying cannot fix: the connector stops at once; the message says what to do."""
+
+
+class SlotLostError(PermanentCaptureError):
+    """The replication slot is gone, or no longer holds the WAL after our stored position."""
+
+
+class RetriesExhaustedError(CaptureError):
+    """Transient failures went on for longer than ``max_retry_time_s``."""
+
+
+# (pattern in the server's message, SQLSTATE or None, what is wrong, what to do)
+_PERMANENT: tuple[tuple[re.Pattern[str], str | None, str, str], ...] = tuple(
+    (re.compile(pattern, re.IGNORECASE), sqlstate, what, todo)
+    for pattern, sqlstate, what, todo in (
+        (r"password authentication failed|authentication failed|no password supplied", "28P01",
+         "authentication failed", "check the user and password in --dsn (or ~/.pgpass / PGPASSWORD)"),
+        (r"no pg_hba\.conf entry", "28000",
+         "the server refuses this host/user", "add a pg_hba.conf line for this user (replication connections "
+         "need one that matches database 'replication' or the database name), then reload the server"),
+        (r'role "[^"]*" does not exist', "28000",
+         "the role does not exist", "create it (CREATE ROLE … LOGIN REPLICATION) or fix the user in --dsn"),
+        (r'database "[^"]*" does not exist', "3D000",
+         "the database does not exist", "fix the database name in --dsn"),
+        (r"must be superuser or replication role|permission denied|must have REPLICATION|insufficient privilege",
+         "42501", "permission denied", "grant the role REPLICATION (ALTER ROLE … REPLICATION) and SELECT on the "
+         "captured tables"),
+        (r"logical decoding requires wal_level|wal_level >= logical|wal_level must be", "55000",
+         "the server's wal_level is not logical", "set wal_level = logical in postgresql.conf and restart the server"),
+        (r'could not access file "[^"]*"|could not load library', "58P01",
+         "the output plugin is not installed on the server", "install it (Debian: apt-get install "
+         "postgresql-15-wal2json) or choose another --plugin"),
+        (r"may not be used as an output plugin", None,
+         "the server does not allow this output plugin", "add it to output_plugin_libraries in postgresql.conf "
+         "(e.g. 'wal2json, pgoutput, test_decoding') and reload the server"),
+        (r"all replication slots are in use", "53400",
+         "the server's replication slots are all in use", "drop an unused slot (SELECT pg_drop_replication_slot(…) "
+         "FROM pg_replication_slots WHERE NOT active) or raise max_replication_slots and restart the server"),
+        (r'replication slot "[^"]*" is active', "55006",
+         "the replication slot is in use by another process", "stop the other connector using it, or give this "
+         "one another --slot"),
+    )
+)  # fmt: skip
+
+
+def permanent_reason(error: BaseException) -> str | None:
+    """``"what is wrong: what to do"`` when ``error`` is permanent, else None (transient)."""
+    if isinstance(error, (PermanentCaptureError, ConfigError)):
+        return str(error)
+    if not isinstance(error, psycopg.Error):
+        return None
+    text = str(error).strip()
+    sqlstate = getattr(error, "sqlstate", None)
+    first = _server_message(text.splitlines()[0] if text else type(error).__name__)
+    for pattern, _, what, todo in _PERMANENT:  # the message is the more specific of the two
+        if pattern.search(text):
+            return f"{what} ({first}): {todo}"
+    for _, state, what, todo in _PERMANENT:
+        if state is not None and sqlstate == state:
+            return f"{what} ({first}): {todo}"
+    return None
+
+
+def _server_message(text: str) -> str:
+    """libpq's connection errors repeat 'connection to server at … failed: FATAL: …': keep the reason."""
+    for marker in ("FATAL:  ", "FATAL: ", "ERROR:  ", "ERROR: "):
+        if marker in text:
+            return text.split(marker, 1)[1].strip()
+    return text
+
+
+SLOT_BUSY = re.compile(r'replication slot "[^"]*" is active', re.IGNORECASE)
+
+
+def is_slot_busy(error: BaseException) -> bool:
+    """The slot is held by a walsender: another connector, or our own previous connection not yet gone."""
+    return isinstance(error, psycopg.Error) and (
+        getattr(error, "sqlstate", None) == "55006" or bool(SLOT_BUSY.search(str(error)))
+    )
+
+
+def is_connection_error(error: BaseException) -> bool:
+    """Errors that mean the connection or the server went away (retried once streaming has started)."""
+    return isinstance(error, (psycopg.OperationalError, psycopg.InterfaceError))

@@ -1,0 +1,365 @@
+"""The connector's key state: per captured topic, which keys are live and what a TOAST fill needs.
+
+Three things need to know about keys already in the log, and none of them may read a
+whole topic to find out (memory must stay O(batch), not O(topic) or O(keys)):
+
+* an UPDATE whose unchanged TOASTed columns were omitted (wal2json) is filled from the
+  key's latest row when the in-memory TOAST cache has forgotten it;
+* a TRUNCATE is followed by a tombstone for every live key of the table's topic;
+* a snapshot taken again (``always``, ``when_needed``) must not route outbox events that
+  are already in the events topics (they are never compacted: a copy would stay).
+
+The key state is a **derived** store: everything in it can be rebuilt from the log, and
+it is rebuilt idempotently (below). It is an SQLite database (Python's standard
+library; a well-kept B-tree store with its own crash safety), so memory is bounded by
+its page cache (``cache_bytes``) and a bounded write buffer, never by the key count.
+
+File: ``<state dir>/<connector id>.keystate.sqlite`` (plus SQLite's ``-wal``/``-shm``
+files; journal_mode WAL, synchronous NORMAL). Tables::
+
+    meta(name TEXT PRIMARY KEY, value TEXT)          format_version = 1
+    topics(id INTEGER PRIMARY KEY, name TEXT UNIQUE, kind TEXT, incarnation TEXT)
+    checkpoints(topic_id, partition, next_offset)    every record of the partition below
+                                                     next_offset is applied
+    keys(topic_id, key BLOB, toast BLOB) WITHOUT ROWID
+        a live key of a table topic; toast: the TOAST-able column values of its latest row
+        when that row was big enough to be TOASTed (≥ 1 KiB of such values), else NULL.
+        Stored as pickle (protocol 5) of a dict of capture's Python values, so that a
+        value comes back exactly as the decoder produced it (Decimal digits, bytes, zones)
+    streams(topic_id, stream_id BLOB, version INTEGER) WITHOUT ROWID
+        outbox topics: the highest event version routed per stream
+
+Consistency with the log: one SQLite transaction spans each log transaction. It begins
+with the log's, receives the changes while events are built (buffered, deduplicated per
+key, flushed in chunks — big snapshots stay O(chunk) in memory), and commits *after*
+the log transaction committed, together with the new checkpoints (the next offsets the
+sink reported per partition written). A crash in between rolls the SQLite transaction
+back: the checkpoints then lie below the log's end, and :meth:`KeyState.catch_up` applies
+the committed records from the checkpoint on (read_committed, so aborted records never
+count). An aborted log transaction rolls the SQLite one back with it.
+
+Rebuild: a topic whose incarnation in the log differs from the stored one (deleted and
+created again), a checkpoint beyond the log's end (the log was replaced), a file of
+another format version, or a file SQLite cannot read → that topic (or the whole file)
+is dropped and caught up from offset 0 — O(topic) once, never per event.
+
+Thread-safety: none; owned by the connector thread (SQLite connection in that thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from capture.sinks import ReadBatch, Sink
+
+log = logging.getLogger("capture.keystate")
+
+FORMAT_VERSION = "1"
+WRITE_BUFFER_ENTRIES = 10_000  # buffered key changes before a flush into the open SQLite transaction
+TRUNCATE_CHUNK = 5_000  # live keys handed out per chunk for a TRUNCATE's tombstones
+
+TABLE_TOPIC = "table"
+OUTBOX_TOPIC = "outbox"
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value TEXT)",
+    "CREATE TABLE IF NOT EXISTS topics(id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL, kind TEXT NOT NULL, "
+    "incarnation TEXT)",
+    "CREATE TABLE IF NOT EXISTS checkpoints(topic_id INTEGER NOT NULL, partition INTEGER NOT NULL, "
+    "next_offset INTEGER NOT NULL, PRIMARY KEY(topic_id, partition)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS keys(topic_id INTEGER NOT NULL, key BLOB NOT NULL, toast BLOB, "
+    "PRIMARY KEY(topic_id, key)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS streams(topic_id INTEGER NOT NULL, stream_id BLOB NOT NULL, version INTEGER NOT NULL, "
+    "PRIMARY KEY(topic_id, stream_id)) WITHOUT ROWID",
+)
+
+_DELETE = object()  # buffered "this key is gone"
+
+# What catch-up learns from one record: ("put", toast values or None), ("delete", None),
+# ("route", version) for outbox records, or None (nothing to record).
+Change = tuple[str, Any] | None
+Interpreter = Callable[[str, bytes | None, bytes | None], Change]
+
+
+class KeyStateError(Exception):
+    """The key state file cannot be used (it is then rebuilt from the log)."""
+
+
+class KeyState:
+    """Live keys, TOAST values of big rows, and routed outbox versions, per captured topic."""
+
+    def __init__(self, path: Path, *, cache_bytes: int = 16 << 20) -> None:
+        self.path = path
+        self.cache_bytes = cache_bytes
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = self._open()
+        except (sqlite3.DatabaseError, KeyStateError) as e:
+            log.warning("capture: key state %s is unusable (%s): rebuilding it from the log", path, e)
+            self._remove_files()
+            self.db = self._open()
+        self._ids: dict[str, int] = {row[1]: row[0] for row in self.db.execute("SELECT id, name FROM topics")}
+        self._keys: dict[tuple[int, bytes], Any] = {}  # buffered: toast bytes | None | _DELETE
+        self._streams: dict[tuple[int, bytes], int] = {}
+        self._in_txn = False
+        self.flushes = 0
+        self.records_caught_up = 0  # records read back from the log by catch_up (0 when the state was current)
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # rebuildable: a lost last transaction is caught up again
+            db.execute(f"PRAGMA cache_size={-max(1024, self.cache_bytes // 1024)}")  # KiB when negative
+            db.execute("PRAGMA temp_store=FILE")
+            for statement in _SCHEMA:
+                db.execute(statement)
+            row = db.execute("SELECT value FROM meta WHERE name = 'format_version'").fetchone()
+            if row is None:
+                db.execute("INSERT INTO meta VALUES ('format_version', ?)", (FORMAT_VERSION,))
+            elif row[0] != FORMAT_VERSION:
+                raise KeyStateError(f"format version {row[0]}, expected {FORMAT_VERSION}")
+            if db.execute("PRAGMA quick_check").fetchone() != ("ok",):
+                raise KeyStateError("SQLite quick_check failed")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _remove_files(self) -> None:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(f"{self.path}{suffix}").unlink()
+
+    def close(self) -> None:
+        if self._in_txn:
+            self.abort()
+        self.db.close()
+
+    # ------------------------------------------------------------------ topics
+
+    def track(self, topic: str, kind: str, incarnation: str | None) -> int:
+        """Register a topic; one whose incarnation changed (deleted and created again) starts empty."""
+        row = self.db.execute("SELECT id, kind, incarnation FROM topics WHERE name = ?", (topic,)).fetchone()
+        if row is not None and (row[1] != kind or row[2] != incarnation):
+            log.info("capture: key state of %s is from another incarnation of the topic: rebuilding it", topic)
+            self._drop(row[0])
+            row = None
+        if row is None:
+            cur = self.db.execute(
+                "INSERT INTO topics(name, kind, incarnation) VALUES (?, ?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET kind = excluded.kind, incarnation = excluded.incarnation "
+                "RETURNING id",
+                (topic, kind, incarnation),
+            )
+            self._ids[topic] = int(cur.fetchone()[0])
+        else:
+            self._ids[topic] = int(row[0])
+        return self._ids[topic]
+
+    def tracked(self) -> dict[str, str]:
+        """Every tracked topic and its kind."""
+        return {name: kind for name, kind in self.db.execute("SELECT name, kind FROM topics")}
+
+    def _drop(self, topic_id: int) -> None:
+        for table in ("checkpoints", "keys", "streams"):
+            self.db.execute(f"DELETE FROM {table} WHERE topic_id = ?", (topic_id,))
+
+    def _id(self, topic: str) -> int:
+        found = self._ids.get(topic)
+        if found is None:
+            raise KeyError(f"key state: topic {topic} is not tracked")
+        return found
+
+    def checkpoints(self, topic: str) -> dict[int, int]:
+        return {
+            p: o
+            for p, o in self.db.execute(
+                "SELECT partition, next_offset FROM checkpoints WHERE topic_id = ?", (self._id(topic),)
+            )
+        }
+
+    # ------------------------------------------------------------------ one transaction
+
+    def begin(self) -> None:
+        if not self._in_txn:
+            self.db.execute("BEGIN")
+            self._in_txn = True
+
+    def put(self, topic: str, key: bytes, toast: dict[str, Any] | None) -> None:
+        """The key is live; ``toast``: its big row's TOAST-able values (None: small row, nothing to keep)."""
+        self._keys[(self._id(topic), key)] = None if toast is None else pickle.dumps(toast, protocol=5)
+        if len(self._keys) >= WRITE_BUFFER_ENTRIES:
+            self.flush()
+
+    def delete(self, topic: str, key: bytes) -> None:
+        self._keys[(self._id(topic), key)] = _DELETE
+        if len(self._keys) >= WRITE_BUFFER_ENTRIES:
+            self.flush()
+
+    def route(self, topic: str, stream_id: bytes, version: int) -> None:
+        k = (self._id(topic), stream_id)
+        if version > self._streams.get(k, -1):
+            self._streams[k] = version
+        if len(self._streams) >= WRITE_BUFFER_ENTRIES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered changes into the open SQLite transaction (seen by this connection's reads)."""
+        self.begin()
+        if self._keys:
+            puts = [(t, k, v) for (t, k), v in self._keys.items() if v is not _DELETE]
+            deletes = [(t, k) for (t, k), v in self._keys.items() if v is _DELETE]
+            self._keys.clear()
+            if puts:
+                self.db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", puts)
+            if deletes:
+                self.db.executemany("DELETE FROM keys WHERE topic_id = ? AND key = ?", deletes)
+        if self._streams:
+            self.db.executemany(
+                "INSERT INTO streams VALUES (?, ?, ?) ON CONFLICT(topic_id, stream_id) "
+                "DO UPDATE SET version = max(version, excluded.version)",
+                [(t, s, v) for (t, s), v in self._streams.items()],
+            )
+            self._streams.clear()
+        self.flushes += 1
+
+    def commit(self, written: dict[tuple[str, int], int]) -> None:
+        """After the log transaction committed: its changes and the new checkpoints, in one SQLite commit."""
+        self.flush()
+        rows = [(self._ids[t], p, o) for (t, p), o in written.items() if t in self._ids]
+        if rows:
+            self.db.executemany(
+                "INSERT INTO checkpoints VALUES (?, ?, ?) ON CONFLICT(topic_id, partition) "
+                "DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)",
+                rows,
+            )
+        self.db.execute("COMMIT")
+        self._in_txn = False
+
+    def abort(self) -> None:
+        """The log transaction was aborted (or its outcome is unknown): forget its changes."""
+        self._keys.clear()
+        self._streams.clear()
+        if self._in_txn:
+            self.db.execute("ROLLBACK")
+            self._in_txn = False
+
+    # ------------------------------------------------------------------ lookups (see buffered writes)
+
+    def toast(self, topic: str, key: bytes) -> dict[str, Any] | None:
+        """The TOAST-able values of the key's latest row, if it was big; None when unknown."""
+        tid = self._id(topic)
+        buffered = self._keys.get((tid, key), _DELETE)
+        if buffered is not _DELETE:
+            return None if buffered is None else _unpickle(buffered)
+        if (tid, key) in self._keys:
+            return None  # deleted in this transaction
+        row = self.db.execute("SELECT toast FROM keys WHERE topic_id = ? AND key = ?", (tid, key)).fetchone()
+        return None if row is None or row[0] is None else _unpickle(row[0])
+
+    def live_keys(self, topic: str) -> Iterator[list[bytes]]:
+        """The topic's live keys, in chunks (key order), this transaction's changes included."""
+        self.flush()
+        tid = self._id(topic)
+        after = b""
+        while True:
+            chunk = [
+                r[0]
+                for r in self.db.execute(
+                    "SELECT key FROM keys WHERE topic_id = ? AND key > ? ORDER BY key LIMIT ?",
+                    (tid, after, TRUNCATE_CHUNK),
+                )
+            ]
+            if not chunk:
+                return
+            yield chunk
+            after = chunk[-1]
+
+    def truncate(self, topic: str) -> None:
+        """Every key of the topic is gone (after the TRUNCATE's tombstones were built)."""
+        self.flush()
+        self.db.execute("DELETE FROM keys WHERE topic_id = ?", (self._id(topic),))
+
+    def routed_version(self, topic: str, stream_id: bytes) -> int | None:
+        """The highest version of ``stream_id`` routed to ``topic`` (None: none)."""
+        tid = self._id(topic)
+        buffered = self._streams.get((tid, stream_id))
+        row = self.db.execute(
+            "SELECT version FROM streams WHERE topic_id = ? AND stream_id = ?", (tid, stream_id)
+        ).fetchone()
+        stored = None if row is None else int(row[0])
+        if buffered is None:
+            return stored
+        return buffered if stored is None else max(stored, buffered)
+
+    def key_count(self, topic: str) -> int:
+        self.flush()
+        row = self.db.execute("SELECT count(*) FROM keys WHERE topic_id = ?", (self._id(topic),)).fetchone()
+        return int(row[0])
+
+    # ------------------------------------------------------------------ rebuilding from the log
+
+    def catch_up(self, sink: Sink, topic: str, interpret: Interpreter) -> int:
+        """Apply the topic's committed records after the stored checkpoints; the number of records read.
+
+        Outside a transaction it commits per partition; inside one (a topic first seen while
+        a log transaction is open) its changes and checkpoints join that transaction.
+        """
+        own = not self._in_txn
+        self.begin()
+        ends = sink.end_offsets(topic)
+        checkpoints = self.checkpoints(topic)
+        if any(checkpoints.get(p, 0) > end for p, end in ends.items()) or set(checkpoints) - set(ends):
+            log.warning("capture: key state of %s is ahead of the log (was the log replaced?): rebuilding it", topic)
+            self._drop(self._id(topic))
+            checkpoints = {}
+        read = 0
+        tid = self._id(topic)
+        for partition, end in sorted(ends.items()):
+            start = checkpoints.get(partition, 0)
+            if start >= end:
+                continue
+            for batch in sink.read(topic, partition, start, end):
+                read += len(batch.offsets)
+                self._apply(topic, batch, interpret)
+            self.flush()
+            self.db.execute(
+                "INSERT INTO checkpoints VALUES (?, ?, ?) ON CONFLICT(topic_id, partition) "
+                "DO UPDATE SET next_offset = excluded.next_offset",
+                (tid, partition, end),
+            )
+        if own:
+            self.commit({})
+        self.records_caught_up += read
+        if read:
+            log.info("capture: key state of %s caught up over %d records", topic, read)
+        return read
+
+    def _apply(self, topic: str, batch: ReadBatch, interpret: Interpreter) -> None:
+        for key, value in zip(batch.keys, batch.values, strict=True):
+            if key is None:
+                continue
+            change = interpret(topic, key, value)
+            if change is None:
+                continue
+            what, arg = change
+            if what == "put":
+                self.put(topic, key, arg)
+            elif what == "delete":
+                self.delete(topic, key)
+            elif what == "route":
+                self.route(topic, key, int(arg))
+
+
+def _unpickle(raw: bytes) -> dict[str, Any]:
+    values = pickle.loads(raw)  # written by this module only (the file is the connector's own state)
+    if not isinstance(values, dict):
+        raise KeyStateError(f"a stored TOAST entry is a {type(values).__name__}, not a dict")
+    return values

@@ -1,0 +1,82 @@
+"""The offset context: where capture stands in the source, in one place (Debezium's OffsetContext).
+
+The stored record is :class:`schemas.position.SourcePosition` (defined in schemas/ so that
+projections read the same definition). This module keeps the connector's view of it:
+
+* ``stored`` — the position of the last committed log transaction (read at start);
+* ``pending`` — the position the open batch will store when it commits: after the last
+  event added to it, ``complete`` once its source transaction's COMMIT was seen;
+* what the replication slot may be confirmed up to: the ``confirm_lsn`` of ``stored``,
+  always a commit *end* of a wholly stored transaction (confirming inside a transaction
+  would make the server resend all of it anyway, FIELD-NOTES).
+
+An event ``(commit_lsn, event_index)`` that ``stored`` covers is skipped on restart: the
+server may resend a whole transaction, never less.
+
+Thread-safety: none; owned by the connector thread.
+"""
+
+from __future__ import annotations
+
+from schemas.position import SourcePosition
+
+__all__ = ["OffsetContext", "SourcePosition"]
+
+
+class OffsetContext:
+    """The stored position, the open batch's position, and the confirm floor."""
+
+    def __init__(self, stored: SourcePosition | None) -> None:
+        self.stored = stored
+        self.pending: SourcePosition | None = None
+
+    @property
+    def snapshot_interrupted(self) -> bool:
+        return self.stored is not None and not self.stored.snapshot_done
+
+    def covers(self, commit_lsn: int, index: int) -> bool:
+        """Whether the event is stored already (a snapshot under way stores no stream position)."""
+        return self.stored is not None and self.stored.snapshot_done and self.stored.covers(commit_lsn, index)
+
+    def confirm_floor(self) -> int:
+        """The confirm position of positions inside a transaction: the last complete one."""
+        if self.pending is not None:
+            return self.pending.confirm_lsn
+        return self.stored.confirm_lsn if self.stored is not None else 0
+
+    def event_stored(self, commit_lsn: int, index: int) -> None:
+        """The open batch now reaches event ``index`` of the transaction committed at ``commit_lsn``."""
+        self.pending = SourcePosition(commit_lsn, index, False, self.confirm_floor())
+
+    def transaction_stored(self, commit_lsn: int, last_index: int, commit_end: int) -> None:
+        """The open batch now holds the whole transaction; its commit end may be confirmed once stored."""
+        self.pending = SourcePosition(commit_lsn, last_index, True, commit_end)
+
+    def message_stored(self, lsn: int) -> None:
+        """A non-transactional logical message at ``lsn`` is in the open batch."""
+        self.pending = SourcePosition(lsn, 0, True, self.confirm_floor())
+
+    def snapshot_started(self) -> None:
+        self.pending = SourcePosition(0, -1, False, 0, snapshot_done=False)
+
+    def snapshot_done(self, consistent_point: int) -> None:
+        """Transactions committing at or after the consistent point are streamed, not in the snapshot."""
+        self.pending = SourcePosition(consistent_point - 1, -1, True, consistent_point, snapshot_done=True)
+
+    def take_pending(self) -> SourcePosition | None:
+        """The position to store with the batch being committed."""
+        return self.pending
+
+    def committed(self, position: SourcePosition | None) -> None:
+        """The batch carrying ``position`` is durable."""
+        if position is not None:
+            self.stored = position
+        self.pending = None
+
+    def aborted(self) -> None:
+        self.pending = None
+
+    @property
+    def confirm_lsn(self) -> int:
+        """What the slot may be confirmed up to: the end of the last wholly stored transaction."""
+        return self.stored.confirm_lsn if self.stored is not None else 0

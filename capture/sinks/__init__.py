@@ -1,0 +1,118 @@
+"""The sink seam: where the connector hands a finished batch of events plus its position, atomically.
+
+A :class:`Sink` is one log backend seen from capture. The connector (capture.connector)
+and its sources only ever call these methods, so a backend is added by writing one
+class — the embedded log (:class:`capture.sinks.embedded.EmbeddedLogSink`) today, Kafka
+next — and running the sink contract tests (tests/capture/test_sinks.py) against it.
+
+Contract (every implementation keeps it):
+
+* **Atomic, durable commit.** Records appended between :meth:`Sink.begin` and
+  :meth:`Sink.commit` become visible to ``read_committed`` readers together with the
+  position record passed to ``commit``, or not at all; ``commit`` returns only once the
+  backend says they are durable. :meth:`Sink.abort` discards them.
+* **One writer.** :meth:`Sink.open` takes the connector's identity (its transactional
+  id): a predecessor's open transaction is aborted, and a zombie with the same identity
+  is fenced (its next commit fails).
+* **Partitioning** is the backend's Kafka-compatible murmur2 of the key bytes; records
+  without a key (keyless tables) go to one partition per batch, round-robin.
+* **Reads** (:meth:`Sink.read`, :meth:`Sink.read_position`) see committed data only.
+
+Thread-safety: a sink is used by the connector thread only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+Headers = list[tuple[str, bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """How a topic the connector writes is created on first sight."""
+
+    compact: bool  # cleanup_policy=compact (table topics with keys, the positions topic)
+    partitions: int
+    keyless: bool = False  # records without keys go there (a keyless table): it must not compact
+    overrides: Mapping[str, str] = field(default_factory=dict)  # other settings, the embedded log's names
+
+
+@dataclass(slots=True)
+class TopicRecords:
+    """Records of one topic in one batch, in order: parallel lists (headers: None when no record has any)."""
+
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    headers: list[Headers | None] | None = None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBatch:
+    """Committed records of one partition, in offset order."""
+
+    offsets: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+
+
+class Sink(Protocol):
+    """One log backend, as capture uses it (see the module docstring for the contract)."""
+
+    def describe(self) -> str:
+        """For log lines: which log this is (a directory, a bootstrap list)."""
+        ...
+
+    def open(self, transactional_id: str) -> None:
+        """Become the one writer with this identity: abort what a predecessor left open, fence zombies."""
+        ...
+
+    def ensure_topic(self, topic: str, spec: TopicSpec) -> int:
+        """Create the topic if missing (raising if an existing one contradicts ``spec``); its partition count."""
+        ...
+
+    def topic_incarnation(self, topic: str) -> str | None:
+        """Something that changes when the topic is deleted and created again (None: it does not exist)."""
+        ...
+
+    def begin(self) -> None:
+        """Open a transaction."""
+        ...
+
+    def append(self, batch: Mapping[str, TopicRecords]) -> dict[tuple[str, int], int]:
+        """Append records inside the open transaction (not visible yet); the next offset per partition written."""
+        ...
+
+    def commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> None:
+        """Append the position record (when ``value`` is not None) and commit the transaction, durably."""
+        ...
+
+    def abort(self) -> None:
+        """Abort the open transaction (nothing of it becomes visible)."""
+        ...
+
+    def read_last(self, topic: str, partition: int, key: bytes) -> bytes | None:
+        """The value of the last committed record with ``key`` in one partition (None: none, or a tombstone)."""
+        ...
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        """The end of committed data per partition (read_committed readers stop there)."""
+        ...
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[ReadBatch]:
+        """Committed records of one partition with offsets in ``[start, end)``, in batches."""
+        ...
+
+    def default_state_dir(self) -> Path:
+        """Where the connector keeps local state (the key state) unless configured otherwise."""
+        ...
+
+    def close(self) -> None:
+        """Release the producer and files (an open transaction is left for the next ``open`` to abort)."""
+        ...

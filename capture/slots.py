@@ -1,0 +1,74 @@
+"""The replication slot as the server sees it: its state, dropping it, and the server's WAL position.
+
+Plain SQL connections (not the replication connection): capture.replication creates
+and streams slots, this module only looks at them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from schemas.position import parse_lsn
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    plugin: str
+    confirmed_flush_lsn: str | None
+    restart_lsn: str | None
+    wal_status: str | None  # reserved | extended | unreserved | lost
+
+    @property
+    def lost(self) -> bool:
+        return self.wal_status == "lost"
+
+
+def slot_state(dsn: str, slot: str) -> SlotState | None:
+    """The slot of this database named ``slot`` (None: there is none)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute(
+            "SELECT plugin, confirmed_flush_lsn::text, restart_lsn::text, wal_status FROM pg_replication_slots "
+            "WHERE slot_name = %s AND database = current_database()",
+            (slot,),
+        ).fetchone()
+    return None if row is None else SlotState(row[0], row[1], row[2], row[3])
+
+
+def drop_slot(dsn: str, slot: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
+
+def current_wal_lsn(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+    assert row is not None
+    return parse_lsn(row[0])
+
+
+def slot_status(dsn: str, slot: str) -> dict[str, Any] | None:
+    """The slot as the server sees it, with retained WAL in bytes (``capture status``, metrics)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute(
+            "SELECT plugin, active, confirmed_flush_lsn::text, restart_lsn::text, wal_status, "
+            "pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
+            "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
+            "FROM pg_replication_slots WHERE slot_name = %s",
+            (slot,),
+        ).fetchone()
+    if row is None:
+        return None
+    return {
+        "slot": slot,
+        "plugin": row[0],
+        "active": row[1],
+        "confirmed_flush_lsn": row[2],
+        "restart_lsn": row[3],
+        "wal_status": row[4],
+        "current_wal_lsn": row[5],
+        "retained_wal_bytes": int(row[6] or 0),
+        "unconfirmed_bytes": int(row[7] or 0),
+    }

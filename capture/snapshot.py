@@ -1,0 +1,176 @@
+"""The snapshot source: decides whether a snapshot is due, creates the slot, and reads every captured table.
+
+Modes (``initial`` when no position is stored yet, ``always``, ``when_needed`` when the
+position or the slot is unusable, ``never``): the slot is created with an exported
+snapshot; every captured table is read in that snapshot (``REPEATABLE READ``, ``SET
+TRANSACTION SNAPSHOT``, a server-side cursor, values as text converted like the
+stream's) and emitted as ``op=r`` events inside **one** log transaction that ends with
+the position "snapshot done at the slot's consistent point". Events are appended in
+chunks as they are read (memory stays O(chunk)); nothing is visible until the commit.
+
+A crash during the snapshot leaves that transaction open: the next start aborts it
+(read_committed consumers never see a partial snapshot), drops the slot the interrupted
+snapshot created, and starts over — the position "snapshot under way" is committed in a
+small transaction *before* the slot exists, so the next start knows the slot is ours.
+
+Outbox rows already in the table are routed in key (id) order; a snapshot taken again
+(``always``, ``when_needed``) skips the events the key state says are routed already
+(the highest version per stream: versions of one stream commit in order).
+
+Thread-safety: none; run by the connector thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+import psycopg
+
+from capture.config import CaptureConfig, SnapshotMode
+from capture.errors import SlotLostError
+from capture.events import EventBuilder, TxnContext
+from capture.messages import Column
+from capture.offsets import OffsetContext
+from capture.pgtypes import SESSION_OPTIONS
+from capture.replication import ReplicationConnection
+from capture.slots import SlotState, drop_slot
+from capture.status import Stats
+from capture.tables import TableCatalog, TableInfo, result_rows, select_columns_sql
+from capture.writer import LogWriter
+from eventstore.errors import ConfigError
+from eventstore.topic import now_ms
+from schemas.position import format_lsn
+
+log = logging.getLogger("capture.connector")
+
+SNAPSHOT_FETCH_ROWS = 5_000
+
+
+class SnapshotStopped(Exception):
+    """``stop()`` was called during the snapshot: its transaction is aborted, the next start takes it again."""
+
+
+@dataclass(slots=True)
+class SnapshotSource:
+    config: CaptureConfig
+    catalog: TableCatalog
+    builder: EventBuilder
+    writer: LogWriter
+    offsets: OffsetContext
+    stats: Stats
+    stop: threading.Event
+
+    def prepare(self, repl: ReplicationConnection, slot: SlotState | None) -> int:
+        """Create the slot and snapshot as the mode says; return where streaming starts (0: the slot's position)."""
+        mode = self.config.snapshot
+        name = self.config.slot
+        pos = self.offsets.stored
+        lost = slot is not None and slot.lost
+        if slot is not None and slot.plugin != self.config.plugin.value:
+            raise ConfigError(f"slot {name} uses plugin {slot.plugin}, not {self.config.plugin.value}")
+        interrupted = self.offsets.snapshot_interrupted
+        if slot is not None and pos is not None and not interrupted and not lost and mode is not SnapshotMode.ALWAYS:
+            return 0  # the server resumes at the slot's confirmed position; we skip what is stored
+        if slot is not None and pos is None and mode is SnapshotMode.INITIAL:
+            raise ConfigError(
+                f"slot {name} exists but this connector stored no position: stream it without a "
+                "snapshot (--snapshot never), take a new one (--snapshot when_needed), or drop the slot"
+            )
+        needs_snapshot = (
+            mode is SnapshotMode.ALWAYS
+            or interrupted
+            or (pos is None and mode in (SnapshotMode.INITIAL, SnapshotMode.WHEN_NEEDED))
+            or (mode is SnapshotMode.WHEN_NEEDED and (slot is None or lost))
+        )
+        if pos is not None and not interrupted and (slot is None or lost) and mode is not SnapshotMode.WHEN_NEEDED:
+            what = "is missing" if slot is None else "lost the WAL after the stored position"
+            raise SlotLostError(
+                f"slot {name} {what} (stored position {format_lsn(pos.commit_lsn)}): changes since then "
+                "cannot be streamed; restart with --snapshot when_needed to take a new snapshot"
+            )
+        if not needs_snapshot:
+            if slot is None:
+                repl.create_slot(name, self.config.plugin, export_snapshot=False)
+                log.info("capture: created slot %s (no snapshot)", name)
+            return 0
+        # Remember that a snapshot is under way (its own small transaction) *before* the slot
+        # exists: if anything from here on is interrupted, the next start knows the slot is
+        # ours to drop and re-create, and that the snapshot must be taken again.
+        if pos is None or pos.snapshot_done:
+            log.info("capture: storing 'snapshot under way' before creating slot %s", name)
+            self.writer.begin()
+            self.offsets.snapshot_started()
+            self._commit()
+        if slot is not None:
+            log.warning("capture: dropping slot %s to take a consistent snapshot (%s)", name, mode.value)
+            drop_slot(self.config.dsn, name)
+        created = repl.create_slot(name, self.config.plugin, export_snapshot=True)
+        assert created.snapshot_name is not None
+        self.run(created.snapshot_name, created.consistent_point)
+        return created.consistent_point
+
+    def _commit(self) -> None:
+        position = self.offsets.take_pending()
+        self.writer.commit(position)
+        self.offsets.committed(position)
+        self.stats.batch_stored(None if position is None else position.commit_lsn)
+
+    def run(self, snapshot_name: str, consistent_point: int) -> None:
+        """Every captured table in the exported snapshot, in one log transaction."""
+        tables = self.catalog.load()
+        ctx = TxnContext(None, consistent_point, now_ms(), snapshot="true")
+        index = 0
+        held: tuple[TableInfo, list[Column], int] | None = None  # the latest read, emitted when the next one comes
+        self.writer.begin()
+        # Values are read uncast in text format: the type's output function, as wal2json prints
+        # it (``::text`` differs: char(n) padding, inet netmasks), under the same session settings.
+        with psycopg.connect(self.config.dsn, options=SESSION_OPTIONS) as c:
+            c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            c.execute(f"SET TRANSACTION SNAPSHOT '{snapshot_name}'")
+            for t_i, table in enumerate(tables):
+                outbox = table.qualified == self.config.outbox_table
+                select = select_columns_sql(table)
+                if outbox:
+                    select += " ORDER BY " + ", ".join(f'"{k}"' for k in table.key)
+                else:
+                    self.writer.ensure_table_topic(table, self.builder.topic(table))
+                cursor = f"tideline_snapshot_{t_i}"
+                c.execute(f"DECLARE {cursor} NO SCROLL CURSOR FOR {select}".encode())
+                while True:
+                    res = c.execute(f"FETCH {SNAPSHOT_FETCH_ROWS} FROM {cursor}".encode()).pgresult
+                    if res is None or res.ntuples == 0:
+                        break
+                    for columns in result_rows(res, table):
+                        if outbox:
+                            self._route_outbox(table, columns, ctx, index)
+                        else:
+                            if held is not None:  # one read held back: the last one says snapshot "last"
+                                self.writer.add(self.builder.snapshot_read(held[0], held[1], ctx, held[2], now_ms()))
+                            held = (table, columns, index)
+                        index += 1
+                        self.stats.snapshot_rows += 1
+                    if self.writer.full:
+                        self.writer.send_pending()  # appended, not committed: one transaction for all
+                    if self.stop.is_set():
+                        raise SnapshotStopped("stopped during the snapshot")
+            if held is not None:
+                last = TxnContext(None, consistent_point, ctx.ts_ms, snapshot="last")
+                self.writer.add(self.builder.snapshot_read(held[0], held[1], last, held[2], now_ms()))
+            log.info("capture: snapshot of %d tables, %d rows", len(tables), index)
+        self.offsets.snapshot_done(consistent_point)
+        self._commit()
+
+    def _route_outbox(self, table: TableInfo, columns: list[Column], ctx: TxnContext, index: int) -> None:
+        """An event already in the outbox table: routed once (a new snapshot skips what is routed)."""
+        image = {col.name: col.value for col in columns}
+        event = self.builder.outbox(table, self.config.outbox_topic_prefix, image, ctx, index)
+        self.writer.ensure_outbox_topic(event.topic)
+        assert event.key is not None
+        version = int(image["version"])
+        routed = self.writer.keystate.routed_version(event.topic, event.key)
+        if routed is not None and version <= routed:
+            return  # routed before (a new snapshot): the events topics keep every fact once
+        self.writer.keystate.route(event.topic, event.key, version)
+        self.writer.add(event)

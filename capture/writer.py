@@ -1,0 +1,199 @@
+"""The connector's open log transaction: events waiting for the sink, their position, and the key state.
+
+Sources (snapshot, streaming) add events here as they build them; the writer keeps them
+per topic in order, creates topics on first sight (and brings the key state of a topic
+that already has data up to date before anything new is written to it), and on
+:meth:`LogWriter.commit` hands the whole batch plus the position record to the sink in
+one atomic commit, then commits the key state with the offsets the sink reported.
+
+Memory is O(batch): :meth:`LogWriter.send_pending` appends what is buffered without
+committing (a snapshot, a TRUNCATE's tombstones, a huge source transaction), and the
+key state flushes its own buffer into its open SQLite transaction.
+
+Thread-safety: none; owned by the connector thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from capture.config import CaptureConfig
+from capture.converters import ValueConverter
+from capture.events import TOAST_MIN_ROW_BYTES, Event, ToastCache
+from capture.keystate import OUTBOX_TOPIC, TABLE_TOPIC, Change, KeyState
+from capture.sinks import Sink, TopicRecords, TopicSpec
+from capture.tables import TableInfo
+from schemas.position import POSITIONS_TOPIC, SourcePosition, connector_key
+
+log = logging.getLogger("capture.writer")
+
+RECORD_OVERHEAD = 24  # rough bytes per record beyond key and value, for batch sizing
+
+
+class LogWriter:
+    """Batches events into log transactions through a :class:`capture.sinks.Sink`."""
+
+    def __init__(self, config: CaptureConfig, sink: Sink, keystate: KeyState, converter: ValueConverter) -> None:
+        self.config = config
+        self.sink = sink
+        self.keystate = keystate
+        self.converter = converter
+        self.position_key = connector_key(config.topic_prefix, config.slot)
+        self._records: dict[str, TopicRecords] = {}
+        self._tables_by_topic: dict[str, TableInfo] = {}
+        self._known: set[str] = set()
+        self._written: dict[tuple[str, int], int] = {}
+        self.in_txn = False
+        self.bytes = 0
+        self.events = 0
+        self.started = 0.0
+        self.commits = 0
+
+    # ------------------------------------------------------------------ topics
+
+    def ensure_positions_topic(self) -> None:
+        self._ensure(POSITIONS_TOPIC, TopicSpec(compact=True, partitions=1))
+
+    def ensure_table_topic(self, table: TableInfo, topic: str) -> None:
+        """A table's topic: compacted when the table has a key, delete-policy when it is keyless."""
+        if topic in self._known:
+            return
+        spec = TopicSpec(compact=not table.keyless, partitions=self.config.partitions, keyless=table.keyless)
+        self._ensure(topic, spec)
+        if not table.keyless:
+            self._tables_by_topic[topic] = table
+            self._track(topic, TABLE_TOPIC)
+
+    def ensure_outbox_topic(self, topic: str) -> None:
+        """An events topic of outbox routing: facts, never compacted, kept forever."""
+        if topic in self._known:
+            return
+        spec = TopicSpec(compact=False, partitions=self.config.partitions, overrides={"retention_ms": "-1"})
+        self._ensure(topic, spec)
+        self._track(topic, OUTBOX_TOPIC)
+
+    def ensure_topic(self, topic: str, *, compact: bool) -> None:
+        """A connector topic that has no key state (transaction metadata, logical messages)."""
+        if topic not in self._known:
+            self._ensure(topic, TopicSpec(compact=compact, partitions=self.config.partitions))
+
+    def _ensure(self, topic: str, spec: TopicSpec) -> None:
+        self.sink.ensure_topic(topic, spec)
+        self._known.add(topic)
+
+    def _track(self, topic: str, kind: str) -> None:
+        self.keystate.track(topic, kind, self.sink.topic_incarnation(topic))
+        self.keystate.catch_up(self.sink, topic, self.interpret)
+
+    def catch_up_tracked(self, tables: Iterable[TableInfo], topic_of: Any) -> None:
+        """At start: bring the key state of every known topic up to the log (only what was appended since)."""
+        for table in tables:
+            if not table.keyless:
+                self._tables_by_topic.setdefault(topic_of(table), table)
+        for topic, kind in self.keystate.tracked().items():
+            if self.sink.topic_incarnation(topic) is None:
+                continue  # deleted from the log: tracked again (from empty) when it is created
+            self.keystate.track(topic, kind, self.sink.topic_incarnation(topic))
+            self.keystate.catch_up(self.sink, topic, self.interpret)
+
+    def interpret(self, topic: str, key: bytes | None, value: bytes | None) -> Change:
+        """What a stored record says about its key (capture.keystate's catch-up)."""
+        if key is None:
+            return None
+        if value is None:
+            return ("delete", None)
+        table = self._tables_by_topic.get(topic)
+        if table is None:  # an outbox events topic (or a table not captured any more: liveness only)
+            if topic.startswith(f"{self.config.outbox_topic_prefix}."):
+                version = orjson.loads(value).get("version")
+                return ("route", int(version)) if isinstance(version, int) else None
+            op = orjson.loads(value).get("op") if value[:1] == b"{" else "u"
+            return ("delete", None) if op == "d" else (None if op == "t" else ("put", None))
+        op, after = self.converter.read_change(table, value)
+        if op == "d":
+            return ("delete", None)
+        if op == "t":
+            return None  # the tombstones that follow it remove the keys
+        values = {c: after[c] for c in table.toastable_columns if c in after} if after else {}
+        return ("put", values if values and ToastCache.size_of(values) >= TOAST_MIN_ROW_BYTES else None)
+
+    # ------------------------------------------------------------------ the batch
+
+    def begin(self) -> None:
+        if not self.in_txn:
+            self.sink.begin()
+            self.keystate.begin()
+            self.in_txn = True
+
+    def add(self, event: Event) -> None:
+        if not self.in_txn:
+            self.begin()
+        if not self.events:
+            self.started = time.monotonic()
+        records = self._records.get(event.topic)
+        if records is None:
+            records = self._records[event.topic] = TopicRecords()
+        if event.headers is not None and records.headers is None:
+            records.headers = [None] * len(records.values)
+        records.keys.append(event.key)
+        records.values.append(event.value)
+        if records.headers is not None:
+            records.headers.append(event.headers)
+        self.bytes += (len(event.key) if event.key else 0) + (len(event.value) if event.value else 0) + RECORD_OVERHEAD
+        self.events += 1
+
+    @property
+    def full(self) -> bool:
+        """The batch holds ``batch_bytes`` or ``batch_events``: time to append it (or commit it)."""
+        return self.bytes >= self.config.batch_bytes or self.events >= self.config.batch_events
+
+    def age_ms(self) -> float:
+        return (time.monotonic() - self.started) * 1000 if self.events else 0.0
+
+    def pending(self, topic: str) -> TopicRecords | None:
+        return self._records.get(topic)
+
+    def send_pending(self) -> None:
+        """Append the buffered events inside the open transaction (not committed: memory stays bounded)."""
+        if self._records:
+            for tp, end in self.sink.append(self._records).items():
+                self._written[tp] = max(end, self._written.get(tp, 0))
+            self._records = {}
+        self.bytes = self.events = 0
+
+    def commit(self, position: SourcePosition | None) -> bool:
+        """Append the batch and its position and commit, durably; then the key state. False: nothing open."""
+        if not self.in_txn:
+            return False
+        self.send_pending()
+        self.sink.commit(POSITIONS_TOPIC, self.position_key, None if position is None else position.to_json())
+        self.in_txn = False
+        self.keystate.commit(self._written)
+        self._written = {}
+        self.commits += 1
+        return True
+
+    def abort(self) -> None:
+        """Forget the open transaction (the sink aborts it; a failed abort is left to the next start)."""
+        self._records = {}
+        self.bytes = self.events = 0
+        self._written = {}
+        self.keystate.abort()
+        if self.in_txn:
+            self.in_txn = False
+            try:
+                self.sink.abort()
+            except Exception as e:  # the producer may be fenced or the log gone: the next open aborts it
+                log.warning("capture: abort after failure failed (%s); the next start aborts it", e)
+
+    # ------------------------------------------------------------------ the stored position
+
+    def read_position(self) -> SourcePosition | None:
+        """The last committed position of this connector (read_committed), None if none."""
+        raw = self.sink.read_last(POSITIONS_TOPIC, 0, self.position_key)
+        return None if raw is None else SourcePosition.from_json(raw)
