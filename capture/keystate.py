@@ -125,8 +125,6 @@ class KeyState:
                 db.execute("INSERT INTO meta VALUES ('format_version', ?)", (FORMAT_VERSION,))
             elif row[0] != FORMAT_VERSION:
                 raise KeyStateError(f"format version {row[0]}, expected {FORMAT_VERSION}")
-            if db.execute("PRAGMA quick_check").fetchone() != ("ok",):
-                raise KeyStateError("SQLite quick_check failed")
         except BaseException:
             db.close()
             raise
@@ -250,6 +248,8 @@ class KeyState:
         if self._in_txn:
             self.db.execute("ROLLBACK")
             self._in_txn = False
+            # a topic first tracked inside the transaction is not tracked any more
+            self._ids = {row[1]: row[0] for row in self.db.execute("SELECT id, name FROM topics")}
 
     # ------------------------------------------------------------------ lookups (see buffered writes)
 

@@ -40,7 +40,7 @@ class Plugin(enum.Enum):
 
     @property
     def implemented(self) -> bool:
-        return self.capabilities.implemented
+        return self.capabilities.decoder is not None
 
     def decoder(self) -> Decoder:
         """A fresh decoder for one replication stream of this plugin (capture.decoders)."""
@@ -53,7 +53,7 @@ class Plugin(enum.Enum):
 class Capabilities:
     """What a plugin's stream carries (drives fallbacks in the rest of capture)."""
 
-    implemented: bool  # capture.decoders has a decoder for it
+    decoder: str | None  # "module:Class" of its decoder in capture.decoders (None: not implemented yet)
     marks_unchanged_toast: bool  # pgoutput marks them 'u'; wal2json omits the column
     numeric_nan_distinct: bool  # wal2json renders numeric/real/double NaN and ±Infinity as JSON null
     needs_publication: bool  # pgoutput streams only tables of a publication
@@ -63,7 +63,7 @@ class Capabilities:
 
 _CAPABILITIES = {
     Plugin.WAL2JSON: Capabilities(
-        implemented=True,
+        decoder="capture.decoders.wal2json:Wal2JsonDecoder",
         marks_unchanged_toast=False,
         numeric_nan_distinct=False,
         needs_publication=False,
@@ -71,7 +71,7 @@ _CAPABILITIES = {
         emits_primary_key=True,
     ),
     Plugin.PGOUTPUT: Capabilities(
-        implemented=False,
+        decoder=None,
         marks_unchanged_toast=True,
         numeric_nan_distinct=True,
         needs_publication=True,

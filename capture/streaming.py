@@ -67,18 +67,18 @@ class StreamingSource:
                 self._confirm(repl)
                 return
             linger_left = self.config.linger_ms - writer.age_ms()
-            timeout = max(0.001, linger_left / 1000) if writer.events else 0.1
+            timeout = max(0.001, linger_left / 1000) if writer.in_txn else 0.1
             msg = repl.read(timeout)
-            if msg is None and target is not None and ctx is None and not writer.events:
+            if msg is None and target is not None and ctx is None and not writer.in_txn:
                 repl.send_status(confirmed, reply=True)  # ask for a keepalive: how far is the server?
             if msg is None or isinstance(msg, Keepalive):
-                if writer.events and ctx is None and (msg is None or self._batch_due(repl)):
+                if writer.in_txn and ctx is None and (msg is None or self._batch_due(repl)):
                     # idle (a read timed out) or the batch is due. A keepalive alone is no sign
                     # of idleness: under load the server sends one after nearly every transaction.
                     self._commit()
                 if isinstance(msg, Keepalive):
                     self.stats.server_wal_end = max(self.stats.server_wal_end, msg.wal_end)
-                    if ctx is None and not writer.events and not writer.in_txn:
+                    if ctx is None and not writer.in_txn:
                         confirmed = max(confirmed, self._confirm(repl), msg.wal_end)
                         repl.send_status(confirmed)
                         if target is not None and msg.wal_end >= target:
@@ -133,7 +133,7 @@ class StreamingSource:
                 self.offsets.event_stored(ctx.commit_lsn, i)
                 if writer.full:
                     self._commit()  # mid-transaction: bounded memory; the position says how far
-            if writer.events and (writer.full or (ctx is None and self._batch_due(repl))):
+            if writer.in_txn and (writer.full or (ctx is None and self._batch_due(repl))):
                 self._commit()
                 confirmed = max(confirmed, self._confirm(repl))
 

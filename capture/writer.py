@@ -48,8 +48,8 @@ class LogWriter:
         self._tables_by_topic: dict[str, TableInfo] = {}
         self._known: set[str] = set()
         self._written: dict[tuple[str, int], int] = {}
-        self.in_txn = False
-        self.bytes = 0
+        self.in_txn = False  # a transaction is open: events buffered or appended, not committed
+        self.bytes = 0  # buffered since the last append
         self.events = 0
         self.started = 0.0
         self.commits = 0
@@ -129,12 +129,11 @@ class LogWriter:
             self.sink.begin()
             self.keystate.begin()
             self.in_txn = True
+            self.started = time.monotonic()
 
     def add(self, event: Event) -> None:
         if not self.in_txn:
             self.begin()
-        if not self.events:
-            self.started = time.monotonic()
         records = self._records.get(event.topic)
         if records is None:
             records = self._records[event.topic] = TopicRecords()
@@ -153,7 +152,8 @@ class LogWriter:
         return self.bytes >= self.config.batch_bytes or self.events >= self.config.batch_events
 
     def age_ms(self) -> float:
-        return (time.monotonic() - self.started) * 1000 if self.events else 0.0
+        """How long the open transaction has been open (0 when none is)."""
+        return (time.monotonic() - self.started) * 1000 if self.in_txn else 0.0
 
     def pending(self, topic: str) -> TopicRecords | None:
         return self._records.get(topic)
@@ -184,6 +184,7 @@ class LogWriter:
         self.bytes = self.events = 0
         self._written = {}
         self.keystate.abort()
+        self._known.clear()  # topics first tracked in the aborted transaction are tracked again on next sight
         if self.in_txn:
             self.in_txn = False
             try:

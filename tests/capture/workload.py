@@ -486,7 +486,7 @@ class Workload:
         ],
         "wl_pairs": ["amount = amount + 1", "meta = meta || '[\"tail\"]'", "note = note || '!'"],
         "wl_events": ["ok = NOT ok", "amount = -amount", "attrs = attrs || '{\"z\": null}'"],
-        ODD: ["n = n + 1", "label = label || ' ünï'"],
+        ODD: ["n = n / 2", "label = label || ' ünï'"],
     }  # fmt: skip
 
     def _update_expression(self, c: psycopg.Connection[Any], table: str) -> None:
