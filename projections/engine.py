@@ -15,6 +15,10 @@ write path because the fold views' rows (the bulk of a rebuild) are produced in 
 the executors and written from there, where JDBC would need them converted back into a JVM
 DataFrame; and executors then need no JDBC jar.
 
+**Writes are attempt-aware**: executors COPY into staging tables, every row tagged with the
+task attempt that wrote it, and report ``(partition, task_attempt, count)``; only the rows
+of the attempts Spark hands to the driver are kept (:mod:`projections.attempts`).
+
 Every function Spark ships to executors is a module-level function of this module (or a
 :func:`functools.partial` of one) and finds the view by ``(catalog module, view name)``,
 so workers import exactly the declarations the driver used.

@@ -2,17 +2,21 @@
 
 1. Sample the capture position and fix the offsets to read to (a consistent cut of the
    log's transactions; :mod:`projections.consistency`).
-2. Spark batch read (``format("tideline")``, read_committed) up to those offsets; values
-   parsed with ``from_json``.
-3. Compute the view and COPY it from the partitions into a *shadow* table (a copy of the
-   view's table made with ``LIKE … INCLUDING ALL``), or, for views whose table is shared
-   (``snapshots``, ``cdc_mirror``), into an unlogged staging table. Fold views: events
-   repartitioned by stream id, sorted by version within partitions, folded per stream on
-   the executors with the aggregate's ``apply`` (their states go to a staging table too).
-4. One Postgres transaction: swap the shadow in (drop the old table, rename the shadow,
-   rename its constraints and indexes to the canonical names) — or merge the staging
-   table into the shared one — replace the projection's states, set the projection's
-   checkpoints to the offsets read, record the run and the reached LSN.
+2. Spark batch read (``format("tideline")``, read_committed) up to those offsets.
+3. Compute the view on the executors and COPY its rows — and a fold's states — into
+   unlogged **staging tables** tagged with the task attempt that wrote them
+   (:mod:`projections.attempts`). Fold views: one task per log partition
+   (``wholePartitions``: a stream lives in one partition), records sorted by key and
+   offset within it — no shuffle — and folded per stream with the aggregate's ``apply``.
+   Count views and mirrors: Spark computes the rows; each partition COPYs its own.
+4. One Postgres transaction: delete the rows of every task attempt Spark did not keep
+   (a retried or speculative task wrote twice); build a shadow of the view's table
+   (``LIKE … INCLUDING ALL``) from the staged rows and swap it in (drop the old table,
+   rename the shadow, its constraints and indexes to the canonical names) — or merge the
+   staged rows into the shared table (``snapshots``, ``cdc_mirror``) — replace the
+   projection's states, set the projection's checkpoints to the offsets read, record the
+   run and the reached LSN.
+5. Drop the staging tables (also when the rebuild failed).
 
 Readers see the old view until that commit and the whole new one after it; a crash before
 it leaves the view and its checkpoints as they were (the next rebuild drops the leftovers).

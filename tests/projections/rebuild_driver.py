@@ -5,9 +5,9 @@ SparkContext starts (the test session already has a plain local one).
 Usage: ``python rebuild_driver.py MASTER LOG_DIR DSN FAULT VIEW…`` — FAULT is a value of
 :data:`projections.attempts.FAULT_PROPERTY` (``fail:0``, ``straggle:20:0``). Rebuilds each
 view with the fault injected into its jobs and prints one JSON object per view: its name,
-the rows after the rebuild, and how many task attempts failed or were speculative copies
-in the view's jobs, and the staged rows the rebuild discarded as written by attempts Spark
-did not keep (proof that a second attempt really wrote).
+the rows after the rebuild, the tasks of the view's jobs and how many attempts failed, and
+the staged rows the rebuild discarded as written by attempts Spark did not keep (proof
+that a second attempt really wrote).
 """
 
 from __future__ import annotations
@@ -62,11 +62,9 @@ def main(master: str, log_dir: str, dsn: str, fault: str, *views: str) -> None:
             stages = [s for j in tracker.getJobIdsForGroup(name) for s in (tracker.getJobInfo(j) or ()).stageIds]
             infos = [tracker.getStageInfo(s) for s in stages]
             tasks = sum(i.numTasks for i in infos if i is not None)
-            attempts = sum(i.numCompletedTasks + i.numFailedTasks for i in infos if i is not None)
             failed = sum(i.numFailedTasks for i in infos if i is not None)
             out = {"view": name, "events": result.events, "rows": result.rows, "discarded": result.discarded}
             out |= {"tasks": tasks, "failed": failed}
-            out["extra_attempts"] = attempts - tasks
             print(json.dumps(out), flush=True)
     finally:
         spark.stop()
