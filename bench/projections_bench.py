@@ -214,6 +214,7 @@ def start_spark() -> SparkSession:
 
 def run(ctx: Context, section: Section) -> None:
     n = QUICK_EVENTS if ctx.quick else FULL_EVENTS
+    load_before = os.getloadavg()[0]
     spark = start_spark()
     pg = LocalPostgres(ctx.workdir / "pg", fast=True)
     pg.start()
@@ -223,6 +224,10 @@ def run(ctx: Context, section: Section) -> None:
     finally:
         spark.stop()
         pg.stop()
+    section.notes.append(
+        f"Load average (1 min) at the start and the end of this section: {load_before:.1f} and "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (other jobs on the machine slow both sources, not evenly)."
+    )
     section.notes.append(
         f"Spark local[2], driver memory 1.5 GiB, shuffle partitions 4 ({PARTITIONS} topic partitions, "
         f"segment_bytes {SEGMENT_BYTES >> 20} MiB); Parquet: the same records in the source's columns, "
