@@ -262,6 +262,11 @@ def test_rebuild_refuses_an_outbox_record_keyed_by_another_stream(spark: SparkSe
     with pytest.raises(Exception, match="has key b'reservation-r2', not its stream id"):
         rebuild(spark, VIEWS, "seats", log_dir=log_dir, dsn=db)
     assert view_rows(db, VIEWS["seats"]) == []
+    with psycopg.connect(db) as conn:  # the failed rebuild left no staging (or shadow) table
+        left = conn.execute(
+            r"SELECT relname FROM pg_class WHERE relname LIKE '%\_\_staging' OR relname LIKE '%\_\_shadow'"
+        ).fetchall()
+    assert left == []
 
 
 def test_rebuild_folds_a_stream_split_over_two_partitions(spark: SparkSession, db: str, tmp_path: Path) -> None:
