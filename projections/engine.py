@@ -15,6 +15,10 @@ write path because the fold views' rows (the bulk of a rebuild) are produced in 
 the executors and written from there, where JDBC would need them converted back into a JVM
 DataFrame; and executors then need no JDBC jar.
 
+**Writes are attempt-aware**: executors COPY into staging tables, every row tagged with the
+task attempt that wrote it, and report ``(partition, task_attempt, count)``; only the rows
+of the attempts Spark hands to the driver are kept (:mod:`projections.attempts`).
+
 Every function Spark ships to executors is a module-level function of this module (or a
 :func:`functools.partial` of one) and finds the view by ``(catalog module, view name)``,
 so workers import exactly the declarations the driver used.
@@ -38,7 +42,7 @@ from pyspark.sql.types import TimestampType
 
 from commands.codec import from_json, to_json
 from eventstore.errors import ConfigError
-from projections import store
+from projections import attempts, store
 from projections.datasource import register
 from projections.views import (
     CDC_VALUE_SCHEMA,
@@ -55,6 +59,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 STATE_COLUMNS = ("projection", "stream_id", "version", "commit_lsn", "state")
+FOLD_OUTPUT = "partition int, task_attempt long, events long"  # one row per fold task: the attempt and its events
+FLUSH_STATES = 10_000  # a fold task commits its staged rows every this many streams
 EVENT_COLUMNS = (
     "stream_id",
     "stream_type",
@@ -190,14 +196,17 @@ def fold_batches(
 ) -> Iterator[Any]:
     """Executor side of a fold rebuild (``mapInArrow``): records ``key, value`` sorted by key
     (a stream's records are contiguous, batches may split them) → each stream folded, its
-    view rows COPYed into ``rows_table`` and its state into ``state_table``; yields one
-    batch ``events`` with the number of events folded.
+    view rows COPYed into the staging table ``rows_table`` and its state into ``state_table``,
+    tagged with this task's attempt (:mod:`projections.attempts`); yields one batch
+    ``partition, task_attempt, events`` (:data:`FOLD_OUTPUT`): the driver keeps the rows of
+    the attempts whose batch reaches it.
 
     Values are parsed here with orjson, not by Spark: ``from_json`` of the whole outbox
     value cost more than everything else of the read, and the stream id is the record key.
     """
     import pyarrow as pa
 
+    partition, attempt = attempts.current()
     view = view_in(load_catalog(catalog_module), view_name)
     events = 0
     view_rows: list[Row] = []
@@ -218,8 +227,8 @@ def fold_batches(
                 if key != current_key and current:
                     events += fold_current()
                     current = []
-                    if len(states) >= 10_000:
-                        _flush(conn, view, rows_table, state_table, view_rows, states)
+                    if len(states) >= FLUSH_STATES:
+                        _flush(conn, view, rows_table, state_table, view_rows, states, attempt)
                 event = StoredEvent.from_value(value)
                 if key != event.stream_id.encode():  # streams are grouped by key: a mis-keyed record would mix two
                     raise ConfigError(f"outbox record of stream {event.stream_id!r} has key {key!r}, not its stream id")
@@ -227,17 +236,27 @@ def fold_batches(
                 current.append(event)
         if current:
             events += fold_current()
-        _flush(conn, view, rows_table, state_table, view_rows, states)
-    yield pa.RecordBatch.from_pydict({"events": [events]}, schema=pa.schema([("events", pa.int64())]))
+        _flush(conn, view, rows_table, state_table, view_rows, states, attempt)
+    attempts.inject_fault()
+    yield pa.RecordBatch.from_pydict(
+        {"partition": [partition], "task_attempt": [attempt], "events": [events]},
+        schema=pa.schema([("partition", pa.int32()), ("task_attempt", pa.int64()), ("events", pa.int64())]),
+    )
 
 
 def _flush(
-    conn: store.Conn, view: FoldView, rows_table: str, state_table: str, rows: list[Row], states: list[Row]
+    conn: store.Conn,
+    view: FoldView,
+    rows_table: str,
+    state_table: str,
+    rows: list[Row],
+    states: list[Row],
+    attempt: int,
 ) -> None:
     from projections.views import columns_of
 
-    store.copy_rows(conn, rows_table, columns_of(view), rows)
-    store.copy_rows(conn, state_table, STATE_COLUMNS, states)
+    store.copy_rows(conn, rows_table, (*columns_of(view), attempts.ATTEMPT_COLUMN), attempts.tagged(rows, attempt))
+    store.copy_rows(conn, state_table, (*STATE_COLUMNS, attempts.ATTEMPT_COLUMN), attempts.tagged(states, attempt))
     conn.commit()
     rows.clear()
     states.clear()
@@ -245,23 +264,27 @@ def _flush(
 
 def copy_partition(
     dsn: str, table: str, columns: Sequence[str], timestamps: Sequence[bool], rows: Iterable[Any]
-) -> Iterator[int]:
-    """Executor side of a frame write: COPY this partition's rows into ``table``; yields the count."""
+) -> Iterator[tuple[int, int, int]]:
+    """Executor side of a frame write: COPY this partition's rows into the staging table
+    ``table``, tagged with this task's attempt; yields ``(partition, task_attempt, rows)``."""
+    partition, attempt = attempts.current()
 
     def convert(row: Any) -> list[Any]:
-        return [from_micros(v) if ts else v for v, ts in zip(row, timestamps, strict=True)]
+        return [*(from_micros(v) if ts else v for v, ts in zip(row, timestamps, strict=True)), attempt]
 
     with psycopg.connect(dsn) as conn:
-        n = store.copy_rows(conn, table, columns, (convert(r) for r in rows))
+        n = store.copy_rows(conn, table, (*columns, attempts.ATTEMPT_COLUMN), (convert(r) for r in rows))
         conn.commit()
-    yield n
+    attempts.inject_fault()
+    yield partition, attempt, n
 
 
-def write_frame(df: DataFrame, dsn: str, table: str) -> int:
-    """COPY a DataFrame (columns named as ``table``'s) from its partitions; the rows written."""
+def write_frame(df: DataFrame, dsn: str, table: str) -> list[attempts.TaskOutput]:
+    """COPY a DataFrame (columns named as ``table``'s) from its partitions into the staging
+    table ``table``; what each partition's kept attempt wrote."""
     timestamps = [isinstance(f.dataType, TimestampType) for f in df.schema.fields]
     job = functools.partial(copy_partition, dsn, table, list(df.columns), timestamps)
-    return int(python_rows(df).rdd.mapPartitions(job).sum())
+    return [attempts.TaskOutput(*out) for out in python_rows(df).rdd.mapPartitions(job).collect()]
 
 
 def view_in(catalog: ViewCatalog, name: str) -> FoldView:

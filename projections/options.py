@@ -41,6 +41,7 @@ OPTION_MAX_OFFSETS_PER_PARTITION = "maxoffsetsperpartition"
 OPTION_MAX_RECORDS_PER_TRIGGER = "maxrecordspertrigger"
 OPTION_BATCH_ROWS = "batchrows"
 OPTION_DECODE_AVRO = "decodeavro"
+OPTION_WHOLE_PARTITIONS = "wholepartitions"
 
 KNOWN_OPTIONS = frozenset(
     {
@@ -58,6 +59,7 @@ KNOWN_OPTIONS = frozenset(
         OPTION_MAX_RECORDS_PER_TRIGGER,
         OPTION_BATCH_ROWS,
         OPTION_DECODE_AVRO,
+        OPTION_WHOLE_PARTITIONS,
     }
 )
 
@@ -126,6 +128,7 @@ class SourceOptions:
     max_records_per_trigger: int | None = None
     batch_rows: int = DEFAULT_BATCH_ROWS
     decode_avro: bool = False  # Confluent-framed Avro keys/values → capture's JSON, through the log's registry
+    whole_partitions: bool = False  # one Spark partition per log partition, all of its range, in offset order
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool = False) -> SourceOptions:
@@ -157,6 +160,12 @@ class SourceOptions:
             stray = sorted(set(spec.offsets) - set(topics))
             if stray:
                 raise ConfigError(f"offsets given for topic(s) not read: {', '.join(stray)}")
+        whole = _bool(opts, OPTION_WHOLE_PARTITIONS, default=False)
+        if whole and (OPTION_MIN_PARTITIONS in opts or OPTION_MAX_OFFSETS_PER_PARTITION in opts):
+            raise ConfigError(
+                "wholePartitions reads each log partition as one Spark partition: "
+                "it cannot be combined with minPartitions or maxOffsetsPerPartition"
+            )
         max_per_trigger = _positive_int(opts, OPTION_MAX_RECORDS_PER_TRIGGER)
         if max_per_trigger is not None and not streaming:
             raise ConfigError("maxRecordsPerTrigger is for streaming reads only")
@@ -175,6 +184,7 @@ class SourceOptions:
             max_records_per_trigger=max_per_trigger,
             batch_rows=_positive_int(opts, OPTION_BATCH_ROWS) or DEFAULT_BATCH_ROWS,
             decode_avro=_bool(opts, OPTION_DECODE_AVRO, default=False),
+            whole_partitions=whole,
         )
 
 

@@ -12,7 +12,8 @@ offset is the *next* offset to read).
 An :class:`OffsetRange` is half-open: ``start ≤ offset < end``. Invariants of a plan:
 every range lies inside one segment (``base_i ≤ start < end ≤ base_{i+1}``), holds at
 most ``max_offsets_per_partition`` offsets, and the ranges of a partition are disjoint
-and cover ``[start, end)`` exactly.
+and cover ``[start, end)`` exactly. With ``wholePartitions`` the first two do not hold: one
+range per partition, ``[start, end)`` itself, across its segments.
 
 Thread-safety: functions only; :class:`LogPlanner` holds one ``Log`` and is as
 thread-safe as it (``Log`` is).
@@ -150,7 +151,8 @@ class LogPlanner:
         return earliest
 
     def plan(self, starts: PartitionOffsets, ends: PartitionOffsets) -> list[OffsetRange]:
-        """The ranges to read between two positions, one or more per segment.
+        """The ranges to read between two positions, one or more per segment (one per
+        partition with ``wholePartitions``: such a range may span segments).
 
         A partition missing from ``starts`` starts at its earliest offset (a topic
         created after the position was taken); ends are capped at :meth:`latest`.
@@ -165,8 +167,11 @@ class LogPlanner:
             if start >= end:
                 continue
             start = self.checked_start(topic, partition, start)
-            bases = list_segment_bases(self.log.partition(topic, partition).directory)
             whole = OffsetRange(topic, partition, start, end)
+            if self.options.whole_partitions:  # one task reads the partition in offset order (a fold's stream)
+                ranges.append(whole)
+                continue
+            bases = list_segment_bases(self.log.partition(topic, partition).directory)
             ranges.extend(split_by_segments(whole, bases, self.options.max_offsets_per_partition))
         return split_for_parallelism(ranges, self.options.min_partitions)
 

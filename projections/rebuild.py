@@ -2,17 +2,21 @@
 
 1. Sample the capture position and fix the offsets to read to (a consistent cut of the
    log's transactions; :mod:`projections.consistency`).
-2. Spark batch read (``format("tideline")``, read_committed) up to those offsets; values
-   parsed with ``from_json``.
-3. Compute the view and COPY it from the partitions into a *shadow* table (a copy of the
-   view's table made with ``LIKE … INCLUDING ALL``), or, for views whose table is shared
-   (``snapshots``, ``cdc_mirror``), into an unlogged staging table. Fold views: events
-   repartitioned by stream id, sorted by version within partitions, folded per stream on
-   the executors with the aggregate's ``apply`` (their states go to a staging table too).
-4. One Postgres transaction: swap the shadow in (drop the old table, rename the shadow,
-   rename its constraints and indexes to the canonical names) — or merge the staging
-   table into the shared one — replace the projection's states, set the projection's
-   checkpoints to the offsets read, record the run and the reached LSN.
+2. Spark batch read (``format("tideline")``, read_committed) up to those offsets.
+3. Compute the view on the executors and COPY its rows — and a fold's states — into
+   unlogged **staging tables** tagged with the task attempt that wrote them
+   (:mod:`projections.attempts`). Fold views: one task per log partition
+   (``wholePartitions``: a stream lives in one partition), records sorted by key and
+   offset within it — no shuffle — and folded per stream with the aggregate's ``apply``.
+   Count views and mirrors: Spark computes the rows; each partition COPYs its own.
+4. One Postgres transaction: delete the rows of every task attempt Spark did not keep
+   (a retried or speculative task wrote twice); build a shadow of the view's table
+   (``LIKE … INCLUDING ALL``) from the staged rows and swap it in (drop the old table,
+   rename the shadow, its constraints and indexes to the canonical names) — or merge the
+   staged rows into the shared table (``snapshots``, ``cdc_mirror``) — replace the
+   projection's states, set the projection's checkpoints to the offsets read, record the
+   run and the reached LSN.
+5. Drop the staging tables (also when the rebuild failed).
 
 Readers see the old view until that commit and the whole new one after it; a crash before
 it leaves the view and its checkpoints as they were (the next rebuild drops the leftovers).
@@ -29,10 +33,9 @@ from pathlib import Path
 import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from sqlalchemy import Table
 
 from eventstore.log import Log
-from projections import engine, store
+from projections import attempts, engine, store
 from projections.consistency import captured_lsn, consistent_offsets
 from projections.models import projection_state
 from projections.views import CountView, FoldView, MirrorView, View, ViewCatalog, columns_of, owned_table
@@ -48,10 +51,12 @@ class RebuildResult:
     offsets: store.Offsets
     reached_lsn: int
     seconds: float
+    discarded: int = 0  # staged rows of task attempts Spark did not keep (a retried or speculative task)
 
 
-def source(spark: SparkSession, log_dir: Path, ends: store.Offsets) -> DataFrame:
-    """The records of the topics in ``ends``, from the beginning up to those offsets."""
+def source(spark: SparkSession, log_dir: Path, ends: store.Offsets, *, whole_partitions: bool = False) -> DataFrame:
+    """The records of the topics in ``ends``, from the beginning up to those offsets
+    (``whole_partitions``: one Spark partition per log partition, in offset order)."""
     import json
 
     return (
@@ -59,6 +64,7 @@ def source(spark: SparkSession, log_dir: Path, ends: store.Offsets) -> DataFrame
         .option("path", str(log_dir))
         .option("subscribe", ",".join(ends))
         .option("decodeAvro", "true")  # capture's --value-format avro: read as its JSON
+        .option("wholePartitions", str(whole_partitions).lower())
         .option("startingOffsets", "earliest")
         .option("endingOffsets", json.dumps({t: {str(p): o for p, o in per.items()} for t, per in ends.items()}))
         .load()
@@ -89,7 +95,18 @@ def rebuild(
         with psycopg.connect(dsn, autocommit=True) as conn:
             store.finish_run(conn, view.name, "failed", f"{type(e).__name__}: {e}"[:2000])
         raise
-    return RebuildResult(view.name, result[0], result[1], ends, lsn, time.monotonic() - started)
+    events, rows, discarded = result
+    return RebuildResult(view.name, events, rows, ends, lsn, time.monotonic() - started, discarded)
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """A rebuild's output before the swap: the staging tables and the attempts Spark kept."""
+
+    rows: str  # staging table of the view's rows
+    states: str  # staging table of a fold's states (empty for other views)
+    events: int
+    kept: list[int]  # task_attempt of the attempt kept for each partition
 
 
 def _rebuild(
@@ -101,61 +118,137 @@ def _rebuild(
     ends: store.Offsets,
     lsn: int,
     stage: Stage,
-) -> tuple[int, int]:
-    table = view.table.name
+) -> tuple[int, int, int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        target = store.create_shadow(conn, table) if owned_table(view) else store.create_staging(conn, table, view.name)
-        states = store.create_staging(conn, projection_state.name, f"{view.name}__state")
-    stage(f"reading {', '.join(ends) or 'nothing'} and writing {target}")
-    events = 0
-    if ends:
-        raw = source(spark, log_dir, ends)
-        if isinstance(view, FoldView):
-            events = fold_frame(spark, catalog, view, raw, dsn, target, states)
-        elif isinstance(view, CountView):
-            parsed = engine.parse_events(raw).persist()
-            events = parsed.count()
-            engine.write_frame(view.frame(parsed.select(*engine.EVENT_COLUMNS)), dsn, target)
-            parsed.unpersist()
-        else:
-            events = _mirror(view, raw, dsn, target)
-    stage("swapping the view in")
-    with psycopg.connect(dsn) as conn, conn.transaction():
-        store.read_checkpoints(conn, view.name, lock=True)
-        if owned_table(view):
-            store.swap_in(conn, table, target)
-        else:
-            _merge_shared(conn, view, view.table, target)
-        conn.execute("DELETE FROM projection_state WHERE projection = %s", (view.name,))
-        cols = ", ".join(engine.STATE_COLUMNS)
-        conn.execute(f'INSERT INTO projection_state ({cols}) SELECT {cols} FROM "{states}"')
-        store.drop_table(conn, states)
-        store.write_checkpoints(conn, view.name, ends, {}, replace=True)
-        store.add_progress(conn, view.name, events, 1)
-        store.advance_reached(conn, view.name, lsn)
-        store.finish_run(conn, view.name, "done")
-        rows = _count(conn, view)
-    return events, rows
+        rows_staging = attempts.create(conn, view.table.name, view.name)
+        states_staging = attempts.create(conn, projection_state.name, f"{view.name}__state")
+    try:
+        stage(f"reading {', '.join(ends) or 'nothing'} and writing {rows_staging}")
+        staged = _compute(spark, catalog, view, log_dir, dsn, ends, rows_staging, states_staging)
+        stage("swapping the view in")
+        with psycopg.connect(dsn) as conn, conn.transaction():
+            store.read_checkpoints(conn, view.name, lock=True)
+            discarded = _commit(conn, view, staged)
+            store.write_checkpoints(conn, view.name, ends, {}, replace=True)
+            store.add_progress(conn, view.name, staged.events, 1)
+            store.advance_reached(conn, view.name, lsn)
+            store.finish_run(conn, view.name, "done")
+            rows = _count(conn, view)
+    finally:  # also when the rebuild failed: no staged rows outlive it
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            store.drop_table(conn, rows_staging)
+            store.drop_table(conn, states_staging)
+    return staged.events, rows, discarded
+
+
+def _compute(
+    spark: SparkSession,
+    catalog: ViewCatalog,
+    view: View,
+    log_dir: Path,
+    dsn: str,
+    ends: store.Offsets,
+    rows_staging: str,
+    states_staging: str,
+) -> Staged:
+    """Run the view's Spark job into the staging tables."""
+    if not ends:
+        return Staged(rows_staging, states_staging, 0, [])
+    if isinstance(view, FoldView):
+        raw = source(spark, log_dir, ends, whole_partitions=True)
+        folded = fold_frame(spark, catalog, view, raw, dsn, rows_staging, states_staging, per_log_partition=True)
+        if _split_streams(dsn, states_staging, folded.kept):  # a topic whose partition count grew
+            _truncate(dsn, rows_staging, states_staging)
+            folded = fold_frame(spark, catalog, view, source(spark, log_dir, ends), dsn, rows_staging, states_staging)
+        return Staged(rows_staging, states_staging, folded.events, folded.kept)
+    if isinstance(view, CountView):
+        parsed = engine.parse_events(source(spark, log_dir, ends)).persist()
+        events = parsed.count()
+        outputs = engine.write_frame(view.frame(parsed.select(*engine.EVENT_COLUMNS)), dsn, rows_staging)
+        parsed.unpersist()
+        return Staged(rows_staging, states_staging, events, attempts.winners(outputs))
+    events, outputs = _mirror(view, source(spark, log_dir, ends), dsn, rows_staging)
+    return Staged(rows_staging, states_staging, events, attempts.winners(outputs))
+
+
+def _commit(conn: store.Conn, view: View, staged: Staged) -> int:
+    """In the swap transaction: drop the rows of attempts Spark did not keep, then swap a
+    shadow built from the staged rows in (or merge them into a shared table), and replace
+    the projection's states; the rows dropped."""
+    discarded = attempts.keep_winners(conn, staged.rows, staged.kept)
+    discarded += attempts.keep_winners(conn, staged.states, staged.kept)
+    cols = ", ".join(f'"{c}"' for c in columns_of(view))
+    if owned_table(view):
+        shadow = store.create_shadow(conn, view.table.name)
+        conn.execute(f'INSERT INTO "{shadow}" ({cols}) SELECT {cols} FROM "{staged.rows}"')
+        store.swap_in(conn, view.table.name, shadow)
+    else:
+        _merge_shared(conn, view, staged.rows)
+    conn.execute("DELETE FROM projection_state WHERE projection = %s", (view.name,))
+    state_cols = ", ".join(engine.STATE_COLUMNS)
+    conn.execute(f'INSERT INTO projection_state ({state_cols}) SELECT {state_cols} FROM "{staged.states}"')
+    return discarded
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    events: int
+    kept: list[int]  # task_attempt of the attempt Spark kept for each partition
 
 
 def fold_frame(
-    spark: SparkSession, catalog: ViewCatalog, view: FoldView, raw: DataFrame, dsn: str, target: str, states: str
-) -> int:
-    """Fold the outbox records of ``raw`` (the source's columns) into ``target`` and ``states``;
-    the number of events folded. The records go to Python as Arrow batches (``mapInArrow``),
-    repartitioned by key (= stream id) and sorted by key and offset (a stream's events
-    in order, together); values are parsed and folded there (:func:`engine.fold_batches`)."""
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or "2")
+    spark: SparkSession,
+    catalog: ViewCatalog,
+    view: FoldView,
+    raw: DataFrame,
+    dsn: str,
+    rows_staging: str,
+    states_staging: str,
+    *,
+    per_log_partition: bool = False,
+) -> Folded:
+    """Fold the outbox records of ``raw`` (the source's columns) into the staging tables
+    ``rows_staging`` and ``states_staging`` (:mod:`projections.attempts`); the events folded
+    and the attempts whose rows count. The records go to Python as Arrow batches
+    (``mapInArrow``) sorted by key and offset within Spark partitions (a stream's events in
+    order, together); values are parsed and folded there (:func:`engine.fold_batches`).
+
+    ``per_log_partition``: ``raw`` holds one Spark partition per log partition (the source's
+    ``wholePartitions``); a stream lives in one log partition, so no shuffle is needed —
+    only the sort within each partition. Otherwise (e.g. Parquet files) the records are
+    first repartitioned by key (= stream id)."""
     records = raw.where(~F.col("is_tombstone")).select("key", "value", "offset")
-    ordered = records.repartition(partitions, "key").sortWithinPartitions("key", "offset").select("key", "value")
-    job = functools.partial(engine.fold_batches, catalog.module, view.name, dsn, target, states)
-    total = ordered.mapInArrow(job, "events long").agg(F.sum("events")).first()
-    return int(total[0] or 0) if total is not None else 0
+    if not per_log_partition:
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or "2")
+        records = records.repartition(partitions, "key")
+    ordered = records.sortWithinPartitions("key", "offset").select("key", "value")
+    job = functools.partial(engine.fold_batches, catalog.module, view.name, dsn, rows_staging, states_staging)
+    outputs = [attempts.TaskOutput(*r) for r in ordered.mapInArrow(job, engine.FOLD_OUTPUT).collect()]
+    return Folded(sum(o.count for o in outputs), attempts.winners(outputs))
 
 
-def _mirror(view: MirrorView, raw: DataFrame, dsn: str, target: str) -> int:
+def _split_streams(dsn: str, states_staging: str, kept: list[int]) -> bool:
+    """Whether a stream was folded by two tasks (its events in two log partitions: the
+    topic's partition count grew after it began). Then the fold must be redone by key."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            f'SELECT 1 FROM "{states_staging}" WHERE {attempts.ATTEMPT_COLUMN} = ANY(%s) '
+            "GROUP BY stream_id HAVING count(*) > 1 LIMIT 1",
+            (kept,),
+        ).fetchone()
+    return row is not None
+
+
+def _truncate(dsn: str, *tables: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in tables:
+            conn.execute(f'TRUNCATE "{table}"')
+
+
+def _mirror(view: MirrorView, raw: DataFrame, dsn: str, target: str) -> tuple[int, list[attempts.TaskOutput]]:
     """The last record of every key, parsed (only those: parsing every change event cost more
-    than the rest of the read), keys whose last record says "gone" dropped."""
+    than the rest of the read), keys whose last record says "gone" dropped; the events read
+    and what each partition's kept attempt wrote into the staging table ``target``."""
     last = F.max_by(F.struct("topic", "partition", "offset", "key", "value", "is_tombstone"), F.col("offset"))
     latest = raw.groupBy("key").agg(F.count(F.lit(1)).alias("events"), last.alias("last")).persist()
     total = latest.agg(F.sum("events")).first()
@@ -168,12 +261,12 @@ def _mirror(view: MirrorView, raw: DataFrame, dsn: str, target: str) -> int:
         "commit_lsn",
         F.col("event_index").cast("int").alias("event_index"),
     )
-    engine.write_frame(rows, dsn, target)
+    outputs = engine.write_frame(rows, dsn, target)
     latest.unpersist()
-    return events
+    return events, outputs
 
 
-def _merge_shared(conn: store.Conn, view: View, table: Table, staging: str) -> None:
+def _merge_shared(conn: store.Conn, view: View, staging: str) -> None:
     cols = ", ".join(f'"{c}"' for c in columns_of(view))
     if isinstance(view, MirrorView):
         conn.execute("DELETE FROM cdc_mirror WHERE projection = %s", (view.name,))
@@ -188,7 +281,6 @@ def _merge_shared(conn: store.Conn, view: View, table: Table, staging: str) -> N
              WHERE snapshots.version < EXCLUDED.version OR snapshots.schema_version <> EXCLUDED.schema_version
             """
         )
-    store.drop_table(conn, staging)
 
 
 def _count(conn: store.Conn, view: View) -> int:

@@ -9,6 +9,7 @@ import pytest
 from projections_util import consumer_rows, source, spark_rows
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from eventstore.cleaner import apply_retention
 from eventstore.isolation import IsolationLevel
@@ -63,6 +64,24 @@ def test_one_input_partition_per_segment(spark: SparkSession, orders_log: Path) 
     split = source(spark, orders_log, "orders", maxOffsetsPerPartition=8)
     assert split.rdd.getNumPartitions() > segments
     assert spark_rows(split) == consumer_rows(orders_log, ["orders"])
+
+
+def test_whole_partitions_reads_each_partition_in_one_task_in_offset_order(
+    spark: SparkSession, orders_log: Path
+) -> None:
+    """``wholePartitions``: one Spark partition per log partition, across its many segments,
+    in offset order (what a per-stream fold needs to run without a shuffle)."""
+    whole = source(spark, orders_log, "orders", wholePartitions="true")
+    assert whole.rdd.getNumPartitions() == 3
+    assert spark_rows(whole) == consumer_rows(orders_log, ["orders"])
+    tasks: dict[int, list[tuple[int, int]]] = {}
+    for task, partition, offset in whole.select(F.spark_partition_id(), "partition", "offset").collect():
+        tasks.setdefault(task, []).append((partition, offset))  # collect keeps each task's order
+    assert len(tasks) == 3
+    assert all(len({p for p, _ in read}) == 1 and read == sorted(read) for read in tasks.values())
+    bounded = source(spark, orders_log, "orders", wholePartitions="true", endingOffsets='{"orders": {"1": 40}}')
+    assert bounded.rdd.getNumPartitions() == 3
+    assert max(r[2] for r in spark_rows(bounded) if r[1] == 1) == 39
 
 
 def test_offset_bounds(spark: SparkSession, orders_log: Path) -> None:

@@ -98,6 +98,8 @@ def test_options_defaults_and_case() -> None:
         ({"path": "/x", "topic": "a", "isolation": "serializable"}, False, "read_committed or read_uncommitted"),
         ({"path": "/x", "topic": "a", "minPartitions": "0"}, False, "must be ≥ 1"),
         ({"path": "/x", "topic": "a", "failOnDataLoss": "maybe"}, False, "true or false"),
+        ({"path": "/x", "topic": "a", "wholePartitions": "true", "minPartitions": "4"}, False, "cannot be combined"),
+        ({"path": "/x", "topic": "a", "wholePartitions": "yes"}, False, "true or false"),
     ],
 )
 def test_bad_options_are_refused(options: dict[str, str], streaming: bool, message: str) -> None:

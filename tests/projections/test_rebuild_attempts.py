@@ -1,0 +1,152 @@
+"""Rebuilds under Spark's own fault tolerance (issue 17, part 1): a task attempt that
+committed its output and then failed is retried, and a straggler gets a speculative copy on
+another host; either way two attempts write. Every write path (fold views, snapshots, the
+count view's DataFrame, mirrors) must still leave exactly the reference fold, and no
+staging or shadow table behind.
+
+The fault is injected right after an attempt committed (projections.attempts.FAULT_PROPERTY):
+the window in which the rebuild before attempt-aware staging duplicated rows (the swap then
+failed on a primary key, or a table without one kept duplicates)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from test_datasource_cluster import SPARK_HOME, _alive_workers, _free_ports, _stop
+from views_util import ACCOUNTS_TOPIC, capture, change_accounts, drop_slots, issue_commands, migrated_database
+
+from examples.reservations.views import VIEWS
+from projections.reference import expected_rows, view_rows
+from tideline.pgharness import LocalPostgres
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DRIVER = Path(__file__).with_name("rebuild_driver.py")
+SHIPPED = ["users", "seats", "show_occupancy", "snapshots", f"mirror:{ACCOUNTS_TOPIC}"]
+
+
+@pytest.fixture(scope="module")
+def workload(postgres: LocalPostgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A database and the log captured from it: commands of every kind, and CDC changes."""
+    dsn = migrated_database(postgres, "attempts")
+    log_dir = tmp_path_factory.mktemp("attempts") / "log"
+    capture(log_dir, dsn)
+    assert issue_commands(dsn, 150, random.Random(41), "at") > 0
+    change_accounts(dsn, 120, random.Random(43))
+    capture(log_dir, dsn)
+    yield dsn, log_dir
+    drop_slots(dsn)
+
+
+def run_driver(master: str, log_dir: Path, dsn: str, fault: str) -> dict[str, dict[str, Any]]:
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(DRIVER), master, str(log_dir), dsn, fault, *SHIPPED],
+        env=env,
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-4000:]
+    lines = [json.loads(line) for line in done.stdout.decode().splitlines() if line.startswith("{")]
+    return {r["view"]: r for r in lines}
+
+
+def leftovers(dsn: str) -> list[str]:
+    """Staging and shadow tables still in the database."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            r"SELECT relname FROM pg_class WHERE relkind = 'r' AND (relname LIKE '%\_\_staging' "
+            r"OR relname LIKE '%\_\_shadow')"
+        ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def assert_views_equal_reference(dsn: str, log_dir: Path) -> None:
+    for name in SHIPPED:
+        expected = expected_rows(VIEWS[name], log_dir)
+        assert expected, name
+        assert view_rows(dsn, VIEWS[name]) == expected, name
+    with psycopg.connect(dsn) as conn:  # one state per stream of each fold view
+        for name in ("users", "seats", "snapshots"):
+            row = conn.execute(
+                "SELECT count(*), count(DISTINCT stream_id) FROM projection_state WHERE projection = %s", (name,)
+            ).fetchone()
+            assert row is not None and row[0] == row[1] > 0, name
+
+
+def test_rebuild_survives_first_attempts_failing_after_they_committed(workload: tuple[str, Path]) -> None:
+    """``local[2,4]`` (4 attempts per task): the first attempt of partitions 0 and 1 of every
+    write job commits its rows, then raises; Spark retries it."""
+    dsn, log_dir = workload
+    results = run_driver("local[2,4]", log_dir, dsn, "fail:0,1")
+    assert set(results) == set(SHIPPED)
+    for name, r in results.items():
+        assert r["failed"] >= 1, f"{name}: no task attempt failed: the fault was not injected ({r})"
+        assert r["discarded"] > 0, f"{name}: the failed attempts' committed rows were not staged ({r})"
+    assert_views_equal_reference(dsn, log_dir)
+    assert leftovers(dsn) == []
+
+
+@pytest.fixture(scope="module")
+def two_host_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A standalone master with two workers on two loopback addresses (127.0.0.1, 127.0.0.2),
+    1 core and 1 GiB each: Spark never runs a speculative copy on the host of the original
+    attempt, so speculation needs two hosts. All three stopped by PID afterwards."""
+    work = tmp_path_factory.mktemp("spark-two-hosts")
+    port, ui_port, worker_ui_a, worker_ui_b = _free_ports(4)
+    spark_class = str(SPARK_HOME / "bin" / "spark-class")
+    url = f"spark://127.0.0.1:{port}"
+    base = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOG_DIR": str(work)}
+    started: list[subprocess.Popen[bytes]] = []
+
+    def launch(name: str, host: str, argv: list[str]) -> None:
+        with open(work / f"{name}.log", "wb") as log:
+            started.append(
+                subprocess.Popen(
+                    [spark_class, *argv, "--host", host],
+                    env={**base, "SPARK_LOCAL_IP": host},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+
+    try:
+        master = ["org.apache.spark.deploy.master.Master", "--port", str(port), "--webui-port", str(ui_port)]
+        launch("master", "127.0.0.1", master)
+        for name, host, ui in (("worker-a", "127.0.0.1", worker_ui_a), ("worker-b", "127.0.0.2", worker_ui_b)):
+            argv = ["org.apache.spark.deploy.worker.Worker", url, "--cores", "1", "--memory", "1g"]
+            launch(name, host, [*argv, "--webui-port", str(ui), "--work-dir", str(work / name)])
+        deadline = time.monotonic() + 120
+        while _alive_workers(ui_port) < 2:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in started):
+                logs = "".join(p.read_text()[-1500:] for p in sorted(work.glob("*.log")))
+                pytest.fail(f"the standalone master and two workers did not come up:\n{logs}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        for proc in reversed(started):
+            _stop(proc)
+
+
+def test_rebuild_survives_speculative_copies(two_host_cluster: str, workload: tuple[str, Path]) -> None:
+    """Speculation on, two hosts: the first attempt of partition 0 of every write job commits
+    its rows and then stalls; Spark launches a copy on the other host, keeps the copy, and
+    kills the straggler."""
+    dsn, log_dir = workload
+    results = run_driver(two_host_cluster, log_dir, dsn, "straggle:60:0")
+    assert set(results) == set(SHIPPED)
+    for name, r in results.items():
+        assert r["discarded"] > 0, f"{name}: no speculative copy's twin was discarded ({r})"
+    assert_views_equal_reference(dsn, log_dir)
+    assert leftovers(dsn) == []
