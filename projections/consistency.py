@@ -13,11 +13,18 @@ earlier):
 1. Take a **sample**: first the capture connector's stored position ``P`` (the
    ``__tideline_capture_offsets`` topic, read_committed: the log holds every transaction
    up to ``P``; ``P.confirm_lsn`` is the end of the last wholly stored transaction, so
-   every transaction whose commit starts before it is in the log), *then* the last
-   stable offsets ``E`` of the view's source partitions. Whatever was committed to the
-   log before ``P`` was read lies below ``E``.
+   every transaction whose commit starts before it is in the log), *then* the **log end
+   offsets** ``E`` of the view's source partitions (read_uncommitted). Capture appends a
+   transaction's records to every partition before it commits, so whatever ``P`` covers
+   lies below ``E``. Not the last stable offsets: a log transaction's commit markers are
+   written one partition after the other, so ``P`` can be visible (its marker in the
+   offsets topic written) while a view partition's marker is not yet, and that
+   partition's last stable offset still excludes ``P``'s records (measured: a
+   read-your-writes test saw a command's user missing after ``wait_for`` said yes).
 2. Once the view's checkpoints (next offsets, committed with the view rows) are ≥ ``E``
-   on every partition, the view has everything up to ``P``: ``R = P.confirm_lsn``.
+   on every partition, the view has everything up to ``P``: ``R = P.confirm_lsn``. (A
+   read_committed reader gets past records of an open transaction only once it ended,
+   so such a checkpoint implies ``P``'s records were read.)
 
 ``follow`` samples after every micro-batch and every half second while idle (the live
 engine: before every batch, and whenever capture stores a position), and promotes the
@@ -119,9 +126,20 @@ class Sample:
         return all(applied.get(t, {}).get(p, 0) >= o for t, per in self.offsets.items() for p, o in per.items())
 
 
+def appended_offsets(log: Log, topics: Iterable[str]) -> store.Offsets:
+    """The log end offset (read_uncommitted) of every partition of ``topics`` that exist."""
+    out: store.Offsets = {}
+    existing = set(log.topics())
+    for topic in topics:
+        if topic in existing:
+            for p in range(log.topic(topic).partitions):
+                out.setdefault(topic, {})[p] = end_offset(log.partition(topic, p), IsolationLevel.READ_UNCOMMITTED)
+    return out
+
+
 def take_sample(log: Log, topics: Iterable[str]) -> Sample:
     lsn = captured_lsn(log)  # first the position, then the offsets: see the module docstring
-    return Sample(lsn, stable_offsets(log, topics))
+    return Sample(lsn, appended_offsets(log, topics))
 
 
 class CapturePositions:
@@ -174,7 +192,8 @@ class ReachedTracker:
         if self._log is None or self._positions is None:
             self._log = Log(self.log_dir, create=False)
             self._positions = CapturePositions(self._log)
-        s = Sample(self._positions.lsn(), stable_offsets(self._log, self.topics))
+        lsn = self._positions.lsn()  # first the position, then the offsets: see the module docstring
+        s = Sample(lsn, appended_offsets(self._log, self.topics))
         if s.lsn and (not self.pending or s.lsn > self.pending[-1].lsn or s.offsets != self.pending[-1].offsets):
             self.pending.append(s)
             del self.pending[: -self.keep]
