@@ -73,6 +73,9 @@ LOG4J2_PROPERTIES = """\
 # Written by tideline project: Spark's console at one level (--spark-log-level), on stderr.
 rootLogger.level = {level}
 rootLogger.appenderRef.stderr.ref = stderr
+# PySpark's JVM starts as an interpreter: its console takes this logger's level (else WARN, announced)
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = {level}
 appender.console.type = Console
 appender.console.name = stderr
 appender.console.target = SYSTEM_ERR
