@@ -24,12 +24,12 @@ from views_util import (
     drop_slots,
     issue_commands,
     migrated_database,
+    poisoned_log,
 )
 
 from capture.connector import Connector
 from commands.handler import CommandHandler, HandlerConfig
 from eventstore.log import Log
-from eventstore.producer import Producer
 from examples.reservations.api import create_app
 from examples.reservations.domain import USER, RegisterUser
 from examples.reservations.views import VIEWS
@@ -139,27 +139,6 @@ def test_read_your_writes_live(db: str, tmp_path: Path) -> None:
     with psycopg.connect(db) as c:
         row = c.execute("SELECT mode, status FROM projection_runs WHERE projection = 'users'").fetchone()
     assert row == ("follow", "done")
-
-
-GOOD = (
-    b'{"stream_id":"user-%d","stream_type":"user","version":1,"event_type":"UserRegistered","schema_version":2,'
-    b'"payload":{"user_id":"%d","username":"name%d","display_name":"N"},"recorded_at":"2026-01-01T00:00:00+00:00",'
-    b'"source":{"commit_lsn":%d,"event_index":0}}'
-)
-POISON = (  # a UserRegistered without its username: the aggregate's registry cannot decode it
-    b'{"stream_id":"user-9","stream_type":"user","version":1,"event_type":"UserRegistered","schema_version":2,'
-    b'"payload":{"user_id":"9"},"recorded_at":"2026-01-01T00:00:00+00:00","source":{"commit_lsn":900,"event_index":0}}'
-)
-
-
-def poisoned_log(log_dir: Path, good: int) -> None:
-    """``good`` valid registrations, then one event the fold cannot take, in events.user[0]."""
-    with Log(log_dir) as log:
-        log.create_topic("events.user", partitions=1)
-        with Producer(log) as producer:
-            values = [GOOD % (i, i, i, 100 + i) for i in range(good)]
-            producer.send_batch("events.user", values, [f"user-{i}".encode() for i in range(good)])
-            producer.send_batch("events.user", [POISON], [b"user-9"])
 
 
 def test_a_fold_that_raises_stops_the_job_and_commits_nothing_of_its_batch(db: str, tmp_path: Path) -> None:
