@@ -247,7 +247,7 @@ class LiveFollower:
 
     def _commit(self, conn: store.Conn, records: list[LogRecord], ends: store.Offsets) -> None:
         began = time.monotonic()
-        with conn.transaction():
+        with conn.pipeline(), conn.transaction():  # writes go in one round trip; reads sync as they must
             stored = store.offsets_of(store.read_checkpoints(conn, self.view.name, lock=True))
             if stored != self.expected:
                 raise _CheckpointsMoved(f"checkpoints {stored} are not the {self.expected} this job stored")

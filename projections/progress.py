@@ -113,9 +113,11 @@ def _lsn(value: int) -> str:
     return format_lsn(value)
 
 
-def progress_line(job: FollowJob, engine: str, previous: tuple[int, int]) -> str:
-    """The structured line for ``job`` now; ``previous`` = (batches, events) at the last line."""
+def progress_line(job: FollowJob, engine: str, previous: tuple[int, int]) -> tuple[str, tuple[int, int]]:
+    """The structured line for ``job`` now and the (batches, events) it reports; ``previous``:
+    those of the last line (the counters are read once: the job's thread moves them meanwhile)."""
     s = job.stats
+    batches, events = s.batches, s.events
     try:
         lag: int | str = sum(sum(per.values()) for per in s.lag(job.log_dir, job.view.topics).values())
     except (TidelineError, OSError) as e:  # the log may not exist yet: say so rather than crash the reporter
@@ -126,11 +128,12 @@ def progress_line(job: FollowJob, engine: str, previous: tuple[int, int]) -> str
         else datetime.fromtimestamp(s.last_batch_at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     )
     last_ms = "-" if s.last_batch_at is None else f"{s.last_batch_seconds * 1000:.1f}"
-    return (
-        f"follow view={s.projection} engine={engine} batches={s.batches - previous[0]} "
-        f"events={s.events - previous[1]} batches_total={s.batches} events_total={s.events} lag={lag} "
+    line = (
+        f"follow view={s.projection} engine={engine} batches={batches - previous[0]} "
+        f"events={events - previous[1]} batches_total={batches} events_total={events} lag={lag} "
         f"reached_lsn={_lsn(s.reached_lsn)} last_batch_ms={last_ms} last_batch_at={at}"
     )
+    return line, (batches, events)
 
 
 class ProgressReporter:
@@ -157,10 +160,8 @@ class ProgressReporter:
 
     def line(self) -> None:
         """Emit one line now."""
-        stats = self.job.stats
-        now = (stats.batches, stats.events)
-        self.emit(progress_line(self.job, self.engine, self._previous))
-        self._previous = now
+        line, self._previous = progress_line(self.job, self.engine, self._previous)
+        self.emit(line)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

@@ -101,13 +101,12 @@ def advance_reached(conn: Conn, projection: str, lsn: int) -> None:
     """Raise the projection's reached LSN to ``lsn`` (never lowers it); when it rose, notify
     :data:`REACHED_CHANNEL` (payload: the projection) — delivered when the transaction commits,
     so a waiter (:func:`projections.consistency.wait_for`) wakes as the view changes."""
-    raised = conn.execute(
-        "UPDATE projection_runs SET reached_lsn = %s, updated_at = now() WHERE projection = %s AND reached_lsn < %s "
-        "RETURNING 1",
-        (lsn, projection, lsn),
-    ).fetchone()
-    if raised:
-        conn.execute("SELECT pg_notify(%s, %s)", (REACHED_CHANNEL, projection))
+    conn.execute(
+        "WITH raised AS (UPDATE projection_runs SET reached_lsn = %s, updated_at = now() "
+        "WHERE projection = %s AND reached_lsn < %s RETURNING projection) "
+        "SELECT pg_notify(%s, projection) FROM raised",
+        (lsn, projection, lsn, REACHED_CHANNEL),
+    )
 
 
 def reached_lsn(conn: Conn, projection: str) -> int:
