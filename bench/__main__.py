@@ -37,6 +37,7 @@ MODULES: list[str] = [
     "bench.schemas_bench",
     "bench.commands_bench",
     "bench.projections_bench",
+    "bench.follow_bench",
 ]
 
 

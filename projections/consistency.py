@@ -13,15 +13,24 @@ earlier):
 1. Take a **sample**: first the capture connector's stored position ``P`` (the
    ``__tideline_capture_offsets`` topic, read_committed: the log holds every transaction
    up to ``P``; ``P.confirm_lsn`` is the end of the last wholly stored transaction, so
-   every transaction whose commit starts before it is in the log), *then* the last
-   stable offsets ``E`` of the view's source partitions. Whatever was committed to the
-   log before ``P`` was read lies below ``E``.
+   every transaction whose commit starts before it is in the log), *then* the **log end
+   offsets** ``E`` of the view's source partitions (read_uncommitted). Capture appends a
+   transaction's records to every partition before it commits, so whatever ``P`` covers
+   lies below ``E``. Not the last stable offsets: a log transaction's commit markers are
+   written one partition after the other, so ``P`` can be visible (its marker in the
+   offsets topic written) while a view partition's marker is not yet, and that
+   partition's last stable offset still excludes ``P``'s records (measured: a
+   read-your-writes test saw a command's user missing after ``wait_for`` said yes).
 2. Once the view's checkpoints (next offsets, committed with the view rows) are ≥ ``E``
-   on every partition, the view has everything up to ``P``: ``R = P.confirm_lsn``.
+   on every partition, the view has everything up to ``P``: ``R = P.confirm_lsn``. (A
+   read_committed reader gets past records of an open transaction only once it ended,
+   so such a checkpoint implies ``P``'s records were read.)
 
-``follow`` samples after every micro-batch and every half second while idle, and promotes
-the samples its checkpoints cover (so ``R`` advances under load, one batch behind, and
-immediately when caught up). ``rebuild`` takes its sample before it fixes the offsets it
+``follow`` samples after every micro-batch and every half second while idle (the live
+engine: before every batch, and whenever capture stores a position), and promotes the
+samples its checkpoints cover (so ``R`` advances under load, one batch behind, and
+immediately when caught up). Capture's position is read incrementally
+(:class:`CapturePositions`). ``rebuild`` takes its sample before it fixes the offsets it
 reads to. ``R`` only grows.
 
 Liveness: ``R`` is a commit *end*, and the handler's ``commit_lsn`` is the insert position
@@ -39,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.isolation import IsolationLevel, end_offset
@@ -114,26 +124,78 @@ class Sample:
         return all(applied.get(t, {}).get(p, 0) >= o for t, per in self.offsets.items() for p, o in per.items())
 
 
+def appended_offsets(log: Log, topics: Iterable[str]) -> store.Offsets:
+    """The log end offset (read_uncommitted) of every partition of ``topics`` that exist."""
+    out: store.Offsets = {}
+    existing = set(log.topics())
+    for topic in topics:
+        if topic in existing:
+            for p in range(log.topic(topic).partitions):
+                out.setdefault(topic, {})[p] = end_offset(log.partition(topic, p), IsolationLevel.READ_UNCOMMITTED)
+    return out
+
+
 def take_sample(log: Log, topics: Iterable[str]) -> Sample:
     lsn = captured_lsn(log)  # first the position, then the offsets: see the module docstring
-    return Sample(lsn, stable_offsets(log, topics))
+    return Sample(lsn, appended_offsets(log, topics))
+
+
+class CapturePositions:
+    """Capture's stored position, read incrementally: a consumer kept at the end of
+    ``__tideline_capture_offsets`` (read_committed) and the latest ``confirm_lsn`` per connector
+    (bounded by the number of connectors). What :func:`captured_lsn` gives, without re-reading
+    the topic from its start at every sample. Not thread-safe."""
+
+    def __init__(self, log: Log) -> None:
+        self.log = log
+        self.latest: dict[bytes, int] = {}
+        self._consumer: Consumer | None = None
+
+    def lsn(self) -> int:
+        """The end of the last wholly stored source transaction (0: capture stored none yet)."""
+        if self._consumer is None:
+            if POSITIONS_TOPIC not in self.log.topics():
+                return 0
+            self._consumer = Consumer(self.log, enable_auto_commit=False, isolation_level=IsolationLevel.READ_COMMITTED)
+            self._consumer.assign([TopicPartition(POSITIONS_TOPIC, 0)])
+            self._consumer.seek_to_beginning()
+        while records := self._consumer.poll(timeout_ms=0):
+            for r in records:
+                if r.key is not None and r.value is not None:
+                    self.latest[r.key] = SourcePosition.from_json(r.value).confirm_lsn
+        return max(self.latest.values(), default=0)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
 
 
 class ReachedTracker:
-    """Samples waiting to be covered by a view's checkpoints (driver side; not thread-safe)."""
+    """Samples waiting to be covered by a view's checkpoints (driver side; not thread-safe).
+
+    Keeps the log open (and capture's position read incrementally) until :meth:`close`."""
 
     def __init__(self, log_dir: Path, topics: Iterable[str], keep: int = 64) -> None:
         self.log_dir = log_dir
         self.topics = list(topics)
         self.keep = keep
         self.pending: list[Sample] = []
+        self._log: Log | None = None
+        self._positions: CapturePositions | None = None
 
-    def sample(self) -> None:
-        with Log(self.log_dir, create=False) as log:
-            s = take_sample(log, self.topics)
+    def sample(self) -> Sample:
+        """Take a sample (capture's position first, then the last stable offsets) and keep it
+        if it is new; return it."""
+        if self._log is None or self._positions is None:
+            self._log = Log(self.log_dir, create=False)
+            self._positions = CapturePositions(self._log)
+        lsn = self._positions.lsn()  # first the position, then the offsets: see the module docstring
+        s = Sample(lsn, appended_offsets(self._log, self.topics))
         if s.lsn and (not self.pending or s.lsn > self.pending[-1].lsn or s.offsets != self.pending[-1].offsets):
             self.pending.append(s)
             del self.pending[: -self.keep]
+        return s
 
     def promote(self, applied: store.Offsets) -> int:
         """The largest LSN of the samples ``applied`` covers (0: none); those samples are dropped."""
@@ -147,16 +209,31 @@ class ReachedTracker:
         self.pending = keep
         return reached
 
+    def close(self) -> None:
+        if self._positions is not None:
+            self._positions.close()
+        if self._log is not None:
+            self._log.close()
+        self._log = self._positions = None
 
-def wait_for(dsn: str, projection: str, lsn: int | str, timeout: float = 10.0, poll: float = 0.05) -> bool:
+
+def wait_for(dsn: str, projection: str, lsn: int | str, timeout: float = 10.0, poll: float = 0.25) -> bool:
     """Wait until ``projection`` has reached ``lsn`` (a command's ``commit_lsn``, int or ``"X/Y"``);
-    True when it has, False after ``timeout`` seconds."""
+    True when it has, False after ``timeout`` seconds.
+
+    Woken by the notification a follow job sends when the reached LSN rises
+    (``LISTEN tideline_reached``, :func:`projections.store.advance_reached`), so it returns
+    within a millisecond or so of the view's commit; it also re-reads every ``poll`` seconds."""
     target = parse_lsn(lsn) if isinstance(lsn, str) else lsn
     deadline = time.monotonic() + timeout
     with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(store.REACHED_CHANNEL)))
         while True:
             if store.reached_lsn(conn, projection) >= target:
                 return True
-            if time.monotonic() >= deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return False
-            time.sleep(poll)
+            for note in conn.notifies(timeout=min(poll, remaining)):
+                if note.payload == projection:
+                    break  # re-read; other projections' notifications are drained meanwhile

@@ -21,6 +21,14 @@ exactly once. The batch frame is persisted while it is used more than once.
 
 A view that was rebuilt while a follow job ran has checkpoints *behind* the job's next
 batch start; the batch raises :class:`CheckpointMoved` and the job restarts from Postgres.
+
+A fold that raises on an event (:class:`~projections.progress.FoldFailed`) rolls the
+batch's transaction back and stops the job with an error naming the view, topic,
+partition, offset and the fold's error.
+
+This is the ``spark`` engine of ``tideline project follow``: a micro-batch costs hundreds
+of milliseconds here, so it suits heavy views and catching up; :mod:`projections.live` is
+the millisecond engine for the same views (docs/projections-views.md, "follow engines").
 """
 
 from __future__ import annotations
@@ -31,37 +39,22 @@ import re
 import shutil
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.types.json import Jsonb
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
-from commands.codec import to_json
 from eventstore.errors import TidelineError
 from eventstore.log import Log
 from projections import engine, store
+from projections.apply import LocatedEvent, add_counts, apply_fold
 from projections.consistency import ReachedTracker
-from projections.views import (
-    CountView,
-    FoldView,
-    MirrorView,
-    Row,
-    StoredEvent,
-    Stream,
-    View,
-    ViewCatalog,
-    columns_of,
-    key_columns,
-)
+from projections.progress import BatchReport, FoldFailed, FollowStats
+from projections.views import CountView, FoldView, MirrorView, View, ViewCatalog, columns_of
 
 IDLE_TICK_S = 0.5
 
@@ -72,31 +65,7 @@ class CheckpointMoved(TidelineError):
     """The view's checkpoints moved behind the running query (a rebuild): restart from Postgres."""
 
 
-@dataclass
-class FollowStats:
-    """Counters of a follow job (read by the metrics endpoint and the progress display)."""
-
-    projection: str
-    batches: int = 0
-    events: int = 0
-    last_batch_seconds: float = 0.0
-    reached_lsn: int = 0
-    restarts: int = 0
-    applied: store.Offsets = field(default_factory=dict)
-    started: float = field(default_factory=time.monotonic)
-
-    def lag(self, log_dir: Path, topics: Iterable[str]) -> dict[str, dict[int, int]]:
-        """Log end − applied offset per partition (read_committed)."""
-        from projections.consistency import stable_offsets
-
-        with Log(log_dir, create=False) as log:
-            ends = stable_offsets(log, topics)
-        return {
-            t: {p: max(0, o - self.applied.get(t, {}).get(p, 0)) for p, o in per.items()} for t, per in ends.items()
-        }
-
-
-BatchReport = Callable[[FollowStats], None]
+__all__ = ["CheckpointMoved", "FollowStats", "Follower", "follow"]
 
 
 def checkpoint_path(checkpoint_dir: Path, projection: str) -> Path:
@@ -149,6 +118,7 @@ class Follower:
         self.tracker = ReachedTracker(log_dir, self.view.topics)
         self.lock = threading.Lock()  # the tracker and stats: foreachBatch runs on a Spark thread
         self.starting: store.Offsets = {}
+        self.failure: FoldFailed | None = None  # set by a batch whose fold raised: the job's error
 
     # ------------------------------------------------------------------ the job
 
@@ -168,6 +138,8 @@ class Follower:
                     self._run_query(once, stop)
                     break
                 except StreamingQueryException as e:
+                    if self.failure is not None:
+                        raise self.failure from None  # view, topic, partition, offset: not Spark's wrapping
                     if "CheckpointMoved" not in str(e):
                         raise
                     self.stats.restarts += 1
@@ -175,6 +147,7 @@ class Follower:
             status, error = "failed", f"{type(e).__name__}: {e}"[:2000]
             raise
         finally:
+            self.tracker.close()
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 store.finish_run(conn, self.view.name, status, error)
         return self.stats
@@ -276,6 +249,9 @@ class Follower:
                 per_partition = fresh.groupBy("topic", "partition").agg(F.count(F.lit(1)).alias("n")).collect()
                 events = sum(int(r["n"]) for r in per_partition)
                 lsns = self._apply(conn, fresh) if events else {}
+            except FoldFailed as e:  # the transaction rolls back: nothing of this batch is committed
+                self.failure = e
+                raise
             finally:
                 fresh.unpersist()
             store.write_checkpoints(conn, self.view.name, end, lsns)
@@ -290,16 +266,12 @@ class Follower:
             if reached:
                 store.advance_reached(conn, self.view.name, reached)
         with self.lock:
-            self.stats.batches += 1
-            self.stats.events += events
-            self.stats.applied = merged
-            self.stats.last_batch_seconds = time.monotonic() - began
-            self.stats.reached_lsn = max(self.stats.reached_lsn, reached)
+            self.stats.committed(events, time.monotonic() - began, merged, reached)
         self.on_batch(self.stats)
 
     def _apply(self, conn: store.Conn, fresh: DataFrame) -> dict[tuple[str, int], int]:
         if isinstance(self.view, FoldView):
-            return apply_fold(conn, self.view, fresh)
+            return apply_fold_frame(conn, self.view, fresh)
         if isinstance(self.view, CountView):
             return apply_counts(conn, self.view, fresh)
         return apply_mirror(conn, self.view, fresh)
@@ -308,105 +280,22 @@ class Follower:
 # -- applying a batch ---------------------------------------------------------------------------
 
 
-def _events(fresh: DataFrame) -> list[tuple[str, int, StoredEvent]]:
-    parsed = engine.python_rows(engine.parse_events(fresh).select("topic", "partition", *engine.EVENT_COLUMNS))
-    return [(r[0], int(r[1]), engine.stored_event(tuple(r)[2:])) for r in parsed.collect()]
-
-
-def _max_lsns(items: Iterable[tuple[str, int, int]]) -> dict[tuple[str, int], int]:
-    out: dict[tuple[str, int], int] = {}
-    for topic, partition, lsn in items:
-        out[(topic, partition)] = max(lsn, out.get((topic, partition), 0))
+def _events(view: FoldView, fresh: DataFrame) -> list[LocatedEvent]:
+    columns = ("topic", "partition", "offset", *engine.EVENT_COLUMNS)
+    parsed = engine.python_rows(engine.parse_events(fresh).select(*columns))
+    out = []
+    for r in parsed.collect():
+        try:
+            event = engine.stored_event(tuple(r)[3:])
+        except Exception as e:  # a value from_json could not parse (nulls): not an outbox event
+            raise FoldFailed(view.name, r[0], int(r[1]), int(r[2]), e) from e
+        out.append(LocatedEvent(r[0], int(r[1]), int(r[2]), event))
     return out
 
 
-def apply_fold(conn: store.Conn, view: FoldView, fresh: DataFrame) -> dict[tuple[str, int], int]:
-    """Fold the batch's events into the touched streams' stored states; replace their rows."""
-    located = _events(fresh)
-    streams: dict[str, list[StoredEvent]] = defaultdict(list)
-    for _, _, e in located:
-        streams[e.stream_id].append(e)
-    stored = {
-        sid: (int(v), int(lsn), state)
-        for sid, v, lsn, state in conn.execute(
-            "SELECT stream_id, version, commit_lsn, state FROM projection_state WHERE projection = %s "
-            "AND stream_id = ANY(%s) FOR UPDATE",
-            (view.name, list(streams)),
-        )
-    }
-    old_rows: list[Row] = []
-    new_rows: list[Row] = []
-    states: list[Row] = []
-    for sid, events in streams.items():
-        events.sort(key=lambda e: e.version)
-        stype = events[0].stream_type
-        version, lsn, raw = stored.get(sid, (0, 0, None))
-        if events[-1].version <= version:
-            continue  # all applied already
-        before = None if raw is None else engine.state_from_json(view, stype, raw)
-        if before is not None:
-            old_rows.extend(view.rows(Stream(view.aggregate(stype), sid, version, lsn, before)))
-        after = engine.stream_of(view, events, before, version)
-        new_rows.extend(view.rows(after))
-        states.append((view.name, sid, after.version, after.commit_lsn, Jsonb(to_json(after.state))))
-    if view.snapshots:
-        _upsert_snapshots(conn, new_rows)
-    else:
-        _replace_rows(conn, view, old_rows, new_rows)
-    with conn.cursor() as cur:
-        cur.executemany(
-            """
-            INSERT INTO projection_state (projection, stream_id, version, commit_lsn, state) VALUES (%s, %s, %s, %s, %s)
-            ON CONFLICT (projection, stream_id) DO UPDATE
-               SET version = EXCLUDED.version, commit_lsn = EXCLUDED.commit_lsn, state = EXCLUDED.state
-            """,
-            states,
-        )
-    return _max_lsns((t, p, e.commit_lsn) for t, p, e in located)
-
-
-def _replace_rows(conn: store.Conn, view: FoldView, old_rows: list[Row], new_rows: list[Row]) -> None:
-    """Delete the streams' previous rows (matched on every column), then insert the new ones; a key
-    held by another stream is taken over only by a row with a larger commit_lsn."""
-    table = view.table.name
-    columns = columns_of(view)
-    keys = key_columns(view.table)
-    if old_rows:
-        match = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(c)) for c in columns)
-        with conn.cursor() as cur:
-            cur.executemany(sql.SQL("DELETE FROM {} WHERE {}").format(sql.Identifier(table), match), old_rows)
-    if not new_rows:
-        return
-    insert = sql.SQL("INSERT INTO {} AS t ({}) VALUES ({}) ").format(
-        sql.Identifier(table),
-        sql.SQL(", ").join(sql.Identifier(c) for c in columns),
-        sql.SQL(", ").join(sql.Placeholder() for _ in columns),
-    )
-    if "commit_lsn" in columns:
-        insert += sql.SQL("ON CONFLICT ({}) DO UPDATE SET {} WHERE t.commit_lsn < EXCLUDED.commit_lsn").format(
-            sql.SQL(", ").join(sql.Identifier(c) for c in keys),
-            sql.SQL(", ").join(
-                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in columns if c not in keys
-            ),
-        )
-    lsn_at = columns.index("commit_lsn") if "commit_lsn" in columns else None
-    ordered = sorted(new_rows, key=lambda r: r[lsn_at]) if lsn_at is not None else new_rows
-    with conn.cursor() as cur:
-        cur.executemany(insert, ordered)
-
-
-def _upsert_snapshots(conn: store.Conn, rows: list[Row]) -> None:
-    with conn.cursor() as cur:
-        cur.executemany(
-            """
-            INSERT INTO snapshots (stream_id, stream_type, version, schema_version, state) VALUES (%s, %s, %s, %s, %s)
-            ON CONFLICT (stream_id) DO UPDATE
-               SET stream_type = EXCLUDED.stream_type, version = EXCLUDED.version,
-                   schema_version = EXCLUDED.schema_version, state = EXCLUDED.state, recorded_at = now()
-             WHERE snapshots.version < EXCLUDED.version OR snapshots.schema_version <> EXCLUDED.schema_version
-            """,
-            [(*r[:4], Jsonb(r[4])) for r in rows],
-        )
+def apply_fold_frame(conn: store.Conn, view: FoldView, fresh: DataFrame) -> dict[tuple[str, int], int]:
+    """Fold the batch's events (collected to the driver) into the stored states (:func:`apply.apply_fold`)."""
+    return apply_fold(conn, view, _events(view, fresh))
 
 
 def apply_counts(conn: store.Conn, view: CountView, fresh: DataFrame) -> dict[tuple[str, int], int]:
@@ -426,16 +315,7 @@ def apply_counts(conn: store.Conn, view: CountView, fresh: DataFrame) -> dict[tu
         ]
     finally:
         parsed.unpersist()
-    columns = columns_of(view)
-    statement = sql.SQL("INSERT INTO {} AS t ({}) VALUES ({}) ON CONFLICT ({}) DO UPDATE SET {}").format(
-        sql.Identifier(view.table.name),
-        sql.SQL(", ").join(sql.Identifier(c) for c in columns),
-        sql.SQL(", ").join(sql.Placeholder() for _ in columns),
-        sql.SQL(", ").join(sql.Identifier(c) for c in view.key_columns),
-        sql.SQL(", ").join(sql.SQL("{0} = t.{0} + EXCLUDED.{0}").format(sql.Identifier(c)) for c in view.count_columns),
-    )
-    with conn.cursor() as cur:
-        cur.executemany(statement, rows)
+    add_counts(conn, view, rows)
     return lsns
 
 

@@ -1,10 +1,10 @@
 """Prometheus metrics of a follow job (``tideline project follow VIEW --metrics-port P``).
 
-Read from :class:`projections.follow.FollowStats` at scrape time::
+Read from :class:`projections.progress.FollowStats` at scrape time (either engine)::
 
   tideline_projection_events_total       counter  records applied
-  tideline_projection_batches_total      counter  micro-batches committed
-  tideline_projection_last_batch_seconds gauge    duration of the last micro-batch
+  tideline_projection_batches_total      counter  batches (micro-batches) committed
+  tideline_projection_last_batch_seconds gauge    duration of the last batch
   tideline_projection_reached_lsn        gauge    the source LSN the view has reached
   tideline_projection_lag_records        gauge    log end − applied offset, summed over partitions
 
@@ -20,13 +20,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from projections.follow import Follower
+    from projections.progress import FollowJob
 
 PREFIX = "tideline_projection_"
 
 
 class FollowCollector(Collector):
-    def __init__(self, follower: Follower) -> None:
+    def __init__(self, follower: FollowJob) -> None:
         self.follower = follower
 
     def collect(self) -> Iterator[Metric]:
@@ -40,10 +40,8 @@ class FollowCollector(Collector):
 
         lag = stats.lag(self.follower.log_dir, self.follower.view.topics)
         yield metric(CounterMetricFamily, "events", "Records applied.", stats.events)
-        yield metric(CounterMetricFamily, "batches", "Micro-batches committed.", stats.batches)
-        yield metric(
-            GaugeMetricFamily, "last_batch_seconds", "Duration of the last micro-batch.", stats.last_batch_seconds
-        )
+        yield metric(CounterMetricFamily, "batches", "Batches committed.", stats.batches)
+        yield metric(GaugeMetricFamily, "last_batch_seconds", "Duration of the last batch.", stats.last_batch_seconds)
         yield metric(GaugeMetricFamily, "reached_lsn", "Source LSN the view has reached.", stats.reached_lsn)
         yield metric(
             GaugeMetricFamily,

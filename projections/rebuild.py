@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 
 from eventstore.log import Log
 from projections import attempts, engine, store
-from projections.consistency import captured_lsn, consistent_offsets
+from projections.consistency import consistent_offsets, take_sample
 from projections.models import projection_state
 from projections.views import CountView, FoldView, MirrorView, View, ViewCatalog, columns_of, owned_table
 
@@ -88,8 +88,12 @@ def rebuild(
     try:
         stage("fixing the offsets to read")
         with Log(log_dir, create=False) as log:
-            lsn = captured_lsn(log)
+            # capture's position first, then the cut: the position counts only if the cut holds every record
+            # appended before it was read (commit markers land partition by partition, so the last stable
+            # offsets may still lag the log end of a transaction the position already covers)
+            sample = take_sample(log, view.topics)
             ends = consistent_offsets(log, view.topics)
+            lsn = sample.lsn if sample.covered_by(ends) else 0
         result = _rebuild(spark, catalog, view, log_dir, dsn, ends, lsn, stage)
     except BaseException as e:
         with psycopg.connect(dsn, autocommit=True) as conn:

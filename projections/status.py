@@ -1,21 +1,38 @@
-"""What ``tideline project status`` shows: per projection, its checkpoints, lag and last run."""
+"""What ``tideline project status`` shows: per projection, its checkpoints, lag, health and last run.
+
+**Stalled** (Marten's high-water health check): a projection whose lag stayed above zero,
+with no progress, for longer than ``stall_after`` seconds — its oldest unapplied record
+(the record at a lagging partition's checkpoint) was appended more than ``stall_after``
+ago *and* no batch has been committed since then (the checkpoints' ``updated_at``).
+A job that keeps committing batches is behind, not stalled; a view nobody follows while
+events arrive is stalled once they wait longer than that.
+"""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from eventstore.consumer import Consumer, TopicPartition
 from eventstore.isolation import IsolationLevel, end_offset
 from eventstore.log import Log
 from projections.consistency import format_lsn
 
+DEFAULT_STALL_AFTER_S = 60.0
 
-def projection_status(dsn: str, log_dir: Path) -> list[dict[str, Any]]:
+
+def projection_status(
+    dsn: str, log_dir: Path, *, stall_after: float = DEFAULT_STALL_AFTER_S, now: datetime | None = None
+) -> list[dict[str, Any]]:
     """One dict per projection with a run or a checkpoint: ``projection, mode, status, events,
-    batches, reached_lsn, started_at, finished_at, error`` and ``partitions`` (``topic,
-    partition, next_offset, log_end, lag, commit_lsn``); lag = log end (read_committed) − next offset."""
+    batches, reached_lsn, started_at, finished_at, error, lag, last_progress_at, waiting_since,
+    stalled`` and ``partitions`` (``topic, partition, next_offset, log_end, lag, commit_lsn``);
+    lag = log end (read_committed) − next offset; ``waiting_since``: when the oldest record not
+    yet applied was appended (None: nothing waits); ``now``: the time to judge by (default: now)."""
+    now = now or datetime.now(UTC)
     with psycopg.connect(dsn, autocommit=True) as conn:
         runs = {
             r[0]: r
@@ -25,18 +42,21 @@ def projection_status(dsn: str, log_dir: Path) -> list[dict[str, Any]]:
             )
         }
         checkpoints = conn.execute(
-            "SELECT projection, topic, partition, next_offset, commit_lsn FROM projection_checkpoints "
+            "SELECT projection, topic, partition, next_offset, commit_lsn, updated_at FROM projection_checkpoints "
             "ORDER BY projection, topic, partition"
         ).fetchall()
     ends: dict[tuple[str, int], int] = {}
+    waiting: dict[tuple[str, str, int], datetime] = {}
     if log_dir.exists():
         with Log(log_dir, create=False) as log:
             topics = set(log.topics())
-            for _, topic, partition, _, _ in checkpoints:
+            for name, topic, partition, offset, _, _ in checkpoints:
                 if topic in topics and partition < log.topic(topic).partitions:
-                    ends[(topic, partition)] = end_offset(
+                    end = ends[(topic, partition)] = end_offset(
                         log.partition(topic, partition), IsolationLevel.READ_COMMITTED
                     )
+                    if end > offset and (since := _appended_at(log, topic, partition, int(offset))) is not None:
+                        waiting[(name, topic, partition)] = since
     out: dict[str, dict[str, Any]] = {}
     for name in sorted(set(runs) | {c[0] for c in checkpoints}):
         run = runs.get(name)
@@ -52,16 +72,43 @@ def projection_status(dsn: str, log_dir: Path) -> list[dict[str, Any]]:
             "error": run[8] if run else None,
             "partitions": [],
         }
-    for name, topic, partition, offset, lsn in checkpoints:
-        end = ends.get((topic, partition))
+    progress: dict[str, datetime] = {}
+    for name, topic, partition, offset, lsn, updated_at in checkpoints:
+        log_end = ends.get((topic, partition))
+        progress[name] = max(updated_at, progress.get(name, updated_at))
         out[name]["partitions"].append(
             {
                 "topic": topic,
                 "partition": int(partition),
                 "next_offset": int(offset),
-                "log_end": end,
-                "lag": None if end is None else max(0, end - int(offset)),
+                "log_end": log_end,
+                "lag": None if log_end is None else max(0, log_end - int(offset)),
                 "commit_lsn": format_lsn(int(lsn)),
             }
         )
+    for name, row in out.items():
+        _health(row, progress.get(name), [t for (n, _, _), t in waiting.items() if n == name], stall_after, now)
     return list(out.values())
+
+
+def _health(
+    row: dict[str, Any], progress: datetime | None, waiting: list[datetime], stall_after: float, now: datetime
+) -> None:
+    lags = [p["lag"] for p in row["partitions"] if p["lag"] is not None]
+    row["lag"] = sum(lags) if lags else None
+    row["last_progress_at"] = progress.isoformat(timespec="milliseconds") if progress else None
+    since = min(waiting) if waiting else None
+    row["waiting_since"] = since.isoformat(timespec="milliseconds") if since else None
+    limit = now - timedelta(seconds=stall_after)
+    row["stalled"] = bool(row["lag"]) and since is not None and since < limit and (progress is None or progress < limit)
+
+
+def _appended_at(log: Log, topic: str, partition: int, offset: int) -> datetime | None:
+    """The timestamp of the first committed record at or after ``offset`` (None: none readable)."""
+    with Consumer(log, enable_auto_commit=False, auto_offset_reset="earliest") as consumer:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        consumer.seek(tp, offset)
+        for record in consumer.poll(timeout_ms=0, max_records=1):
+            return datetime.fromtimestamp(record.timestamp / 1000, UTC)
+    return None

@@ -21,6 +21,7 @@ Offsets = dict[str, dict[int, int]]
 Conn = psycopg.Connection[Any]
 
 SHADOW_SUFFIX = "__shadow"
+REACHED_CHANNEL = "tideline_reached"  # NOTIFY channel: a projection's reached LSN rose (payload: its name)
 STAGING_SUFFIX = "__staging"
 
 
@@ -97,10 +98,14 @@ def finish_run(conn: Conn, projection: str, status: str, error: str | None = Non
 
 
 def advance_reached(conn: Conn, projection: str, lsn: int) -> None:
-    """Raise the projection's reached LSN to ``lsn`` (never lowers it)."""
+    """Raise the projection's reached LSN to ``lsn`` (never lowers it); when it rose, notify
+    :data:`REACHED_CHANNEL` (payload: the projection) — delivered when the transaction commits,
+    so a waiter (:func:`projections.consistency.wait_for`) wakes as the view changes."""
     conn.execute(
-        "UPDATE projection_runs SET reached_lsn = GREATEST(reached_lsn, %s), updated_at = now() WHERE projection = %s",
-        (lsn, projection),
+        "WITH raised AS (UPDATE projection_runs SET reached_lsn = %s, updated_at = now() "
+        "WHERE projection = %s AND reached_lsn < %s RETURNING projection) "
+        "SELECT pg_notify(%s, projection) FROM raised",
+        (lsn, projection, lsn, REACHED_CHANNEL),
     )
 
 

@@ -1,10 +1,10 @@
-"""``tideline project``: rebuild and follow read views on Spark, and show their status.
+"""``tideline project``: rebuild read views on Spark, follow them (live or on Spark), show their status.
 
 ::
 
     tideline project rebuild users --dsn "$DSN"                  # replay, then swap in
-    tideline project follow seats --dsn "$DSN" [--once]           # micro-batches, exactly once
-    tideline project status [--json]                              # offsets, lag, reached LSN, last run
+    tideline project follow seats --dsn "$DSN" [--once]           # batches, exactly once (--engine live|spark)
+    tideline project status [--json] [--stall-after 60]           # offsets, lag, reached LSN, stalled, last run
 
 Views come from a catalog module (``--views``, default the reservations example's);
 ``mirror:<topic>`` mirrors any CDC topic. The log is the global ``--data-dir``.
@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
+import tempfile
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -30,7 +33,7 @@ from tideline.cli_common import fail, one_line_errors
 DSN_ENV = "TIDELINE_DSN"
 DEFAULT_VIEWS = "examples.reservations.views"
 
-app = typer.Typer(help="Read views on Spark: rebuild, follow, status.", no_args_is_help=True)
+app = typer.Typer(help="Read views: rebuild (Spark), follow (live or Spark), status.", no_args_is_help=True)
 console = Console(stderr=True, highlight=False)
 
 DsnOption = Annotated[
@@ -60,11 +63,58 @@ def _catalog(module: str) -> Any:
     return load_catalog(module)
 
 
-def _session(master: str) -> Any:
+SPARK_LOG_LEVELS = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL")
+DEFAULT_SPARK_LOG_LEVEL = "ERROR"
+DEFAULT_LOG_INTERVAL = 10.0
+SparkLogLevelOption = Annotated[
+    str, typer.Option("--spark-log-level", help=f"Spark's console log level ({', '.join(SPARK_LOG_LEVELS)}).")
+]
+LOG4J2_PROPERTIES = """\
+# Written by tideline project: Spark's console at one level (--spark-log-level), on stderr.
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = stderr
+# PySpark's JVM starts as an interpreter: its console takes this logger's level (else WARN, announced)
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = {level}
+appender.console.type = Console
+appender.console.name = stderr
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+"""
+
+
+def _spark_log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in SPARK_LOG_LEVELS:
+        raise fail(f"--spark-log-level must be one of {', '.join(SPARK_LOG_LEVELS)}, not {text!r}")
+    return level
+
+
+def _session(master: str, log_level: str = DEFAULT_SPARK_LOG_LEVEL) -> Any:
+    """A SparkSession whose console logs at ``log_level`` from the JVM's start: a log4j2
+    configuration passed to the driver (Spark's own default prints its profile and WARN lines
+    before any ``setLogLevel`` can run). A ``PYSPARK_SUBMIT_ARGS`` set by the user is kept."""
     from projections.engine import make_session
 
-    with console.status(f"starting Spark ({master})"):
-        return make_session(master)
+    fd, name = tempfile.mkstemp(prefix="tideline-log4j2-", suffix=".properties")
+    config = Path(name)
+    previous = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(LOG4J2_PROPERTIES.format(level=log_level))
+        if previous is None:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = (
+                f"--driver-java-options {shlex.quote(f'-Dlog4j2.configurationFile={config.as_uri()}')} pyspark-shell"
+            )
+        with console.status(f"starting Spark ({master})"):
+            session = make_session(master)
+        session.sparkContext.setLogLevel(log_level)
+        return session
+    finally:
+        if previous is None:
+            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+        config.unlink(missing_ok=True)  # read once, when the JVM started
 
 
 @app.command()
@@ -74,6 +124,7 @@ def rebuild(
     master: MasterOption = "local[*]",
     views: ViewsOption = DEFAULT_VIEWS,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    spark_log_level: SparkLogLevelOption = DEFAULT_SPARK_LOG_LEVEL,
 ) -> None:
     """Replay VIEW's topics from the beginning into a shadow table, then swap it in atomically."""
     from projections.consistency import format_lsn
@@ -81,9 +132,10 @@ def rebuild(
 
     target = _dsn(dsn)
     with one_line_errors():
+        level = _spark_log_level(spark_log_level)
         catalog = _catalog(views)
         catalog[view]
-        spark = _session(master)
+        spark = _session(master, level)
         try:
             with console.status("rebuilding") as status:
                 result = run_rebuild(
@@ -114,16 +166,26 @@ def rebuild(
 def follow(
     view: Annotated[str, typer.Argument(help="Projection name (or mirror:<topic>).")],
     dsn: DsnOption = None,
-    master: MasterOption = "local[*]",
+    engine: Annotated[
+        str, typer.Option("--engine", help="live: no Spark, milliseconds behind capture; spark: micro-batches.")
+    ] = "live",
+    master: Annotated[str | None, typer.Option("--master", help="Spark master (--engine spark).")] = None,
     views: ViewsOption = DEFAULT_VIEWS,
     once: Annotated[bool, typer.Option("--once", help="Apply what is readable now, then exit.")] = False,
     checkpoint_dir: Annotated[
         Path | None, typer.Option("--checkpoint-dir", help="Spark checkpoints (default <data-dir>/_projections).")
     ] = None,
-    trigger_seconds: Annotated[float, typer.Option("--trigger-seconds", help="Micro-batch interval.")] = 1.0,
-    max_records: Annotated[
-        int | None, typer.Option("--max-records-per-trigger", help="Cap on records per batch.")
+    trigger_seconds: Annotated[
+        float | None, typer.Option("--trigger-seconds", help="Micro-batch interval (--engine spark; default 1).")
     ] = None,
+    max_records: Annotated[
+        int | None,
+        typer.Option("--max-records-per-batch", "--max-records-per-trigger", min=1, help="Cap on records per batch."),
+    ] = None,
+    log_interval: Annotated[
+        float, typer.Option("--log-interval", min=0, help="Seconds between progress lines on stderr (0: none).")
+    ] = DEFAULT_LOG_INTERVAL,
+    spark_log_level: SparkLogLevelOption = DEFAULT_SPARK_LOG_LEVEL,
     metrics_host: Annotated[str, typer.Option("--metrics-host", help="Address the metrics endpoint binds.")] = (
         "127.0.0.1"
     ),
@@ -132,84 +194,99 @@ def follow(
         typer.Option("--metrics-port", min=0, max=65535, help="Serve Prometheus metrics on this port (/metrics)."),
     ] = None,
 ) -> None:
-    """Keep VIEW up to date: micro-batches whose rows and offsets commit in one transaction."""
+    """Keep VIEW up to date: batches whose rows and offsets commit in one transaction, exactly once."""
     from projections.consistency import format_lsn
-    from projections.follow import Follower, FollowStats
+    from projections.engines import FollowEngine, FollowSettings
 
     target = _dsn(dsn)
     stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     log_dir = _log_dir()
     began = time.monotonic()
     with one_line_errors():
+        chosen = FollowEngine.parse(engine)
+        level = _spark_log_level(spark_log_level)
+        if master is not None and not chosen.needs_spark:
+            raise fail("--master is for --engine spark (the live engine runs in this process)")
         catalog = _catalog(views)
         catalog[view]
-        spark = _session(master)
+        settings = FollowSettings(
+            log_dir=log_dir,
+            dsn=target,
+            checkpoint_dir=checkpoint_dir or log_dir / "_projections",
+            max_records_per_batch=max_records,
+            trigger_seconds=trigger_seconds,
+        )
+        job = None if chosen.needs_spark else chosen.job(catalog, view, settings)
+        spark = _session(master or "local[*]", level) if chosen.needs_spark else None
         server = None
         try:
-            status = console.status(f"{view}: waiting for the first batch")
+            job = job or chosen.job(catalog, view, settings, spark)
 
-            def report(stats: FollowStats) -> None:
-                status.update(
-                    f"{view}: {stats.batches} batches, {stats.events:,} events, "
-                    f"last batch {stats.last_batch_seconds * 1000:.0f} ms, reached {format_lsn(stats.reached_lsn)}"
-                )
+            def on_signal(signum: int, frame: FrameType | None) -> None:
+                stop.set()
+                wakeup = getattr(job, "wakeup", None)
+                if wakeup is not None:
+                    wakeup()
 
-            follower = Follower(
-                spark,
-                catalog,
-                view,
-                log_dir=log_dir,
-                dsn=target,
-                checkpoint_dir=checkpoint_dir or log_dir / "_projections",
-                trigger_seconds=trigger_seconds,
-                max_records_per_trigger=max_records,
-                on_batch=report,
-            )
+            signal.signal(signal.SIGTERM, on_signal)
+            signal.signal(signal.SIGINT, on_signal)
             if metrics_port is not None:
                 from eventstore.metrics import serve_metrics
                 from projections.metrics import FollowCollector
 
-                server = serve_metrics(FollowCollector(follower), metrics_port, metrics_host)
+                server = serve_metrics(FollowCollector(job), metrics_port, metrics_host)
                 console.print(f"metrics on http://{metrics_host}:{server.port}/metrics")
-            with status:
-                stats = follower.run(once=once, stop=stop)
+            with _progress(job, chosen.value, log_interval):
+                stats = job.run(once=once, stop=stop)
         finally:
             if server is not None:
                 server.stop()
-            spark.stop()
+            if spark is not None:
+                spark.stop()
     typer.echo(
-        f"followed {view}: {stats.batches} batches, {stats.events:,} events in {time.monotonic() - began:.1f} s, "
-        f"reached {format_lsn(stats.reached_lsn)}"
+        f"followed {view} ({chosen.value}): {stats.batches} batches, {stats.events:,} events in "
+        f"{time.monotonic() - began:.1f} s, reached {format_lsn(stats.reached_lsn)}"
     )
+
+
+def _progress(job: Any, engine: str, interval: float) -> AbstractContextManager[Any]:
+    """One structured progress line per ``interval`` on stderr (none for 0)."""
+    from projections.progress import ProgressReporter
+
+    if interval <= 0:
+        return nullcontext()
+    return ProgressReporter(job, engine, interval, lambda line: console.print(line, markup=False, soft_wrap=True))
 
 
 @app.command()
 def status(
     dsn: DsnOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    stall_after: Annotated[
+        float,
+        typer.Option("--stall-after", min=0, help="Seconds of lag > 0 without progress that make a view stalled."),
+    ] = 60.0,
 ) -> None:
-    """Per projection: checkpoint offsets, lag (log end − checkpoint), reached LSN, last run."""
+    """Per projection: checkpoint offsets, lag (log end − checkpoint), reached LSN, stalled or ok, last run."""
     from projections.status import projection_status
 
     with one_line_errors():
-        rows = projection_status(_dsn(dsn), _log_dir())
+        rows = projection_status(_dsn(dsn), _log_dir(), stall_after=stall_after)
     if as_json:
         typer.echo(json.dumps(rows, default=str))
         return
-    table = Table("projection", "mode", "status", "events", "reached", "partition", "offset", "lag", "last run")
+    table = Table(
+        "projection", "mode", "status", "health", "events", "reached", "partition", "offset", "lag", "last run"
+    )
     for r in rows:
         first = True
         for part in r["partitions"] or [{"topic": "-", "partition": "", "next_offset": "", "lag": ""}]:
+            health = "[red]stalled[/red]" if r["stalled"] else ("behind" if r["lag"] else "ok")
             table.add_row(
                 r["projection"] if first else "",
                 r["mode"] if first else "",
                 r["status"] if first else "",
+                health if first else "",
                 f"{r['events']:,}" if first else "",
                 r["reached_lsn"] if first else "",
                 f"{part['topic']}[{part['partition']}]",

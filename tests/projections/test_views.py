@@ -26,6 +26,7 @@ from views_util import (
     drop_slots,
     issue_commands,
     migrated_database,
+    poisoned_log,
     soak,
 )
 
@@ -40,6 +41,7 @@ from examples.reservations.views import VIEWS
 from projections.consistency import parse_lsn, wait_for
 from projections.follow import Follower, follow
 from projections.models import metadata as read_side
+from projections.progress import FoldFailed
 from projections.rebuild import rebuild
 from projections.reference import expected_rows, records, view_rows
 from tideline.pgharness import LocalPostgres
@@ -298,3 +300,20 @@ def test_rebuild_folds_a_stream_split_over_two_partitions(spark: SparkSession, d
     assert {row[1] for row in expected} == {f"B{r}" for r in range(1, 7)}  # every stream's second event applies
     rebuild(spark, VIEWS, "seats", log_dir=log_dir, dsn=db)
     assert view_rows(db, VIEWS["seats"]) == expected
+
+
+def test_spark_follow_stops_when_a_fold_raises(spark: SparkSession, db: str, tmp_path: Path) -> None:
+    """The Spark engine: a fold that raises on an event fails the job with an error naming the view,
+    topic, partition, offset and the fold's error (not Spark's wrapping), and commits nothing of
+    that micro-batch (two good events precede the bad one in it)."""
+    log_dir = tmp_path / "log"
+    poisoned_log(log_dir, good=2)
+    with pytest.raises(FoldFailed) as failed:
+        follow(spark, VIEWS, "users", log_dir=log_dir, dsn=db, checkpoint_dir=tmp_path / "ck", once=True)
+    assert str(failed.value).startswith("view users: the fold raised on events.user[0] offset 2: ")
+    assert "username" in failed.value.error
+    assert view_rows(db, VIEWS["users"]) == []
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM projection_checkpoints WHERE projection = 'users'").fetchone() == (0,)
+        status = c.execute("SELECT status, error FROM projection_runs WHERE projection = 'users'").fetchone()
+    assert status[0] == "failed" and "offset 2" in status[1]

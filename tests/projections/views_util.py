@@ -18,6 +18,7 @@ from capture.tables import TableFilter
 from commands.errors import DomainError, DuplicateClaimError
 from commands.handler import CommandHandler, HandlerConfig
 from eventstore.log import Log
+from eventstore.producer import Producer
 from examples.reservations.domain import RESERVATION, USER, CancelReservation, ChangeSeat, RegisterUser, ReserveSeat
 from tideline.pgharness import LocalPostgres
 
@@ -114,3 +115,24 @@ def change_accounts(dsn: str, n: int, rng: random.Random) -> None:
                 )
             else:
                 c.execute("TRUNCATE accounts")
+
+
+GOOD = (
+    b'{"stream_id":"user-%d","stream_type":"user","version":1,"event_type":"UserRegistered","schema_version":2,'
+    b'"payload":{"user_id":"%d","username":"name%d","display_name":"N"},"recorded_at":"2026-01-01T00:00:00+00:00",'
+    b'"source":{"commit_lsn":%d,"event_index":0}}'
+)
+POISON = (  # a UserRegistered without its username: the aggregate's registry cannot decode it
+    b'{"stream_id":"user-9","stream_type":"user","version":1,"event_type":"UserRegistered","schema_version":2,'
+    b'"payload":{"user_id":"9"},"recorded_at":"2026-01-01T00:00:00+00:00","source":{"commit_lsn":900,"event_index":0}}'
+)
+
+
+def poisoned_log(log_dir: Path, good: int) -> None:
+    """``good`` valid registrations, then one event the fold cannot take, in events.user[0]."""
+    with Log(log_dir) as log:
+        log.create_topic("events.user", partitions=1)
+        with Producer(log) as producer:
+            values = [GOOD % (i, i, i, 100 + i) for i in range(good)]
+            producer.send_batch("events.user", values, [f"user-{i}".encode() for i in range(good)])
+            producer.send_batch("events.user", [POISON], [b"user-9"])
