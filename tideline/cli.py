@@ -44,6 +44,7 @@ def _register() -> None:
     from tideline.capture_cli import app as capture_app
     from tideline.db_cli import app as db_app
     from tideline.demo import demo_command
+    from tideline.kafka_cli import app as kafka_app
     from tideline.log_cli import app as log_app
     from tideline.pg_cli import app as pg_app
     from tideline.project_cli import app as project_app
@@ -52,6 +53,7 @@ def _register() -> None:
     app.add_typer(capture_app, name="capture")
     app.add_typer(log_app, name="log")
     app.add_typer(pg_app, name="pg")
+    app.add_typer(kafka_app, name="kafka")
     app.add_typer(db_app, name="db")
     app.add_typer(schemas_app, name="schemas")
     app.add_typer(project_app, name="project")
