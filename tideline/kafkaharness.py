@@ -319,13 +319,19 @@ class LocalKafka:
                     STORAGE_TOOL_CLASS, "format", "-t", cluster_id, "-c", str(self._config_path(node.node_id))]
             formats[node.node_id] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                      text=True)  # fmt: skip
-        for node_id, proc in formats.items():
-            output, _ = proc.communicate(timeout=120)
-            if proc.returncode != 0:
-                raise KafkaHarnessError(
-                    f"formatting Kafka node {node_id} in {self.node_dir(node_id) / 'data'} failed "
-                    f"(exit {proc.returncode}): {_one_line(output)}"
-                )
+        try:
+            for node_id, proc in formats.items():
+                output, _ = proc.communicate(timeout=120)
+                if proc.returncode != 0:
+                    raise KafkaHarnessError(
+                        f"formatting Kafka node {node_id} in {self.node_dir(node_id) / 'data'} failed "
+                        f"(exit {proc.returncode}): {_one_line(output)}"
+                    )
+        finally:
+            for proc in formats.values():  # after a failure or timeout: leave no formatter running
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
         state: dict[str, Any] = {"version": STATE_VERSION, "cluster_id": cluster_id, "brokers": count}
         self._write_state(state, nodes, {n.node_id: None for n in nodes})
         return state
