@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from tideline.config import DATA_DIR_ENV, resolve_data_dir
+from tideline.config import DATA_DIR_ENV, KAFKA_BOOTSTRAP_ENV, resolve_data_dir, resolve_kafka_bootstrap
 
 app = typer.Typer(
     name="tideline",
@@ -23,6 +23,7 @@ class State:
     """Options shared by every sub-command (set by the top-level callback)."""
 
     data_dir: Path = resolve_data_dir(None)
+    kafka: str | None = None  # bootstrap servers: Kafka is the log (only `tideline log` so far)
 
 
 @app.callback()
@@ -36,8 +37,20 @@ def _root(
             show_default=False,
         ),
     ] = None,
+    kafka: Annotated[
+        str | None,
+        typer.Option(
+            "--kafka",
+            envvar=KAFKA_BOOTSTRAP_ENV,
+            metavar="HOST:PORT[,…]",
+            help="Use the Apache Kafka cluster at these bootstrap servers as the log "
+            "(so far: `tideline log create|topics|describe|produce|tail|groups`).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     State.data_dir = resolve_data_dir(data_dir)
+    State.kafka = resolve_kafka_bootstrap(kafka)
 
 
 def _register() -> None:
