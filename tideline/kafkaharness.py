@@ -64,6 +64,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -219,7 +220,7 @@ class LocalKafka:
                 if pids[node.node_id] is None:
                     pids[node.node_id], log_offsets[node.node_id] = self._launch(java, jars, node, nodes)
             self._write_state(state, nodes, pids)
-            self._wait_ready(nodes, log_offsets, pids)
+            self._wait_ready_or_stop(state, nodes, log_offsets, pids)
             return _bootstrap(nodes)
 
     def stop(self) -> list[NodeStop]:
@@ -263,7 +264,7 @@ class LocalKafka:
                         )
                 pids[node_id], log_offset = self._launch(java, jars, node, nodes)
                 self._write_state(state, nodes, pids)
-                self._wait_ready(nodes, {node_id: log_offset}, pids)
+                self._wait_ready_or_stop(state, nodes, {node_id: log_offset}, pids)
 
     def status(self) -> KafkaClusterStatus:
         state = self._state()
@@ -315,8 +316,9 @@ class LocalKafka:
             if data.exists():  # a torn earlier format (harness.json is written last)
                 shutil.rmtree(data)
             self._write_node_config(node, nodes)
-            argv = [java, "-cp", f"{jars}/*", f"-Dlog4j2.configurationFile={self._log4j_path(node.node_id)}",
-                    STORAGE_TOOL_CLASS, "format", "-t", cluster_id, "-c", str(self._config_path(node.node_id))]
+            argv = [java, "-Xmx256m", "-XX:+UseSerialGC", "-cp", f"{jars}/*",
+                    f"-Dlog4j2.configurationFile={self._log4j_path(node.node_id)}", STORAGE_TOOL_CLASS,
+                    "format", "-t", cluster_id, "-c", str(self._config_path(node.node_id))]
             formats[node.node_id] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                      text=True)  # fmt: skip
         try:
@@ -325,7 +327,7 @@ class LocalKafka:
                 if proc.returncode != 0:
                     raise KafkaHarnessError(
                         f"formatting Kafka node {node_id} in {self.node_dir(node_id) / 'data'} failed "
-                        f"(exit {proc.returncode}): {_one_line(output)}"
+                        f"(exit {proc.returncode}): {_java_error(output)}"
                     )
         finally:
             for proc in formats.values():  # after a failure or timeout: leave no formatter running
@@ -357,6 +359,17 @@ class LocalKafka:
         log.info("started Kafka node %d (PID %d) on 127.0.0.1:%d", node.node_id, proc.pid, node.broker_port)
         return proc.pid, log_offset
 
+    def _wait_ready_or_stop(
+        self, state: dict[str, Any], nodes: list[_Node], log_offsets: Mapping[int, int], pids: dict[int, int | None]
+    ) -> None:
+        """``_wait_ready``; if that fails, stop the nodes this call launched (nothing is left behind)."""
+        try:
+            self._wait_ready(nodes, log_offsets, pids)
+        except BaseException:
+            self._terminate({node_id: pids[node_id] for node_id in log_offsets}, kill=False)
+            self._write_state(state, nodes, {**pids, **{node_id: None for node_id in log_offsets}})
+            raise
+
     def _wait_ready(self, nodes: list[_Node], log_offsets: Mapping[int, int], pids: Mapping[int, int | None]) -> None:
         """Wait until each launched node logged its start and every node is an unfenced broker.
 
@@ -373,7 +386,8 @@ class LocalKafka:
                 if pid is None or not _pid_alive(pid):
                     _reap(pid)
                     raise KafkaHarnessError(
-                        f"Kafka node {node_id} exited while starting: {self._failure_summary(node_id)} "
+                        f"Kafka node {node_id} exited while starting: "
+                        f"{self._failure_summary(node_id, log_offsets.get(node_id, 0))} "
                         f"(full log: {self.node_dir(node_id) / 'server.log'})"
                     )
             started |= {i for i in wanted - started if _STARTED in _read_from(self._server_log(i), log_offsets[i])}
@@ -386,14 +400,11 @@ class LocalKafka:
                 )
             time.sleep(POLL_SECONDS)
 
-    def _failure_summary(self, node_id: int) -> str:
+    def _failure_summary(self, node_id: int, log_offset: int) -> str:
+        """What this run of the node logged as its failure: the exceptions, without timestamps."""
         ndir = self.node_dir(node_id)
-        lines: list[str] = []
-        for name in ("server.log", "stdout.log"):
-            with contextlib.suppress(OSError):
-                text = (ndir / name).read_text(errors="replace")
-                lines += [line for line in text.splitlines() if " ERROR " in line or line.startswith(_JVM_ERRORS)]
-        return _one_line("\n".join(lines))
+        text = _read_from(ndir / "server.log", log_offset) + "\n" + _read_from(ndir / "stdout.log", 0)[-20_000:]
+        return _java_error(_LOG_PREFIX.sub("", text))
 
     # -- stop ----------------------------------------------------------------
 
@@ -529,7 +540,7 @@ def _broker_settings(node: _Node, nodes: list[_Node], data_dir: Path) -> dict[st
 
 
 _STARTED = "Kafka Server started"  # logged by KafkaRaftServer once broker and controller run
-_JVM_ERRORS = ("Error", "Exception")  # stdout.log lines of a JVM that could not start
+_LOG_PREFIX = re.compile(r"^\[[^\]]*\] ", re.MULTILINE)  # log4j2.properties' "[%d] " before each line
 
 _LOG4J2 = """\
 # Generated by tideline.kafkaharness at every start.
@@ -681,6 +692,14 @@ def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def _java_error(output: str) -> str:
+    """The message of a JVM's failure on one line: exception lines, not the stack frames under them."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    messages = [line for line in lines if not line.startswith(("at ", "..."))
+                and ("Exception" in line or "Error" in line or line.startswith("ERROR "))]  # fmt: skip
+    return _one_line("\n".join(dict.fromkeys(messages)) if messages else output)
 
 
 def _one_line(text: str, max_lines: int = 3) -> str:

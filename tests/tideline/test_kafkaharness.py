@@ -209,3 +209,35 @@ def test_missing_jar_cache_is_a_one_line_error(tmp_path: Path, monkeypatch: pyte
     result = CliRunner().invoke(app, ["start", "--dir", str(tmp_path / "kafka")])
     assert result.exit_code == 1
     assert result.output.count("\n") == 1 and result.output.startswith("error: Apache Kafka's jars not found")
+
+
+def _processes_under(directory: Path) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if str(directory).encode() in (entry / "cmdline").read_bytes() and _alive(int(entry.name)):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "reason"),
+    [
+        ("log.retention.hours", "not-a-number", "log.retention.hours"),  # refused when formatting
+        ("authorizer.class.name", "no.such.Authorizer", "ClassNotFoundException: no.such.Authorizer"),  # at start
+    ],
+)
+def test_a_node_that_cannot_start_is_a_one_line_error_and_leaves_nothing_running(
+    tmp_path: Path, setting: str, value: str, reason: str
+) -> None:
+    kafka = LocalKafka(tmp_path / "kafka", overrides={setting: value})
+    with pytest.raises(KafkaHarnessError) as failure:
+        kafka.start()
+    message = str(failure.value)
+    assert "\n" not in message, message
+    assert "Kafka node 1" in message and reason in message, message
+    assert _processes_under(tmp_path) == []
+    assert not kafka.status().running
