@@ -113,6 +113,7 @@ def tail_polls(
         auto_offset_reset="latest" if starts_at_end else "earliest",
         isolation_level=isolation,
         enable_partition_eof=True,
+        fetch_wait_max_ms=500 if follow else 20,  # without --follow nothing is awaited at the end
     ))  # fmt: skip
     try:
         stop_at = None if follow else _high_watermarks(consumer, bootstrap, topic, range(count))

@@ -15,7 +15,7 @@ Every client uses ``partitioner=murmur2_random`` (see :mod:`eventstore.kafka.con
 from eventstore.kafka.admin import KafkaAdmin, KafkaPartitionInfo
 from eventstore.kafka.config import KafkaUnavailableError, client_config, topic_config_from_kafka, topic_configs
 from eventstore.kafka.producer import KafkaProducer
-from eventstore.kafka.reader import KafkaReader
+from eventstore.kafka.reader import KafkaReader, PartitionChunk
 
 __all__ = [
     "KafkaAdmin",
@@ -23,6 +23,7 @@ __all__ = [
     "KafkaProducer",
     "KafkaReader",
     "KafkaUnavailableError",
+    "PartitionChunk",
     "client_config",
     "topic_config_from_kafka",
     "topic_configs",

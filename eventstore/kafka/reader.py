@@ -20,19 +20,55 @@ released by ``close()``; one ``read_to_end`` at a time (it reassigns the consume
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from eventstore.consumer import ConsumerRecord
+from eventstore.consumer import ConsumerRecord, Headers
 from eventstore.errors import OffsetOutOfRangeError, TidelineError, UnknownTopicError
 from eventstore.kafka.config import client_config, translate
 from eventstore.offsets import TopicPartition
 
 DEFAULT_TIMEOUT_S = 30.0
 CONSUME_BATCH = 10_000
+FETCH_WAIT_MAX_MS = 20  # the broker's wait for more data: reads stop at the end, long-polling there only delays it
 POLL_SECONDS = 0.05  # consume() waits this long unless CONSUME_BATCH records arrive first
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionChunk:
+    """Consecutive committed records of one partition, column by column (offsets increase)."""
+
+    topic: str
+    partition: int
+    offsets: list[int]
+    timestamps: list[int]  # ms since the epoch
+    keys: list[bytes | None]
+    values: list[bytes | None]  # None: a tombstone
+    headers: list[Headers]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def records(self) -> Iterator[ConsumerRecord]:
+        for offset, timestamp, key, value, headers in zip(
+            self.offsets, self.timestamps, self.keys, self.values, self.headers, strict=True
+        ):
+            yield ConsumerRecord(self.topic, self.partition, offset, timestamp, key, value, headers)
+
+
+def _chunk(tp: TopicPartition, messages: list[Message]) -> PartitionChunk:
+    return PartitionChunk(
+        tp.topic,
+        tp.partition,
+        [msg.offset() or 0 for msg in messages],
+        [msg.timestamp()[1] for msg in messages],
+        [msg.key() for msg in messages],
+        [msg.value() for msg in messages],
+        [_headers(raw) if raw else [] for raw in [msg.headers() for msg in messages]],
+    )
 
 
 class KafkaReader:
@@ -50,6 +86,11 @@ class KafkaReader:
 
     def read_to_end(self, tp: TopicPartition, start: int | None = None) -> Iterator[ConsumerRecord]:
         """Committed records of ``tp`` from ``start`` (default: the log start) to its current end."""
+        for chunk in self.read_chunks_to_end(tp, start):
+            yield from chunk.records()
+
+    def read_chunks_to_end(self, tp: TopicPartition, start: int | None = None) -> Iterator[PartitionChunk]:
+        """``read_to_end`` column by column: one :class:`PartitionChunk` per fetch (no object per record)."""
         consumer = self._consumer()
         low, high = self._watermarks(consumer, tp)
         if start is not None and not low <= start <= high:
@@ -76,7 +117,7 @@ class KafkaReader:
 
     # -- internals -----------------------------------------------------------
 
-    def _until_eof(self, consumer: Consumer, tp: TopicPartition) -> Iterator[ConsumerRecord]:
+    def _until_eof(self, consumer: Consumer, tp: TopicPartition) -> Iterator[PartitionChunk]:
         quiet_polls = 0
         while True:
             try:
@@ -93,23 +134,19 @@ class KafkaReader:
                     )
                 continue
             quiet_polls = 0
-            for msg in messages:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:  # the last stable offset, for read_committed
-                        return
-                    translate(err, what=f"reading {tp.topic}-{tp.partition}", bootstrap=self.bootstrap_servers,
-                              topic=tp.topic)  # fmt: skip
-                _, timestamp = msg.timestamp()
-                yield ConsumerRecord(
-                    topic=tp.topic,
-                    partition=tp.partition,
-                    offset=msg.offset() or 0,
-                    timestamp=timestamp,
-                    key=msg.key(),
-                    value=msg.value(),
-                    headers=_headers(msg.headers()),
-                )
+            errors = [msg.error() for msg in messages]
+            at_end = False
+            if any(errors):
+                for err in errors:
+                    if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                        translate(err, what=f"reading {tp.topic}-{tp.partition}", bootstrap=self.bootstrap_servers,
+                                  topic=tp.topic)  # fmt: skip
+                at_end = True  # EOF: the last stable offset, for read_committed
+                messages = [msg for msg, err in zip(messages, errors, strict=True) if err is None]
+            if messages:
+                yield _chunk(tp, messages)
+            if at_end:
+                return
 
     def _watermarks(self, consumer: Consumer, tp: TopicPartition) -> tuple[int, int]:
         try:
@@ -135,7 +172,7 @@ class KafkaReader:
             enable_auto_offset_store=False,
             isolation_level="read_committed",
             enable_partition_eof=True,
-            **self._settings,
+            **{"fetch_wait_max_ms": FETCH_WAIT_MAX_MS, **self._settings},
         )
         try:
             self._handle = Consumer(config)
