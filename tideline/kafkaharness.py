@@ -584,11 +584,13 @@ def _registered_brokers(bootstrap: str, nodes: list[_Node]) -> set[int]:
     """Node ids of the brokers the cluster's metadata lists (unfenced); empty while none answers."""
     from confluent_kafka.admin import AdminClient
 
+    from eventstore.kafka.config import LIBRDKAFKA_LOGGER
+
     if not any(not _port_is_free(n.broker_port) for n in nodes):
         return set()  # nothing listens yet: spare librdkafka's connection-refused noise
     config: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
-        "logger": logging.getLogger("tideline.kafka.librdkafka"),  # librdkafka's log lines, not stderr
+        "logger": LIBRDKAFKA_LOGGER,  # librdkafka's log lines go to logging, not stderr
         "socket.connection.setup.timeout.ms": 2000,
     }
     admin = AdminClient(config)

@@ -88,13 +88,16 @@ class KafkaAdmin:
 
     def topic_configs(self, name: str) -> dict[str, str | None]:
         """Every Kafka config of topic ``name`` (defaults included), as Kafka reports them."""
+        self._topic_metadata(name)  # UnknownTopicError for a topic the cluster does not have
         resource = ConfigResource(ConfigResource.Type.TOPIC, name)
-        try:
+
+        def describe_once() -> dict[str, str | None]:
             (future,) = self._admin.describe_configs([resource], request_timeout=self.timeout_s).values()
-            entries = future.result(timeout=self.timeout_s + 5)
-        except KafkaException as e:
-            translate(e, what=f"describing topic {name!r}", bootstrap=self.bootstrap_servers, topic=name)
-        return {key: entry.value for key, entry in entries.items()}
+            return {key: entry.value for key, entry in future.result(timeout=self.timeout_s + 5).items()}
+
+        # The metadata has the topic, so "unknown" here is a broker that has not caught up with it yet.
+        return self._retrying(describe_once, what=f"describing topic {name!r}", topic=name,
+                              also=frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART}))  # fmt: skip
 
     def create_topic(
         self,
@@ -198,7 +201,8 @@ class KafkaAdmin:
                                                request_timeout=self.timeout_s)  # fmt: skip
             return {tp.partition: future.result(timeout=self.timeout_s + 5).offset for tp, future in futures.items()}
 
-        return self._retrying(list_once, what="listing offsets", topic=tps[0].topic if tps else None)
+        return self._retrying(list_once, what="listing offsets", topic=tps[0].topic if tps else None,
+                              also=frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART}))  # callers checked it exists
 
     def _wait_for_leaders(self, name: str, partitions: int) -> None:
         """Return once every partition of a new topic has a leader (CreateTopics answers before that)."""
@@ -212,15 +216,18 @@ class KafkaAdmin:
 
         self._retrying(leaders, what=f"waiting for the leaders of new topic {name!r}", topic=name)
 
-    def _retrying(self, action: Callable[[], T], *, what: str, topic: str | None) -> T:
-        """Run ``action``, again while it fails only because leadership is moving, up to ``timeout_s``."""
+    def _retrying(
+        self, action: Callable[[], T], *, what: str, topic: str | None, also: frozenset[int] = frozenset()
+    ) -> T:
+        """Run ``action``, again while it fails only because leadership is moving (or with ``also``),
+        up to ``timeout_s``."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 return action()
             except KafkaException as e:
                 err = e.args[0] if e.args else None
-                moving = isinstance(err, KafkaError) and err.code() in _LEADERSHIP_CODES
+                moving = isinstance(err, KafkaError) and (err.code() in _LEADERSHIP_CODES or err.code() in also)
                 if not moving or time.monotonic() >= deadline:
                     translate(e, what=what, bootstrap=self.bootstrap_servers, topic=topic)
             time.sleep(RETRY_BACKOFF_S)
