@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from tideline.cli_common import fail
 from tideline.config import DATA_DIR_ENV, KAFKA_BOOTSTRAP_ENV, resolve_data_dir, resolve_kafka_bootstrap
 
 app = typer.Typer(
@@ -26,8 +27,14 @@ class State:
     kafka: str | None = None  # bootstrap servers: Kafka is the log (only `tideline log` so far)
 
 
+# Commands that work with Kafka as the log, or do not touch the log at all. The others
+# refuse --kafka / TIDELINE_KAFKA_BOOTSTRAP rather than quietly use the embedded log.
+KAFKA_READY_COMMANDS = frozenset({"log", "kafka", "pg", "db"})
+
+
 @app.callback()
 def _root(
+    ctx: typer.Context,
     data_dir: Annotated[
         Path | None,
         typer.Option(
@@ -51,6 +58,11 @@ def _root(
 ) -> None:
     State.data_dir = resolve_data_dir(data_dir)
     State.kafka = resolve_kafka_bootstrap(kafka)
+    if State.kafka is not None and ctx.invoked_subcommand not in KAFKA_READY_COMMANDS:
+        raise fail(
+            f"`tideline {ctx.invoked_subcommand}` does not support Kafka yet (only `tideline log` does): "
+            f"drop --kafka / unset {KAFKA_BOOTSTRAP_ENV} to use the embedded log"
+        )
 
 
 def _register() -> None:

@@ -110,3 +110,13 @@ def test_kafka_bad_input_is_a_one_line_error(tk: Run, monkeypatch: pytest.Monkey
     result = CliRunner().invoke(app, ["log", "topics"])
     assert result.exit_code == 1
     assert result.output.count("\n") == 1 and result.output.startswith(f"error: cannot reach Kafka at {nobody}")
+
+
+def test_commands_without_kafka_support_refuse_it_instead_of_using_the_embedded_log(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KAFKA_BOOTSTRAP_ENV, "127.0.0.1:9")
+    result = CliRunner().invoke(app, ["--data-dir", str(tmp_path / "log"), "schemas", "list"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: `tideline schemas` does not support Kafka yet")
+    assert not (tmp_path / "log").exists()  # nothing was written to the embedded log
