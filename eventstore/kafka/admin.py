@@ -136,6 +136,40 @@ class KafkaAdmin:
         self._wait_for_leaders(name, partitions)
         return TopicMetadata(name, partitions, cfg, created_ms=now_ms())
 
+    def ensure_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        config: TopicConfig | None = None,
+        *,
+        overrides: dict[str, str] | None = None,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+    ) -> TopicMetadata:
+        """Create ``name`` if missing (topics are created on first sight); if it exists, check that it agrees.
+
+        Agreeing means the same partition count (it decides where a key goes), the same
+        cleanup policy, and the same value for every setting named in ``overrides``; a
+        contradiction raises ConfigError naming each difference, and nothing is changed.
+        """
+        wanted = (config or TopicConfig()).with_overrides(overrides or {})
+        if name not in self.topics():
+            try:
+                return self.create_topic(name, partitions, wanted, replication_factor=replication_factor,
+                                         min_insync_replicas=min_insync_replicas)  # fmt: skip
+            except TopicExistsError:
+                pass  # created meanwhile by another process: check it like any existing topic
+        existing = self.topic(name)
+        checked = {"cleanup_policy"} | {k.strip().replace(".", "_").replace("-", "_") for k in overrides or {}}
+        checked = {"compression" if key == "compression_type" else key for key in checked}
+        have, want = existing.config.to_json(), wanted.to_json()
+        differences = [f"{key}={have[key]} (asked: {want[key]})" for key in sorted(checked) if have[key] != want[key]]
+        if existing.partitions != partitions:
+            differences.insert(0, f"partitions={existing.partitions} (asked: {partitions})")
+        if differences:
+            raise ConfigError(f"topic {name!r} exists on Kafka with other settings: {', '.join(differences)}")
+        return existing
+
     def describe(self, name: str) -> tuple[TopicMetadata, list[KafkaPartitionInfo]]:
         """Settings, leaders, replicas and offsets of every partition of ``name``."""
         topic_meta = self._topic_metadata(name)

@@ -85,3 +85,18 @@ def test_bad_topic_requests_are_one_line_errors(kafka: LocalKafka) -> None:
     with pytest.raises(UnknownTopicError):
         admin.describe(missing)
     assert missing not in admin.topics()  # asking about it did not auto-create it
+
+
+def test_ensure_topic_creates_once_and_refuses_a_contradicting_existing_topic(kafka: LocalKafka) -> None:
+    admin = KafkaAdmin(kafka.bootstrap_servers)
+    topic = unique_topic("first-sight")
+    created = admin.ensure_topic(topic, 2, CDC_CONFIG)
+    assert admin.ensure_topic(topic, 2, CDC_CONFIG) == admin.topic(topic)
+    assert (created.partitions, admin.topic(topic).config) == (2, CDC_CONFIG)
+    with pytest.raises(ConfigError) as contradiction:
+        admin.ensure_topic(topic, 3, TopicConfig(), overrides={"min_compaction_lag_ms": "0"})
+    assert str(contradiction.value) == (
+        f"topic '{topic}' exists on Kafka with other settings: partitions=2 (asked: 3), "
+        "cleanup_policy=compact (asked: delete), min_compaction_lag_ms=5000 (asked: 0)"
+    )
+    assert admin.topic(topic).config == CDC_CONFIG  # nothing was changed
