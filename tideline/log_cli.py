@@ -73,9 +73,14 @@ def _data_dir() -> Path:
 
 
 def _kafka() -> str | None:
-    """Bootstrap servers when Kafka is the log (``--kafka``), else None."""
+    """Bootstrap servers when Kafka is the log (``--kafka``; checked reachable, in one line), else None."""
     from tideline.cli import State
 
+    if State.kafka is not None:
+        from eventstore.kafka.config import probe_bootstrap
+
+        with one_line_errors():
+            probe_bootstrap(State.kafka)
     return State.kafka
 
 

@@ -13,7 +13,13 @@ Every client uses ``partitioner=murmur2_random`` (see :mod:`eventstore.kafka.con
 """
 
 from eventstore.kafka.admin import KafkaAdmin, KafkaPartitionInfo
-from eventstore.kafka.config import KafkaUnavailableError, client_config, topic_config_from_kafka, topic_configs
+from eventstore.kafka.config import (
+    KafkaUnavailableError,
+    client_config,
+    probe_bootstrap,
+    topic_config_from_kafka,
+    topic_configs,
+)
 from eventstore.kafka.producer import KafkaProducer
 from eventstore.kafka.reader import KafkaReader, PartitionChunk
 
@@ -25,6 +31,7 @@ __all__ = [
     "KafkaUnavailableError",
     "PartitionChunk",
     "client_config",
+    "probe_bootstrap",
     "topic_config_from_kafka",
     "topic_configs",
 ]

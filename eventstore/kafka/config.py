@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -89,6 +90,34 @@ def client_config(bootstrap_servers: str, **settings: Any) -> dict[str, Any]:
     }
     config.update({key.replace("_", "."): value for key, value in settings.items()})
     return config
+
+
+def probe_bootstrap(bootstrap_servers: str, *, timeout_s: float = 2.0) -> None:
+    """Fail fast, in one line, when ``HOST:PORT[,…]`` is malformed or none of them accepts a connection.
+
+    librdkafka would retry until a request's timeout instead; a broker that accepts the
+    connection but does not answer is still only found out by the requests themselves.
+    """
+    if not bootstrap_servers.strip():
+        raise ConfigError("Kafka bootstrap servers are empty: give HOST:PORT[,HOST:PORT…]")
+    addresses = []
+    for server in bootstrap_servers.split(","):
+        address = server.strip().rpartition("://")[2]
+        host, colon, port = address.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"Kafka bootstrap server {server.strip()!r} is not HOST:PORT")
+        addresses.append((host.strip("[]"), int(port)))
+    reasons = []
+    for address_host, address_port in addresses:
+        try:
+            with socket.create_connection((address_host, address_port), timeout=timeout_s):
+                return
+        except OSError as e:
+            reasons.append(f"{address_host}:{address_port}: {e.strerror or e}")
+    raise KafkaUnavailableError(
+        f"cannot reach Kafka at {bootstrap_servers} ({'; '.join(reasons)}): check --kafka / TIDELINE_KAFKA_BOOTSTRAP "
+        "and that the cluster runs"
+    )
 
 
 def topic_configs(config: TopicConfig, *, min_insync_replicas: int | None = None) -> dict[str, str]:

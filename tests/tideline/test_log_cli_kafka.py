@@ -110,6 +110,10 @@ def test_kafka_bad_input_is_a_one_line_error(tk: Run, monkeypatch: pytest.Monkey
     result = CliRunner().invoke(app, ["log", "topics"])
     assert result.exit_code == 1
     assert result.output.count("\n") == 1 and result.output.startswith(f"error: cannot reach Kafka at {nobody}")
+    assert "Connection refused" in result.output
+    malformed = CliRunner().invoke(app, ["--kafka", "127.0.0.1", "log", "topics"])
+    assert malformed.exit_code == 1
+    assert malformed.output == "error: Kafka bootstrap server '127.0.0.1' is not HOST:PORT\n"
 
 
 def test_commands_without_kafka_support_refuse_it_instead_of_using_the_embedded_log(
