@@ -5,13 +5,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tideline-installed
 PG_BIN := /usr/lib/postgresql/15/bin
 WAL2JSON := /usr/lib/postgresql/15/lib/wal2json.so
-APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jdk-headless
+APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jdk-headless maven
+JAR_CACHE := .cache/jars
 
-.PHONY: demo test bench soak lint typecheck system venv clean
+.PHONY: demo test bench soak lint typecheck system venv jars clean
 
-## system: Debian packages (Postgres 15 + wal2json, a JDK) -- only installed when missing.
+## system: Debian packages (Postgres 15 + wal2json, a JDK, Maven) -- only installed when missing.
 system:
-	@if [ ! -x $(PG_BIN)/postgres ] || [ ! -f $(WAL2JSON) ] || ! command -v java >/dev/null; then \
+	@if [ ! -x $(PG_BIN)/postgres ] || [ ! -f $(WAL2JSON) ] || ! command -v java >/dev/null || ! command -v mvn >/dev/null; then \
 		echo "installing system packages: $(APT_PACKAGES)"; \
 		export DEBIAN_FRONTEND=noninteractive; \
 		apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
@@ -25,23 +26,27 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+## jars: Apache Kafka (KRaft broker) and Spark's Kafka source into $(JAR_CACHE), fetched once with Maven.
+jars: system venv
+	@bash jvm/fetch-jars.sh $(JAR_CACHE) $(PY)
+
 lint: venv
 	$(VENV)/bin/ruff check .
 
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: system venv lint typecheck
+test: system venv jars lint typecheck
 	$(VENV)/bin/pytest -q tests
 
-soak: system venv
+soak: system venv jars
 	TIDELINE_SOAK=1 $(VENV)/bin/pytest -q tests
 
-bench: system venv
+bench: system venv jars
 	$(PY) -m bench
 
-demo: system venv
+demo: system venv jars
 	$(VENV)/bin/tideline demo
 
 clean:
-	rm -rf $(VENV) tideline-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) tideline-data .pytest_cache .mypy_cache .ruff_cache $(JAR_CACHE)

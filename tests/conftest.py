@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
 
 
@@ -34,3 +35,37 @@ def postgres(_no_ambient_postgres: None) -> Iterator[LocalPostgres]:
     finally:
         cluster.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_ambient_kafka() -> Iterator[None]:
+    """Tests reach only Kafka clusters they start: hide TIDELINE_KAFKA_BOOTSTRAP."""
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("TIDELINE_KAFKA_BOOTSTRAP", raising=False)
+        yield
+
+
+def _local_kafka(prefix: str, brokers: int) -> Iterator[LocalKafka]:
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    cluster = LocalKafka(directory / "cluster", brokers=brokers)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kafka(_no_ambient_kafka: None) -> Iterator[LocalKafka]:
+    """A private Apache Kafka (1 KRaft node) for the whole session; `.bootstrap_servers`."""
+    yield from _local_kafka("tideline-kafka-", brokers=1)
+
+
+@pytest.fixture(scope="session")
+def kafka3(_no_ambient_kafka: None) -> Iterator[LocalKafka]:
+    """Three KRaft nodes: topics default to replication factor 3, min.insync.replicas 2.
+
+    A test that stops a node must start it again (``start_node``) before it returns.
+    """
+    yield from _local_kafka("tideline-kafka3-", brokers=3)

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from tideline.config import DATA_DIR_ENV, resolve_data_dir
+from tideline.cli_common import fail
+from tideline.config import DATA_DIR_ENV, KAFKA_BOOTSTRAP_ENV, resolve_data_dir, resolve_kafka_bootstrap
 
 app = typer.Typer(
     name="tideline",
@@ -23,10 +24,17 @@ class State:
     """Options shared by every sub-command (set by the top-level callback)."""
 
     data_dir: Path = resolve_data_dir(None)
+    kafka: str | None = None  # bootstrap servers: Kafka is the log (only `tideline log` so far)
+
+
+# Commands that work with Kafka as the log, or do not touch the log at all. The others
+# refuse --kafka / TIDELINE_KAFKA_BOOTSTRAP rather than quietly use the embedded log.
+KAFKA_READY_COMMANDS = frozenset({"log", "kafka", "pg", "db"})
 
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     data_dir: Annotated[
         Path | None,
         typer.Option(
@@ -36,14 +44,32 @@ def _root(
             show_default=False,
         ),
     ] = None,
+    kafka: Annotated[
+        str | None,
+        typer.Option(
+            "--kafka",
+            envvar=KAFKA_BOOTSTRAP_ENV,
+            metavar="HOST:PORT[,…]",
+            help="Use the Apache Kafka cluster at these bootstrap servers as the log "
+            "(so far: `tideline log create|topics|describe|produce|tail|groups`).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     State.data_dir = resolve_data_dir(data_dir)
+    State.kafka = resolve_kafka_bootstrap(kafka)
+    if State.kafka is not None and ctx.invoked_subcommand not in KAFKA_READY_COMMANDS:
+        raise fail(
+            f"`tideline {ctx.invoked_subcommand}` does not support Kafka yet (only `tideline log` does): "
+            f"drop --kafka / unset {KAFKA_BOOTSTRAP_ENV} to use the embedded log"
+        )
 
 
 def _register() -> None:
     from tideline.capture_cli import app as capture_app
     from tideline.db_cli import app as db_app
     from tideline.demo import demo_command
+    from tideline.kafka_cli import app as kafka_app
     from tideline.log_cli import app as log_app
     from tideline.pg_cli import app as pg_app
     from tideline.project_cli import app as project_app
@@ -52,6 +78,7 @@ def _register() -> None:
     app.add_typer(capture_app, name="capture")
     app.add_typer(log_app, name="log")
     app.add_typer(pg_app, name="pg")
+    app.add_typer(kafka_app, name="kafka")
     app.add_typer(db_app, name="db")
     app.add_typer(schemas_app, name="schemas")
     app.add_typer(project_app, name="project")

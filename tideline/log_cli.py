@@ -1,5 +1,8 @@
 """``tideline log``: create, inspect, write, read and clean the topics of a log directory; show consumer groups.
 
+With ``--kafka`` / ``TIDELINE_KAFKA_BOOTSTRAP`` the commands work on an Apache Kafka
+cluster instead (:mod:`tideline.log_kafka`), with the same output.
+
 The functions behind the commands (:func:`produce_lines`, :func:`compact_topic`,
 :func:`json_lines`, :func:`text_lines`, :func:`describe_groups`) are public so that the
 demo and tests drive the same code path as the command line, without a subprocess.
@@ -37,7 +40,7 @@ from eventstore.log import MAX_PARTITIONS, Log
 from eventstore.offsets import OffsetStore
 from eventstore.producer import Producer
 from eventstore.topic import CleanupPolicy, TopicConfig, validate_topic_name
-from tideline.cli_common import one_line_errors
+from tideline.cli_common import fail, one_line_errors
 
 if TYPE_CHECKING:
     from eventstore.schema_store import FramedDecoder
@@ -67,6 +70,18 @@ def _data_dir() -> Path:
     from tideline.cli import State  # imported late: tideline.cli imports this module
 
     return State.data_dir
+
+
+def _kafka() -> str | None:
+    """Bootstrap servers when Kafka is the log (``--kafka``; checked reachable, in one line), else None."""
+    from tideline.cli import State
+
+    if State.kafka is not None:
+        from eventstore.kafka.config import probe_bootstrap
+
+        with one_line_errors():
+            probe_bootstrap(State.kafka)
+    return State.kafka
 
 
 def _open_log(*, create: bool = False) -> Log:
@@ -116,6 +131,14 @@ def create(
             show_default=False,
         ),
     ] = None,
+    replication_factor: Annotated[
+        int | None,
+        typer.Option("--replication-factor", help="Kafka only: replicas per partition (default: the broker's)."),
+    ] = None,
+    min_insync_replicas: Annotated[
+        int | None,
+        typer.Option("--min-insync-replicas", help="Kafka only: min.insync.replicas (default: the broker's)."),
+    ] = None,
 ) -> None:
     """Create a topic (creates the log directory if needed)."""
     with one_line_errors():
@@ -123,6 +146,15 @@ def create(
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise ConfigError(f"--partitions must be within 1 … {MAX_PARTITIONS}, got {partitions}")
         overrides = parse_config_options(config or [], compact=compact)
+        if (bootstrap := _kafka()) is not None:
+            from tideline import log_kafka
+
+            typer.echo(log_kafka.create_topic(bootstrap, topic, partitions, overrides,
+                                              replication_factor=replication_factor,
+                                              min_insync_replicas=min_insync_replicas))  # fmt: skip
+            return
+        if replication_factor is not None or min_insync_replicas is not None:
+            raise ConfigError("--replication-factor and --min-insync-replicas apply to Kafka only (give --kafka)")
         with _open_log(create=True) as log:
             meta = log.create_topic(topic, partitions, overrides=overrides)
     typer.echo(
@@ -137,6 +169,13 @@ def create(
 @app.command()
 def topics(json_output: JsonOption = False) -> None:
     """List the topics of the log (with --json: name, partitions, cleanup policy)."""
+    if (bootstrap := _kafka()) is not None:
+        from tideline import log_kafka
+
+        with one_line_errors():
+            listed = log_kafka.topics(bootstrap)
+        typer.echo(orjson.dumps(listed).decode() if json_output else "\n".join(t["topic"] for t in listed))
+        return
     with one_line_errors(), _open_log() as log:
         names = log.topics()
         if not json_output:
@@ -164,6 +203,9 @@ def _human_bytes(n: int) -> str:
 @app.command()
 def describe(topic: TopicArg, json_output: JsonOption = False) -> None:
     """Partitions (start/end offsets, size, segments) and configuration of a topic."""
+    if (bootstrap := _kafka()) is not None:
+        _describe_on_kafka(bootstrap, topic, json_output)
+        return
     with one_line_errors(), _open_log() as log:
         info = log.describe_json(topic)
     if json_output:
@@ -193,6 +235,33 @@ def describe(topic: TopicArg, json_output: JsonOption = False) -> None:
     settings.add_column("default", justify="right")
     for key, value in info["config"].items():
         settings.add_row(key, str(value), "" if defaults.get(key) == value else str(defaults.get(key)))
+    console.print(settings)
+
+
+def _describe_on_kafka(bootstrap: str, topic: str, json_output: bool) -> None:
+    from eventstore.kafka import KafkaAdmin
+
+    with one_line_errors():
+        info = KafkaAdmin(bootstrap).describe_json(topic)
+    if json_output:
+        typer.echo(orjson.dumps(info).decode())
+        return
+    console = Console(highlight=False)
+    title = (f"topic {info['topic']}  ({info['partitions']} partitions, replication factor "
+             f"{info['replication_factor']}, min.insync.replicas {info['min_insync_replicas']})")  # fmt: skip
+    parts = Table(title=title)
+    for column in ("partition", "leader", "replicas", "in sync", "start offset", "end offset", "last stable"):
+        parts.add_column(column, justify="right")
+    for p in info["partition_info"]:
+        parts.add_row(str(p["partition"]), str(p["leader"]), ",".join(map(str, p["replicas"])),
+                      ",".join(map(str, p["in_sync_replicas"])), str(p["log_start_offset"]),
+                      str(p["log_end_offset"]), str(p["last_stable_offset"]))  # fmt: skip
+    console.print(parts)
+    settings = Table(title="config")
+    settings.add_column("setting")
+    settings.add_column("value", justify="right")
+    for key, value in info["config"].items():
+        settings.add_row(key, str(value))
     console.print(settings)
 
 
@@ -345,6 +414,13 @@ def produce(
     Postgres COPY; a \\N key means no key. Keys and values are the line's bytes (UTF-8).
     Empty lines are skipped; a trailing \\r is dropped. A summary goes to stderr.
     """
+    if (bootstrap := _kafka()) is not None:
+        from tideline import log_kafka
+
+        with one_line_errors():
+            summary = log_kafka.produce_lines(bootstrap, topic, sys.stdin.buffer, partition=partition)
+        typer.echo(summary.line(), err=True)
+        return
     with one_line_errors(), _open_log() as log:
         summary = produce_lines(log, topic, sys.stdin.buffer, partition=partition)
     typer.echo(summary.line(), err=True)
@@ -702,6 +778,8 @@ def _tail_polls(log: Log, consumer: Consumer, topic: str, options: _TailOptions)
 
 
 def _run_tail(topic: str, options: _TailOptions) -> int:
+    if (bootstrap := _kafka()) is not None:
+        return _run_tail_on_kafka(bootstrap, topic, options)
     out = _stdout_binary()
     count = 0
     with _open_log() as log, _tail_consumer(log, options) as consumer:
@@ -719,6 +797,32 @@ def _run_tail(topic: str, options: _TailOptions) -> int:
             with suppress(OSError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise typer.Exit(0) from None
+    return count
+
+
+def _run_tail_on_kafka(bootstrap: str, topic: str, options: _TailOptions) -> int:
+    from tideline import log_kafka
+
+    out = _stdout_binary()
+    count = 0
+    polls = log_kafka.tail_polls(
+        bootstrap, topic, from_beginning=options.from_beginning, follow=options.follow,
+        partition=options.partition, offset=options.offset, group=options.group, isolation=options.isolation.value,
+    )  # fmt: skip
+    try:
+        for printed in polls:
+            for rows in printed:  # shown as stored: Avro decoding needs the registry (embedded log only so far)
+                out.write(json_lines(rows) if options.json_output else text_lines(rows))
+                count += len(rows)
+            out.flush()
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:
+        with suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+    finally:
+        polls.close()
     return count
 
 
@@ -815,7 +919,7 @@ def _print_group(console: Console, info: dict[str, Any]) -> None:
         table.add_column(column, justify="right" if column == "pid" else "left")
     for m in members:
         owned = ", ".join(f"{a['topic']}-{a['partition']}" for a in m["assignment"]) or "-"
-        table.add_row(m["member_id"], m["client_id"], str(m["pid"]), m["host"], owned)
+        table.add_row(m["member_id"], m["client_id"], _dash(m["pid"]), m["host"], owned)
     console.print(table)
 
 
@@ -826,8 +930,14 @@ def groups(json_output: JsonOption = False) -> None:
     Lag is log end − committed offset (as kafka-consumer-groups shows it); a
     read_committed member can read up to the last stable offset.
     """
-    with one_line_errors(), _open_log() as log:
-        infos = describe_groups(log)
+    if (bootstrap := _kafka()) is not None:
+        from tideline import log_kafka
+
+        with one_line_errors():
+            infos = log_kafka.describe_groups(bootstrap)
+    else:
+        with one_line_errors(), _open_log() as log:
+            infos = describe_groups(log)
     if json_output:
         typer.echo(orjson.dumps(infos).decode())
         return
@@ -887,6 +997,8 @@ def compact(topic: TopicArg, json_output: JsonOption = False) -> None:
     Compaction applies to compacted topics, retention to delete-policy topics; the active
     (last) segment of a partition is never cleaned.
     """
+    if _kafka() is not None:
+        raise fail("on Kafka the brokers' log cleaner compacts (cleanup.policy=compact): there is nothing to run")
     with one_line_errors(), _open_log() as log:
         policy = log.topic(topic).config.cleanup_policy
         results = compact_topic(log, topic)

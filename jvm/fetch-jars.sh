@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Fill the jar cache from Maven Central, once: `make jars` runs this.
+#
+#   jvm/fetch-jars.sh CACHE_DIR PYTHON
+#
+# CACHE_DIR/kafka/           Apache Kafka's broker (jvm/kafka-server/pom.xml) for tideline/kafkaharness.py
+# CACHE_DIR/spark-sql-kafka/ Spark's Kafka source of exactly the installed PySpark's version
+#                            (jvm/spark-kafka/pom.xml), for spark.jars
+#
+# Each directory is complete iff it holds COMPLETE, whose one line is the version
+# it was fetched for; a directory for another version is fetched again. A fetch
+# goes to DIR.tmp and is renamed into place, so an interrupted run leaves nothing
+# half-done behind. Nothing here runs at test time: the harness only reads.
+set -euo pipefail
+
+mkdir -p "${1:?usage: fetch-jars.sh CACHE_DIR PYTHON}"
+cache=$(cd "$1" && pwd)  # absolute: mvn resolves a relative outputDirectory against the pom
+python=${2:?usage: fetch-jars.sh CACHE_DIR PYTHON}
+here=$(cd "$(dirname "$0")" && pwd)
+mvn_flags=(-q -B -Dstyle.color=never)
+
+pom_property() {  # pom_property POM NAME -> the value of <NAME>…</NAME>
+    sed -n "s:.*<$2>\(.*\)</$2>.*:\1:p" "$1" | head -n 1
+}
+
+# fetch NAME VERSION POM [extra mvn args…]: copy POM's runtime dependencies into CACHE_DIR/NAME
+fetch() {
+    local name=$1 version=$2 pom=$3
+    shift 3
+    local target="$cache/$name"
+    if [[ -f "$target/COMPLETE" && "$(cat "$target/COMPLETE")" == "$version" ]]; then
+        return 0
+    fi
+    echo "fetching $name $version into $target (mvn dependency:copy-dependencies)"
+    rm -rf "$target.tmp"
+    mkdir -p "$target.tmp"
+    if ! mvn "${mvn_flags[@]}" -f "$pom" "$@" dependency:copy-dependencies \
+            -DincludeScope=runtime -DoutputDirectory="$target.tmp" >"$cache/$name.mvn.log" 2>&1; then
+        rm -rf "$target.tmp"
+        return 1
+    fi
+    rm -f "$cache/$name.mvn.log"
+    echo "$version" >"$target.tmp/COMPLETE"
+    rm -rf "$target"
+    mv "$target.tmp" "$target"
+}
+
+kafka_version=$(pom_property "$here/kafka-server/pom.xml" kafka.version)
+if ! fetch kafka "$kafka_version" "$here/kafka-server/pom.xml"; then
+    echo "error: could not fetch Apache Kafka $kafka_version from Maven Central: see $cache/kafka.mvn.log" >&2
+    exit 1
+fi
+
+spark_version=$("$python" -c 'import pyspark; print(pyspark.__version__)')
+if ! fetch spark-sql-kafka "$spark_version" "$here/spark-kafka/pom.xml" -Dspark.version="$spark_version"; then
+    # Not fatal yet: nothing runs Spark on Kafka so far. Say what is missing and why it matters.
+    echo "warning: org.apache.spark:spark-sql-kafka-0-10_2.13:$spark_version (the installed PySpark's version)" \
+         "could not be fetched from Maven Central (see $cache/spark-sql-kafka.mvn.log):" \
+         "Spark cannot read Kafka until it is in $cache/spark-sql-kafka" >&2
+fi

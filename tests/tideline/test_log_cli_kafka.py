@@ -1,0 +1,126 @@
+"""``tideline --kafka … log …`` end to end through the real CLI app on a real Apache Kafka broker."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from eventstore.kafka import KafkaAdmin
+from eventstore.partitioner import partition_for_key
+from tideline.cli import app
+from tideline.config import KAFKA_BOOTSTRAP_ENV
+from tideline.kafkaharness import LocalKafka
+
+Run = Callable[..., Result]
+_names = itertools.count()
+
+
+def _topic(stem: str) -> str:
+    return f"cli-{stem}-{os.getpid()}-{next(_names)}"
+
+
+@pytest.fixture
+def tk(kafka: LocalKafka) -> Run:
+    """Run ``tideline --kafka <session broker> ARGS…`` in-process; ``input`` feeds stdin."""
+    runner = CliRunner()
+    bootstrap = kafka.bootstrap_servers
+
+    def run(*args: str, input: bytes | str | None = None) -> Result:
+        return runner.invoke(app, ["--kafka", bootstrap, *args], input=input)
+
+    return run
+
+
+def _ok(result: Result) -> Result:
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def _json_lines(output: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+
+
+def test_create_produce_describe_and_tail_a_topic_on_kafka(tk: Run, kafka: LocalKafka) -> None:
+    topic = _topic("orders")
+    created = _ok(tk("log", "create", topic, "-p", "3", "--compact", "--config", "min.compaction.lag.ms=1000"))
+    assert f"created topic {topic} with 3 partitions (compact) on Kafka" in created.output
+    assert KafkaAdmin(kafka.bootstrap_servers).topic_configs(topic)["min.compaction.lag.ms"] == "1000"
+
+    lines = "".join(f"order-{i}\t{{\"n\": {i}}}\n" for i in range(20)) + "order-3\t\\N\n"
+    produced = _ok(tk("log", "produce", topic, input=lines))
+    assert "produced 21 records" in produced.output and "1 tombstones" in produced.output
+
+    listed = json.loads(_ok(tk("log", "topics", "--json")).output)
+    assert {"topic": topic, "partitions": 3, "cleanup_policy": "compact"} in listed
+    described = json.loads(_ok(tk("log", "describe", topic, "--json")).output)
+    assert sum(p["log_end_offset"] for p in described["partition_info"]) == 21
+    assert "leader" in _ok(tk("log", "describe", topic)).output
+
+    records = _json_lines(_ok(tk("log", "tail", topic, "--json")).output)
+    assert len(records) == 21
+    for record in records:
+        assert record["partition"] == partition_for_key(record["key"].encode(), 3)  # murmur2, as embedded
+    order_3 = [r["value"] for r in records if r["key"] == "order-3"]
+    assert order_3 == ['{"n": 3}', None]
+    one_partition = _json_lines(_ok(tk("log", "tail", topic, "--json", "--partition", "1", "--offset", "1")).output)
+    assert [r["offset"] for r in one_partition] == sorted(r["offset"] for r in records if r["partition"] == 1)[1:]
+
+
+def test_tail_group_commits_what_it_printed_and_groups_shows_the_lag(tk: Run) -> None:
+    topic = _topic("events")
+    group = _topic("group")
+    _ok(tk("log", "create", topic, "--partitions", "2"))
+    _ok(tk("log", "produce", topic, input="".join(f"k{i}\tv{i}\n" for i in range(10))))
+
+    first = _json_lines(_ok(tk("log", "tail", topic, "--group", group, "--json")).output)
+    assert sorted(r["value"] for r in first) == sorted(f"v{i}" for i in range(10))
+    again = _json_lines(_ok(tk("log", "tail", topic, "--group", group, "--json")).output)
+    assert again == []  # the group committed what it printed
+
+    _ok(tk("log", "produce", topic, input="k0\tlater\n"))
+    infos = json.loads(_ok(tk("log", "groups", "--json")).output)
+    (info,) = [i for i in infos if i["group"] == group]
+    rows = {r["partition"]: r for r in info["partitions"] if r["topic"] == topic}
+    assert sum(r["committed_offset"] for r in rows.values()) == 10
+    assert sum(r["lag"] for r in rows.values()) == 1
+    assert group in _ok(tk("log", "groups")).output
+
+
+def test_kafka_bad_input_is_a_one_line_error(tk: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = _topic("missing")
+    for args in (("log", "describe", missing), ("log", "tail", missing), ("log", "produce", missing)):
+        result = tk(*args, input="k\tv\n")
+        assert result.exit_code == 1, result.output
+        assert result.output.strip() == f"error: unknown topic '{missing}'"
+    refused = tk("log", "create", _topic("rf"), "--replication-factor", "3")  # one broker
+    assert refused.exit_code == 1 and refused.output.count("\n") == 1 and "replication" in refused.output
+    assert tk("log", "compact", missing).exit_code == 1
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nobody = f"127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv(KAFKA_BOOTSTRAP_ENV, nobody)  # the environment variable works like --kafka
+    result = CliRunner().invoke(app, ["log", "topics"])
+    assert result.exit_code == 1
+    assert result.output.count("\n") == 1 and result.output.startswith(f"error: cannot reach Kafka at {nobody}")
+    assert "Connection refused" in result.output
+    malformed = CliRunner().invoke(app, ["--kafka", "127.0.0.1", "log", "topics"])
+    assert malformed.exit_code == 1
+    assert malformed.output == "error: Kafka bootstrap server '127.0.0.1' is not HOST:PORT\n"
+
+
+def test_commands_without_kafka_support_refuse_it_instead_of_using_the_embedded_log(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KAFKA_BOOTSTRAP_ENV, "127.0.0.1:9")
+    result = CliRunner().invoke(app, ["--data-dir", str(tmp_path / "log"), "schemas", "list"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: `tideline schemas` does not support Kafka yet")
+    assert not (tmp_path / "log").exists()  # nothing was written to the embedded log
