@@ -158,10 +158,10 @@ class LogWriter:
     def pending(self, topic: str) -> TopicRecords | None:
         return self._records.get(topic)
 
-    def send_pending(self) -> None:
+    def send_pending(self, *, also: tuple[tuple[str, int], ...] = ()) -> None:
         """Append the buffered events inside the open transaction (not committed: memory stays bounded)."""
         if self._records:
-            for tp, end in self.sink.append(self._records).items():
+            for tp, end in self.sink.append(self._records, also=also).items():
                 self._written[tp] = max(end, self._written.get(tp, 0))
             self._records = {}
         self.bytes = self.events = 0
@@ -170,7 +170,7 @@ class LogWriter:
         """Append the batch and its position and commit, durably; then the key state. False: nothing open."""
         if not self.in_txn:
             return False
-        self.send_pending()
+        self.send_pending(also=((POSITIONS_TOPIC, 0),) if position is not None else ())  # one coordinator write
         self.sink.commit(POSITIONS_TOPIC, self.position_key, None if position is None else position.to_json())
         self.in_txn = False
         self.keystate.commit(self._written)

@@ -23,7 +23,7 @@ Thread-safety: a sink is used by the connector thread only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -85,8 +85,14 @@ class Sink(Protocol):
         """Open a transaction."""
         ...
 
-    def append(self, batch: Mapping[str, TopicRecords]) -> dict[tuple[str, int], int]:
-        """Append records inside the open transaction (not visible yet); the next offset per partition written."""
+    def append(
+        self, batch: Mapping[str, TopicRecords], *, also: Iterable[tuple[str, int]] = ()
+    ) -> dict[tuple[str, int], int]:
+        """Append records inside the open transaction (not visible yet); the next offset per partition written.
+
+        ``also``: partitions the transaction will write next (the position record's), registered
+        with the batch's in one step where the backend has such a step.
+        """
         ...
 
     def commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -106,7 +106,9 @@ class EmbeddedLogSink:
         self._producer().begin_transaction()
         self._registered.clear()
 
-    def append(self, batch: Mapping[str, TopicRecords]) -> dict[tuple[str, int], int]:
+    def append(
+        self, batch: Mapping[str, TopicRecords], *, also: Iterable[tuple[str, int]] = ()
+    ) -> dict[tuple[str, int], int]:
         producer = self._producer()
         plan: list[tuple[str, int, pa.Array, pa.Array, pa.Array | None]] = []
         for topic, records in batch.items():
@@ -133,7 +135,7 @@ class EmbeddedLogSink:
             for p, start, end in zip(uniques.tolist(), starts.tolist(), ends, strict=True):
                 h = ordered_headers[start:end] if ordered_headers is not None else None
                 plan.append((topic, p, keys.slice(start, end - start), values.slice(start, end - start), h))
-        new = {(topic, p) for topic, p, *_ in plan} - self._registered
+        new = ({(topic, p) for topic, p, *_ in plan} | set(also)) - self._registered
         if new:
             producer.add_partitions_to_transaction(new)  # one coordinator write for all of them
             self._registered |= new
