@@ -64,7 +64,7 @@ from capture.avro import UNAVAILABLE
 from capture.converters import ValueConverter
 from capture.keystate import KeyState
 from capture.messages import ChangeMessage, Column, Kind
-from capture.pgtypes import dumps, dumps_values
+from capture.pgtypes import JsonText, dumps, dumps_values
 from capture.tables import TableFilter, TableInfo
 from capture.topics import TopicRouter, table_topic
 from eventstore.errors import ConfigError
@@ -130,7 +130,7 @@ class ToastCache:
         """Rough bytes of an image: strings and bytes by length, JSON and arrays by their JSON, else 16."""
         total = 0
         for v in values.values():
-            if isinstance(v, (str, bytes)):
+            if isinstance(v, (str, bytes, JsonText)):
                 total += len(v)
             elif isinstance(v, (dict, list)):
                 total += len(dumps(v))

@@ -27,9 +27,8 @@ Mapping (``docs/capture-types.md`` holds the same table; keep the two in step)::
   text 25, varchar 1043,       str (character(n) keeps its          string                   string
   character 1042, name 19,     blank padding)
   "char" 18, citext
-  json 114, jsonb 3802         parsed JSON: dict, list, str, int,   string (JSON text)       the JSON value itself,
-                               bool, None; non-integer numbers as                            numbers with every digit
-                               JsonNumber (a Decimal subclass) [2]
+  json 114, jsonb 3802         JsonText: the JSON text itself, not  string (JSON text)       the JSON value itself,
+                               parsed (written as it came) [2]                               numbers with every digit
   uuid 2950                    uuid.UUID                            string                   "a0eebc99-9c0b-…"
   bytea 17                     bytes                                hex string, no \\x        base64 (standard, padded)
   date 1082                    datetime.date [3]                    "2024-03-31"             "2024-03-31"
@@ -49,9 +48,11 @@ Mapping (``docs/capture-types.md`` holds the same table; keep the two in step)::
   [1] wal2json writes null for NaN/Infinity of numeric, real and double precision: in a
       change they are indistinguishable from NULL (Capabilities.numeric_nan_distinct is
       False). The text path (snapshot) keeps them, and arrays keep them in both paths.
-  [2] Integers stay int of any size (beyond 64 bits written back as bare numbers too;
-      past Python's 4300-digit int limit, JsonNumber). A jsonb value that is JSON ``null`` becomes None, like SQL NULL;
-      json (not jsonb) loses its whitespace, key order is kept, duplicate keys collapse.
+  [2] json/jsonb values travel as their text (:class:`JsonText`), rendered into the
+      envelope as raw JSON (``orjson.Fragment``): never parsed and re-serialized on the
+      way, so every number keeps its digits and json (not jsonb) keeps its exact text,
+      whitespace and duplicate keys included. :func:`json_value` gives the Python value
+      (dicts, lists, ints of any size, JsonNumber for fractions) where one is needed.
   [3] Values Python cannot hold stay the Postgres text (a str): 'infinity',
       '-infinity', BC dates ('0044-03-15 BC'), years after 9999, time '24:00:00'.
   [4] timestamptz is rendered in the session's TimeZone, both by wal2json (the
@@ -97,12 +98,15 @@ from typing import Any
 
 import orjson
 
+from schemas.jsontext import JsonText
+
 __all__ = [
     "SESSION_OPTIONS",
     "SESSION_SETTINGS",
     "InexactValueError",
     "Interval",
     "JsonNumber",
+    "JsonText",
     "NonFiniteFloat",
     "OffsetSecondsDatetime",
     "ZonedTime",
@@ -112,6 +116,7 @@ __all__ = [
     "dumps",
     "dumps_values",
     "json_default",
+    "json_value",
     "parse_array",
     "parse_interval",
     "text_converter",
@@ -207,7 +212,22 @@ def _float_text(text: str) -> float:
     return value if value - value == 0.0 else NonFiniteFloat(value)  # inf - inf and nan - nan are nan
 
 
-def _json_text(text: str) -> Any:
+def _json_text(text: str) -> JsonText:
+    """The text, checked to be JSON (it goes into envelopes as raw JSON): orjson's parse is the fast check;
+    what it cannot hold (numbers past a double) is checked by the exact parser."""
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        _json_value(text)  # raises ValueError when the text is not JSON at all
+    return JsonText(text)
+
+
+def json_value(value: JsonText | str) -> Any:
+    """The Python value of JSON text: exact (fractions as JsonNumber, integers of any size)."""
+    return _json_value(value.text if isinstance(value, JsonText) else value)
+
+
+def _json_value(text: str) -> Any:
     try:
         return json.loads(text, parse_float=JsonNumber)
     except ValueError as e:
@@ -597,6 +617,8 @@ def json_default(obj: Any) -> Any:
     :func:`dumps` does): orjson's own datetime output drops the seconds of an offset and
     refuses a time with a zone, and it would write an Interval as an object.
     """
+    if type(obj) is JsonText:
+        return orjson.Fragment(obj.text)
     if isinstance(obj, Decimal):
         if isinstance(obj, JsonNumber):
             return orjson.Fragment(str(obj))

@@ -32,6 +32,7 @@ import numpy as np
 import orjson
 
 from schemas.errors import ValueConversionError
+from schemas.jsontext import JsonText
 from schemas.pgavro import ColumnType, Kind, PgColumn
 from schemas.pgtime import (
     MICROS_PER_DAY,
@@ -150,6 +151,8 @@ def _big_ints(value: Any) -> Any:
 
 
 def _json_to_avro(value: Any) -> str:
+    if type(value) is JsonText:
+        return value.text  # capture's json/jsonb values: their text, as the server printed it
     try:
         return orjson.dumps(value, default=_json_default).decode()
     except TypeError as e:

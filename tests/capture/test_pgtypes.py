@@ -27,6 +27,7 @@ from capture.pgtypes import (
     InexactValueError,
     Interval,
     JsonNumber,
+    JsonText,
     NonFiniteFloat,
     OffsetSecondsDatetime,
     ZonedTime,
@@ -35,6 +36,7 @@ from capture.pgtypes import (
     dumps,
     dumps_values,
     json_default,
+    json_value,
     parse_array,
     parse_interval,
 )
@@ -270,8 +272,19 @@ def _shape(value: Any) -> Any:
     return type(value).__name__
 
 
+def _parsed(value: Any) -> Any:
+    """json/jsonb values (JsonText) parsed, recursively; they are also written exactly as their text."""
+    if isinstance(value, JsonText):
+        assert dumps(value) == value.text.encode() == dumps_values(value)  # raw JSON: never re-serialized
+        return json_value(value)
+    if isinstance(value, list):
+        return [_parsed(v) for v in value]
+    return value
+
+
 def assert_same(actual: Any, expected: Any) -> None:
     """Equal as values, in type, and in every digit (Decimal('1.10') is not Decimal('1.1'))."""
+    actual = _parsed(actual)
     assert _shape(actual) == _shape(expected)
     assert dumps(actual) == dumps(expected)
     # the change events' fast path writes converter output exactly as the general one
@@ -443,18 +456,20 @@ def test_dumps_writes_the_documented_forms() -> None:
         "special": "infinity",
     }
     # jsonb numbers keep every digit in the output bytes, not only in Python
-    assert b'"jsonb":{"a":12345678901234567890.12345678901234567890,"b":[1.10]}' in dumps(row)
+    assert b'"jsonb":{"a": 12345678901234567890.12345678901234567890, "b": [1.10]}' in dumps(row)  # its own text
 
 
 def test_dumps_big_integers_inside_json() -> None:
     big = 10**30
     value = convert_text("jsonb", 3802, f'{{"n": {big}, "list": [{-big}], "small": 1}}')
-    assert value == {"n": big, "list": [-big], "small": 1}
-    assert dumps(value) == f'{{"n":{big},"list":[{-big}],"small":1}}'.encode()
+    assert json_value(value) == {"n": big, "list": [-big], "small": 1}
+    assert dumps(value) == f'{{"n": {big}, "list": [{-big}], "small": 1}}'.encode()  # the text itself
+    assert dumps(json_value(value)) == f'{{"n":{big},"list":[{-big}],"small":1}}'.encode()  # and parsed
     huge = "1" + "0" * 5000  # jsonb prints 1e5000 in full; Python's int() refuses > 4300 digits
-    parsed = convert_text("jsonb", 3802, f"[{huge}]")
+    text = convert_text("jsonb", 3802, f"[{huge}]")
+    parsed = json_value(text)
     assert parsed == [Decimal(huge)] and isinstance(parsed[0], JsonNumber)
-    assert dumps(parsed) == f"[{huge}]".encode()
+    assert dumps(parsed) == f"[{huge}]".encode() == dumps(text)
 
 
 def test_json_default_rejects_unknown_types() -> None:

@@ -27,7 +27,16 @@ import pytest
 
 from capture.decoders.wal2json import Wal2JsonDecoder
 from capture.messages import ChangeMessage, Column, DecodeError, Kind, Plugin
-from capture.pgtypes import SESSION_SETTINGS, Interval, JsonNumber, NonFiniteFloat, convert_text, dumps
+from capture.pgtypes import (
+    SESSION_SETTINGS,
+    Interval,
+    JsonNumber,
+    JsonText,
+    NonFiniteFloat,
+    convert_text,
+    dumps,
+    json_value,
+)
 from tideline.pgharness import LocalPostgres, require_wal2json
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -237,7 +246,7 @@ def test_every_type_has_the_documented_python_types(every_type: dict[int, Change
     expected_types = {
         "i2": int, "i4": int, "i8": int, "o": int, "n": Decimal, "n38": Decimal, "n122": Decimal,
         "r": float, "d": float, "b": bool, "t": str, "vc": str, "ch": str, "nm": str, "c1": str, "ci": str,
-        "j": dict, "jb": dict, "u": uuid.UUID, "ba": bytes, "dt": date, "ts": datetime, "ts3": datetime,
+        "j": JsonText, "jb": JsonText, "u": uuid.UUID, "ba": bytes, "dt": date, "ts": datetime, "ts3": datetime,
         "tstz": datetime, "tstz3": datetime, "iv": Interval, "ivym": Interval, "m": str, "inet_": str,
         "money_": str, "bits": str, "pt": str, "rng": str, "x": str, "tsv": str, "lsn_": str, "a_int": list,
     }  # fmt: skip
@@ -246,9 +255,11 @@ def test_every_type_has_the_documented_python_types(every_type: dict[int, Change
     assert str(row["n122"]) == "12.30"
     assert row["r"] == 1.1 and row["d"] == 0.1
     assert row["ch"] == "ab "  # blank-padded
-    assert row["j"] == {"a": Decimal("1.10"), "b": [1, 2]} and str(row["j"]["a"]) == "1.10"
-    assert row["jb"] == {"big": Decimal("12345678901234567890.12345678901234567890"), "neg": Decimal("-1e-7")}
-    assert isinstance(row["jb"]["big"], JsonNumber)
+    j, jb = json_value(row["j"]), json_value(row["jb"])  # json/jsonb travel as their text, parsed on demand
+    assert j == {"a": Decimal("1.10"), "b": [1, 2]} and str(j["a"]) == "1.10"
+    assert row["j"].text == '{"a": 1.10, "b": [1, 2]}'  # json keeps its exact text
+    assert jb == {"big": Decimal("12345678901234567890.12345678901234567890"), "neg": Decimal("-1e-7")}
+    assert isinstance(jb["big"], JsonNumber)
     assert row["ba"] == b"\x00\xff'\"\\"
     assert row["ts"] == datetime(2024, 3, 31, 1, 30, 0, 123456) and row["ts"].tzinfo is None
     assert row["tstz"] == datetime(2024, 3, 30, 20, 0, 0, 500000, tzinfo=UTC)  # rendered in UTC
@@ -259,7 +270,7 @@ def test_every_type_has_the_documented_python_types(every_type: dict[int, Change
     assert row["a_text"] == ["a b", "c,d", 'q"x', None, "NULL", "", "back\\slash", "{}"]
     assert [str(x) for x in row["a_num"]] == ["1.10", "NaN", "3.00"]  # arrays keep NaN
     assert [type(x) for x in row["a_float"]] == [float, NonFiniteFloat, NonFiniteFloat, NonFiniteFloat, float]
-    assert row["a_jsonb"] == [{"a": Decimal("1.5")}, [1, "x"], None]
+    assert [json_value(v) for v in row["a_jsonb"]] == [{"a": Decimal("1.5")}, [1, "x"], None]  # JSON null last
     assert row["a_bytea"] == [b"\x00", b"\xff", b""]
     assert row["a_date"] == [date(2024, 1, 1), "infinity", "-infinity"]
     assert row["a_iv"] == [Interval(0, 1, 0), Interval(0, 0, -1_000_000)]
@@ -272,7 +283,7 @@ def test_every_type_has_the_documented_python_types(every_type: dict[int, Change
     assert edges["ts3"] == "294276-12-31 23:59:59.999" and edges["tstz"] == "infinity"
     assert edges["tm"] == "24:00:00" and edges["ttz"] == "24:00:00-15:59"
     assert edges["iv"] == Interval(-14, 3, -14_706_789_000) and edges["iv"].to_iso8601() == "P-1Y-2M3DT-4H-5M-6.789S"
-    assert edges["jb"] is None  # jsonb 'null' (not SQL NULL): the documented ambiguity
+    assert edges["jb"] == JsonText("null")  # jsonb 'null' stays distinct from SQL NULL (travels as its text)
     assert (edges["a_int"], edges["a_int2d"], edges["a_text"]) == ([], [[[1], [2]], [[3], [4]]], [])
     assert [str(x) for x in edges["a_num"]] == ["NaN", "-1.50"]
     assert [str(x) for x in edges["a_n"]] == ["-Infinity", "Infinity", "NaN"]  # arrays keep them
@@ -281,9 +292,11 @@ def test_every_type_has_the_documented_python_types(every_type: dict[int, Change
 
     more = {c.name: c.value for c in every_type[4].columns}
     assert more["ba"] == bytes(range(256))
-    assert more["jb"]["huge"] == Decimal("2.5e400") and more["jb"]["i"] == 123456789012345678901234567890
-    assert b'"huge":25' + b"0" * 399 + b"}" in dumps(more["jb"])  # jsonb printed 2.5e400 in full
-    assert more["j"] == {"dup": Decimal("2.000")}  # json keeps its text; parsed, the last duplicate wins
+    jb = json_value(more["jb"])
+    assert jb["huge"] == Decimal("2.5e400") and jb["i"] == 123456789012345678901234567890
+    assert b'"huge": 25' + b"0" * 399 + b"}" in dumps(more["jb"])  # jsonb printed 2.5e400 in full, written as is
+    assert json_value(more["j"]) == {"dup": Decimal("2.000")}  # parsed, the last duplicate wins
+    assert more["j"].text.count('"dup"') == 2  # json keeps its exact text: both duplicates travel
     assert more["iv"] == Interval(0, 0, -500_000) and more["iv"].to_iso8601() == "PT-0.5S"
     assert more["a_text"] == ["line\nbreak", "ctl\x01", " lead", "trail ", "😀", "NULL", "null"]
 
