@@ -17,7 +17,11 @@ wal2json and the snapshot give it. Three sources, in this order:
    under a search path holding ``public`` (``public.mood`` → ``mood``, ``s.mood`` →
    ``s.mood``, quoting left out); an array type's name ``_mood`` becomes ``mood[]``
    (a heuristic: Postgres names array types ``_<element>``, but a user may also name
-   an ordinary type so; the resolver has no such blind spot).
+   an ordinary type so). A **domain**'s Type message names its *base* type: a domain
+   over a built-in type arrives as ``int4`` in ``pg_catalog`` (an empty namespace), named here ``domain over int4``
+   (an unknown name: its values stay text, as wal2json and the snapshot give a domain's
+   values); a domain over a user type is named like that type. The resolver has none
+   of these blind spots.
 
 Thread safety: pure functions and constant tables.
 """
@@ -93,8 +97,9 @@ def builtin_type_name(type_oid: int, typmod: int) -> str | None:
 def _with_typmod(type_oid: int, typmod: int) -> str | None:
     name = BUILTIN_TYPES.get(type_oid)
     if name is None or typmod < 0:
-        # bpchar without a typmod is "bpchar": plain "character" would mean character(1).
-        return "bpchar" if type_oid == 1042 else name
+        # bpchar and bit without a typmod are "bpchar" and '"bit"': plain "character" and
+        # "bit" would mean character(1) and bit(1).
+        return {1042: "bpchar", 1560: '"bit"'}.get(type_oid, name)
     if type_oid == 1042 or type_oid == 1043:  # character(n), character varying(n)
         return f"{name}({typmod - _VARHDRSZ})"
     if type_oid == 1700:  # numeric(precision, scale): both packed into typmod - 4; the scale may be negative
@@ -118,7 +123,11 @@ def catalog_type_name(namespace: str, name: str) -> str:
 
     >>> catalog_type_name("public", "mood"), catalog_type_name("public", "_mood"), catalog_type_name("s", "t")
     ('mood', 'mood[]', 's.t')
+    >>> catalog_type_name("", "int4"), catalog_type_name("pg_catalog", "_int4")
+    ('domain over int4', 'domain over _int4')
     """
+    if namespace in ("", "pg_catalog"):  # "" is pgoutput's pg_catalog, where only built-in types live
+        return f"domain over {name}"  # (see the module docstring)
     if name.startswith("_") and len(name) > 1:
         return catalog_type_name(namespace, name[1:]) + "[]"
-    return name if namespace in ("public", "pg_catalog", "") else f"{namespace}.{name}"
+    return name if namespace == "public" else f"{namespace}.{name}"
