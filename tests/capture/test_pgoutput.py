@@ -19,6 +19,7 @@ error paths and the streamed (protocol 2) messages that are awkward to provoke l
 
 from __future__ import annotations
 
+import doctest
 import re
 import struct
 from collections.abc import Iterator
@@ -33,6 +34,8 @@ from test_wal2json import EVERY_TYPE_DDL, EVERY_TYPE_ROWS, NON_FINITE, assert_sa
 
 from capture.decoders import decoder_for
 from capture.decoders.pgoutput import PgOutputDecoder, TypeResolver, builtin_type_name
+from capture.decoders.pgoutput import decoder as pgoutput_decoder
+from capture.decoders.pgoutput import types as pgoutput_types
 from capture.decoders.pgoutput.types import BUILTIN_ARRAYS, BUILTIN_TYPES
 from capture.decoders.wal2json import Wal2JsonDecoder
 from capture.messages import ChangeMessage, Column, DecodeError, Kind, Plugin
@@ -403,6 +406,11 @@ def test_streamed_transactions_decode_as_the_unstreamed_ones(conn: psycopg.Conne
     assert "".join(m.kind.value for m in streamed) == "B" + "I" * 2000 + "M" + "U" * 1000 + "CBIC"
 
 
+def test_docstring_examples_run() -> None:
+    assert doctest.testmod(pgoutput_decoder).failed == 0
+    assert doctest.testmod(pgoutput_types).failed == 0
+
+
 def test_decoder_meets_the_protocol() -> None:
     decoder = decoder_for(Plugin.PGOUTPUT)
     assert isinstance(decoder, PgOutputDecoder) and decoder.plugin is Plugin.PGOUTPUT
@@ -546,7 +554,7 @@ def _truncated_insert() -> bytes:
         ),
         (
             [KEY_AND_VALUE, _truncated_insert()],
-            "Insert message ('I') at byte 19 of 21 (payload at LSN 0/2A): truncated: column value of 4 bytes",
+            "Insert message ('I') at byte 19 of 21 (payload at LSN 0/2A): truncated: column 'v' value of 4 bytes",
         ),
         (
             [KEY_AND_VALUE, insert(b"1")],

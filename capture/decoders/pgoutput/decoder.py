@@ -93,6 +93,7 @@ _MESSAGE = struct.Struct("!BQ")  # flags, LSN
 _STREAM_START = struct.Struct("!IB")  # xid, first segment
 _STREAM_ABORT = struct.Struct("!II")  # xid, subtransaction xid
 
+_NULL, _UNCHANGED_TOAST, _TEXT, _BINARY = b"nutb"  # TupleData column kinds
 _KEY_COLUMN = 1  # Relation column flag: part of the replica identity key
 _TRUNCATE_CASCADE = 1
 _TRUNCATE_RESTART_IDENTITY = 2
@@ -418,7 +419,10 @@ class PgOutputDecoder:
             raise reader.error(f"expected {field_name} {marker!r}, found {found!r}")
 
     def _tuple(self, reader: _Reader, relation: Relation, *, keys_only: bool) -> list[Column]:
-        """TupleData → Columns: NULL is None, unchanged TOAST ('u') is left out, text is converted."""
+        """TupleData → Columns: NULL is None, unchanged TOAST ('u') is left out, text is converted.
+
+        The hot path: reads with local offsets and builds error texts only on error.
+        """
         (count,) = reader.unpack(_INT16, "tuple column count")
         described = relation.columns
         if count != len(described):
@@ -427,30 +431,45 @@ class PgOutputDecoder:
                 f"tuple has {count} columns, the Relation message of "
                 f"{relation.schema}.{relation.table} {len(described)}"
             )
+        data, pos, size = reader.data, reader.pos, len(reader.data)
         columns = []
-        for described_column in described:
-            kind = reader.byte(f"column {described_column.name!r} kind")
-            if kind == "n":
+        for column in described:
+            if pos >= size:
+                reader.pos = pos
+                raise reader.error(f"truncated: column {column.name!r} kind missing")
+            kind = data[pos]  # Byte1 kind
+            pos += 1
+            if kind == _TEXT:
+                if pos + 4 > size:
+                    reader.pos = pos
+                    raise reader.error(f"truncated: column {column.name!r} length needs 4 bytes")
+                end = pos + 4 + int.from_bytes(data[pos : pos + 4])  # Int32 length, then the text output
+                if end > size:
+                    reader.pos = pos + 4
+                    raise reader.error(f"truncated: column {column.name!r} value of {end - pos - 4} bytes")
+                raw, pos = data[pos + 4 : end], end
+                if keys_only and not column.is_key:
+                    continue
+                value = self._convert(reader, relation, column, raw)
+            elif kind == _NULL:
                 value = None
-            elif kind == "t":
-                raw = reader.take(reader.uint32(f"column {described_column.name!r} length"), "column value")
-                value = self._convert(reader, relation, described_column, raw)
-            elif kind == "u":
-                continue  # unchanged TOAST: absent, exactly as wal2json omits it
-            elif kind == "b":
-                raise reader.error(f"column {described_column.name!r}: binary mode not supported")
+            elif kind == _UNCHANGED_TOAST:
+                continue  # absent, exactly as wal2json omits it
             else:
-                reader.pos -= 1
-                raise reader.error(f"column {described_column.name!r}: unknown tuple column kind {kind!r}")
-            if keys_only and not described_column.is_key:
+                reader.pos = pos - 1
+                problem = "binary mode not supported" if kind == _BINARY else f"unknown tuple column kind {chr(kind)!r}"
+                raise reader.error(f"column {column.name!r}: {problem}")
+            if keys_only and not column.is_key:
                 continue  # a 'K' tuple carries every column, NULL but for the key
-            columns.append(Column(described_column.name, described_column.type_name, described_column.type_oid, value))
+            columns.append(Column(column.name, column.type_name, column.type_oid, value))
+        reader.pos = pos
         return columns
 
     def _convert(self, reader: _Reader, relation: Relation, column: RelationColumn, raw: bytes) -> Any:
-        text = reader.text(raw, f"column {column.name!r}")
         try:
-            return column.convert(text)
+            return column.convert(raw.decode())
+        except UnicodeDecodeError:
+            raise reader.error(f"column {column.name!r} is not UTF-8 (the database encoding must be UTF8)") from None
         except (ValueError, TypeError, ArithmeticError) as e:
             raise reader.error(
                 f"column {relation.schema}.{relation.table}.{column.name} ({column.type_name}): {e}"
