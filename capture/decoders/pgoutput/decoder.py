@@ -71,11 +71,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from capture.decoders.pgoutput.reader import PayloadReader
+from capture.decoders.pgoutput.streams import StreamedTransactions
 from capture.decoders.pgoutput.types import TypeResolver, builtin_type_name, catalog_type_name
-from capture.messages import ChangeMessage, Column, DecodeError, Kind, Plugin
+from capture.messages import ChangeMessage, Column, Kind, Plugin
 from capture.pgtypes import text_converter
 
 DEFAULT_PUBLICATION = "tideline"
@@ -84,7 +86,7 @@ _BEGIN = struct.Struct("!QqI")  # final LSN, commit time, xid
 _COMMIT = struct.Struct("!BQQq")  # flags, commit LSN, end LSN, commit time
 _ORIGIN = struct.Struct("!Q")  # commit LSN on the origin
 _UINT8 = struct.Struct("!B")  # column flags
-_UINT32 = struct.Struct("!I")  # xid, relation OID, type OID, relation count, value length
+_UINT32 = struct.Struct("!I")  # relation OID (read by PayloadReader.uint32)
 _INT16 = struct.Struct("!H")  # column count
 _IDENTITY = struct.Struct("!BH")  # replica identity, column count
 _ATTRIBUTE_TYPE = struct.Struct("!Ii")  # type OID, typmod
@@ -99,7 +101,6 @@ _TRUNCATE_CASCADE = 1
 _TRUNCATE_RESTART_IDENTITY = 2
 _TRANSACTIONAL = 1
 _PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in Unix milliseconds
-_EXCERPT_BYTES = 48
 _MESSAGE_NAMES = {
     "B": "Begin", "C": "Commit", "O": "Origin", "R": "Relation", "Y": "Type", "I": "Insert", "U": "Update",
     "D": "Delete", "T": "Truncate", "M": "Message", "S": "Stream Start", "E": "Stream Stop", "c": "Stream Commit",
@@ -136,70 +137,6 @@ class Relation:
 class _Transaction:
     xid: int | None
     timestamp_ms: int | None
-
-
-@dataclass(slots=True)
-class _StreamedTransaction:
-    """Changes of an in-progress transaction streamed so far: (subtransaction xid, message)."""
-
-    changes: list[tuple[int, ChangeMessage]] = field(default_factory=list)
-
-
-class _Reader:
-    """Reads one payload in order; every error names the field, the byte offset and the payload."""
-
-    __slots__ = ("data", "lsn", "pos", "what")
-
-    def __init__(self, data: bytes, lsn: int) -> None:
-        self.data, self.pos, self.what, self.lsn = data, 0, "message", lsn
-
-    def unpack(self, layout: struct.Struct, field_name: str) -> tuple[Any, ...]:
-        if self.pos + layout.size > len(self.data):
-            raise self.error(f"truncated: {field_name} needs {layout.size} bytes")
-        values = layout.unpack_from(self.data, self.pos)
-        self.pos += layout.size
-        return values
-
-    def uint32(self, field_name: str) -> int:
-        return int(self.unpack(_UINT32, field_name)[0])
-
-    def byte(self, field_name: str) -> str:
-        if self.pos >= len(self.data):
-            raise self.error(f"truncated: {field_name} missing")
-        self.pos += 1
-        return chr(self.data[self.pos - 1])
-
-    def string(self, field_name: str) -> str:
-        end = self.data.find(b"\0", self.pos)
-        if end < 0:
-            raise self.error(f"truncated: {field_name} has no terminating NUL")
-        raw, self.pos = self.data[self.pos : end], end + 1
-        return self.text(raw, field_name)
-
-    def take(self, length: int, field_name: str) -> bytes:
-        if self.pos + length > len(self.data):
-            raise self.error(f"truncated: {field_name} of {length} bytes")
-        raw = self.data[self.pos : self.pos + length]
-        self.pos += length
-        return raw
-
-    def text(self, raw: bytes, field_name: str) -> str:
-        try:
-            return raw.decode()
-        except UnicodeDecodeError:
-            raise self.error(f"{field_name} is not UTF-8 (the database encoding must be UTF8)") from None
-
-    def end(self) -> None:
-        if self.pos != len(self.data):
-            raise self.error(f"{len(self.data) - self.pos} bytes left over after the message")
-
-    def error(self, problem: str) -> DecodeError:
-        head = self.data[:_EXCERPT_BYTES].hex()
-        more = "…" if len(self.data) > _EXCERPT_BYTES else ""
-        return DecodeError(
-            f"pgoutput {self.what} at byte {self.pos} of {len(self.data)} (payload at LSN {_format_lsn(self.lsn)}): "
-            f"{problem}; payload {head}{more}"
-        )
 
 
 class PgOutputDecoder:
@@ -244,7 +181,7 @@ class PgOutputDecoder:
         self._type_names: dict[int, str] = {}  # from Type messages
         self._transaction: _Transaction | None = None
         self._stream_xid: int | None = None  # set between Stream Start and Stream Stop
-        self._streamed: dict[int, _StreamedTransaction] = {}
+        self._streamed = StreamedTransactions()
 
     def slot_options(self) -> dict[str, str]:
         """Options for ``START_REPLICATION … LOGICAL … (options)`` or ``pg_logical_slot_get_binary_changes``."""
@@ -262,7 +199,7 @@ class PgOutputDecoder:
 
         Raises DecodeError naming the message, the byte offset and the payload's LSN.
         """
-        reader = _Reader(payload, lsn)
+        reader = PayloadReader(payload, lsn)
         tag = reader.byte("message type")
         handle = _HANDLERS.get(tag)
         if handle is None:
@@ -277,27 +214,27 @@ class PgOutputDecoder:
 
     # -- transactions --------------------------------------------------------------------
 
-    def _begin(self, reader: _Reader) -> list[ChangeMessage]:
+    def _begin(self, reader: PayloadReader) -> list[ChangeMessage]:
         final_lsn, commit_time, xid = reader.unpack(_BEGIN, "final LSN, commit time, xid")
         timestamp_ms = _epoch_ms(commit_time)
         self._transaction = _Transaction(xid, timestamp_ms)
         # next_lsn stays None: Begin does not carry the transaction's end (Commit does).
         return [ChangeMessage(Kind.BEGIN, final_lsn, xid=xid, timestamp_ms=timestamp_ms)]
 
-    def _commit(self, reader: _Reader) -> list[ChangeMessage]:
+    def _commit(self, reader: PayloadReader) -> list[ChangeMessage]:
         _flags, commit_lsn, end_lsn, commit_time = reader.unpack(_COMMIT, "flags, commit LSN, end LSN, commit time")
         transaction, self._transaction = self._transaction, None
         xid = transaction.xid if transaction is not None else None
         return [ChangeMessage(Kind.COMMIT, commit_lsn, xid=xid, timestamp_ms=_epoch_ms(commit_time), next_lsn=end_lsn)]
 
-    def _origin(self, reader: _Reader) -> list[ChangeMessage]:
+    def _origin(self, reader: PayloadReader) -> list[ChangeMessage]:
         reader.unpack(_ORIGIN, "origin commit LSN")
         reader.string("origin name")
         return []  # changes replicated from elsewhere: their origin does not matter to capture
 
     # -- catalog messages ----------------------------------------------------------------
 
-    def _relation(self, reader: _Reader) -> list[ChangeMessage]:
+    def _relation(self, reader: PayloadReader) -> list[ChangeMessage]:
         self._streamed_xid(reader)
         oid = reader.uint32("relation OID")
         schema = reader.string("namespace") or "pg_catalog"  # "" means pg_catalog
@@ -314,7 +251,7 @@ class PgOutputDecoder:
         self._relations[oid] = Relation(oid, schema, table, chr(identity), tuple(columns))
         return []
 
-    def _type(self, reader: _Reader) -> list[ChangeMessage]:
+    def _type(self, reader: PayloadReader) -> list[ChangeMessage]:
         self._streamed_xid(reader)
         oid = reader.uint32("type OID")
         namespace = reader.string("type namespace")
@@ -332,14 +269,14 @@ class PgOutputDecoder:
 
     # -- changes -------------------------------------------------------------------------
 
-    def _insert(self, reader: _Reader) -> list[ChangeMessage]:
+    def _insert(self, reader: PayloadReader) -> list[ChangeMessage]:
         subxid = self._streamed_xid(reader)
         relation = self._relation_of(reader)
         self._expect(reader, "N", "new tuple marker")
         columns = self._tuple(reader, relation, keys_only=False)
         return self._change(subxid, Kind.INSERT, relation, reader.lsn, columns, [])
 
-    def _update(self, reader: _Reader) -> list[ChangeMessage]:
+    def _update(self, reader: PayloadReader) -> list[ChangeMessage]:
         subxid = self._streamed_xid(reader)
         relation = self._relation_of(reader)
         marker = reader.byte("tuple marker")
@@ -356,7 +293,7 @@ class PgOutputDecoder:
             identity = [c for c in columns if c.name in keys]
         return self._change(subxid, Kind.UPDATE, relation, reader.lsn, columns, identity)
 
-    def _delete(self, reader: _Reader) -> list[ChangeMessage]:
+    def _delete(self, reader: PayloadReader) -> list[ChangeMessage]:
         subxid = self._streamed_xid(reader)
         relation = self._relation_of(reader)
         marker = reader.byte("old tuple marker")
@@ -366,7 +303,7 @@ class PgOutputDecoder:
         identity = self._tuple(reader, relation, keys_only=marker == "K")
         return self._change(subxid, Kind.DELETE, relation, reader.lsn, [], identity)
 
-    def _truncate(self, reader: _Reader) -> list[ChangeMessage]:
+    def _truncate(self, reader: PayloadReader) -> list[ChangeMessage]:
         subxid = self._streamed_xid(reader)
         count, options = reader.unpack(_TRUNCATE, "relation count, options")
         relations = [self._relation_of(reader) for _ in range(count)]
@@ -386,7 +323,7 @@ class PgOutputDecoder:
             messages += self._hold(subxid, message)
         return messages
 
-    def _message(self, reader: _Reader) -> list[ChangeMessage]:
+    def _message(self, reader: PayloadReader) -> list[ChangeMessage]:
         subxid = self._streamed_xid(reader)
         flags, lsn = reader.unpack(_MESSAGE, "flags, LSN")
         prefix = reader.string("prefix")
@@ -404,7 +341,7 @@ class PgOutputDecoder:
         )
         return self._hold(subxid, message) if transactional else [message]
 
-    def _relation_of(self, reader: _Reader) -> Relation:
+    def _relation_of(self, reader: PayloadReader) -> Relation:
         oid = reader.uint32("relation OID")
         relation = self._relations.get(oid)
         if relation is None:
@@ -412,13 +349,13 @@ class PgOutputDecoder:
             raise reader.error(f"relation OID {oid} was not described by a Relation message before")
         return relation
 
-    def _expect(self, reader: _Reader, marker: str, field_name: str) -> None:
+    def _expect(self, reader: PayloadReader, marker: str, field_name: str) -> None:
         found = reader.byte(field_name)
         if found != marker:
             reader.pos -= 1
             raise reader.error(f"expected {field_name} {marker!r}, found {found!r}")
 
-    def _tuple(self, reader: _Reader, relation: Relation, *, keys_only: bool) -> list[Column]:
+    def _tuple(self, reader: PayloadReader, relation: Relation, *, keys_only: bool) -> list[Column]:
         """TupleData → Columns: NULL is None, unchanged TOAST ('u') is left out, text is converted.
 
         The hot path: reads with local offsets and builds error texts only on error.
@@ -465,7 +402,7 @@ class PgOutputDecoder:
         reader.pos = pos
         return columns
 
-    def _convert(self, reader: _Reader, relation: Relation, column: RelationColumn, raw: bytes) -> Any:
+    def _convert(self, reader: PayloadReader, relation: Relation, column: RelationColumn, raw: bytes) -> Any:
         try:
             return column.convert(raw.decode())
         except UnicodeDecodeError:
@@ -500,7 +437,7 @@ class PgOutputDecoder:
 
     # -- streamed transactions (protocol 2) ------------------------------------------------
 
-    def _streamed_xid(self, reader: _Reader) -> int | None:
+    def _streamed_xid(self, reader: PayloadReader) -> int | None:
         """The [xid] field: present only inside a Stream Start … Stream Stop block."""
         return None if self._stream_xid is None else reader.uint32("streamed xid")
 
@@ -514,45 +451,40 @@ class PgOutputDecoder:
         if subxid is None:
             return [message]
         assert self._stream_xid is not None
-        self._streamed.setdefault(self._stream_xid, _StreamedTransaction()).changes.append((subxid, message))
+        self._streamed.hold(self._stream_xid, subxid, message)
         return []
 
-    def _stream_start(self, reader: _Reader) -> list[ChangeMessage]:
+    def _stream_start(self, reader: PayloadReader) -> list[ChangeMessage]:
         xid, _first_segment = reader.unpack(_STREAM_START, "xid, first segment")
         if self._stream_xid is not None:
             raise reader.error(f"Stream Start of xid {xid} inside the stream of xid {self._stream_xid}")
         self._stream_xid = xid
         return []
 
-    def _stream_stop(self, reader: _Reader) -> list[ChangeMessage]:
+    def _stream_stop(self, reader: PayloadReader) -> list[ChangeMessage]:
         if self._stream_xid is None:
             raise reader.error("Stream Stop without Stream Start")
         self._stream_xid = None
         return []
 
-    def _stream_commit(self, reader: _Reader) -> list[ChangeMessage]:
+    def _stream_commit(self, reader: PayloadReader) -> list[ChangeMessage]:
         xid = reader.uint32("xid")
         _flags, commit_lsn, end_lsn, commit_time = reader.unpack(_COMMIT, "flags, commit LSN, end LSN, commit time")
         timestamp_ms = _epoch_ms(commit_time)
-        held = self._streamed.pop(xid, _StreamedTransaction()).changes
         messages = [ChangeMessage(Kind.BEGIN, commit_lsn, xid=xid, timestamp_ms=timestamp_ms)]
-        for _subxid, message in held:
+        for message in self._streamed.commit(xid):
             message.xid, message.timestamp_ms = xid, timestamp_ms
             messages.append(message)
         messages.append(ChangeMessage(Kind.COMMIT, commit_lsn, xid=xid, timestamp_ms=timestamp_ms, next_lsn=end_lsn))
         return messages
 
-    def _stream_abort(self, reader: _Reader) -> list[ChangeMessage]:
+    def _stream_abort(self, reader: PayloadReader) -> list[ChangeMessage]:
         xid, subxid = reader.unpack(_STREAM_ABORT, "xid, subtransaction xid")
-        if subxid == xid:
-            self._streamed.pop(xid, None)
-        elif xid in self._streamed:
-            streamed = self._streamed[xid]
-            streamed.changes = [(sub, m) for sub, m in streamed.changes if sub != subxid]
+        self._streamed.abort(xid, subxid)
         return []
 
 
-_HANDLERS: dict[str, Callable[[PgOutputDecoder, _Reader], list[ChangeMessage]]] = {
+_HANDLERS: dict[str, Callable[[PgOutputDecoder, PayloadReader], list[ChangeMessage]]] = {
     "B": PgOutputDecoder._begin,
     "C": PgOutputDecoder._commit,
     "O": PgOutputDecoder._origin,
@@ -573,10 +505,6 @@ _HANDLERS: dict[str, Callable[[PgOutputDecoder, _Reader], list[ChangeMessage]]] 
 def _epoch_ms(pg_microseconds: int) -> int:
     """Microseconds since 2000-01-01 → Unix epoch milliseconds (floor, as the wal2json decoder)."""
     return pg_microseconds // 1000 + _PG_EPOCH_MS
-
-
-def _format_lsn(lsn: int) -> str:
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
 
 
 def _quote_identifier(name: str) -> str:
