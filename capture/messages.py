@@ -60,6 +60,7 @@ class Capabilities:
     needs_publication: bool  # pgoutput streams only tables of a publication
     emits_type_oids: bool
     emits_primary_key: bool
+    emits_generated_columns: bool  # stored generated columns in row images (pgoutput 15 leaves them out)
 
 
 _CAPABILITIES = {
@@ -70,6 +71,7 @@ _CAPABILITIES = {
         needs_publication=False,
         emits_type_oids=True,
         emits_primary_key=True,
+        emits_generated_columns=True,
     ),
     Plugin.PGOUTPUT: Capabilities(
         decoder="capture.decoders.pgoutput:PgOutputDecoder",
@@ -78,6 +80,7 @@ _CAPABILITIES = {
         needs_publication=True,
         emits_type_oids=True,
         emits_primary_key=False,
+        emits_generated_columns=False,
     ),
 }
 

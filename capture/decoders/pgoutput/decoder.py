@@ -55,6 +55,12 @@ What comes out, compared with wal2json's decoder (the differential test checks i
   timestamp None, as with wal2json. Its content is exact (wal2json cuts it at a NUL).
 * Empty transactions (no published change) are not sent at all by pgoutput 15; wal2json
   sends their B and C.
+* Stored generated columns are not sent by pgoutput 15 (neither in Relation nor in row
+  messages); wal2json sends them (``Capabilities.emits_generated_columns``: a table's
+  catalog columns and snapshot must leave them out too, or every INSERT looks like an
+  ALTER TABLE to capture.streaming's column check).
+* The one-byte ``"char"`` type is named ``"char"`` (format_type, the snapshot's name);
+  wal2json names it ``char``.
 * Streamed transactions (protocol 2 with ``streaming``): the changes between Stream
   Start and Stop are held in memory per transaction and given out at Stream Commit as
   one ordinary Begin … Commit (Begin with the commit LSN and time, as B carries them);
