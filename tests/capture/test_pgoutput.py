@@ -466,12 +466,29 @@ def test_decoder_meets_the_protocol() -> None:
     assert decoder.slot_options() == {"proto_version": "1", "publication_names": "tideline", "messages": "true"}
     options = PgOutputDecoder("My Pub", proto_version=2, streaming=True).slot_options()
     assert options == {"proto_version": "2", "publication_names": '"My Pub"', "messages": "true", "streaming": "on"}
-    options["proto_version"] = "1"
+    decoder.slot_options()["proto_version"] = "2"
+    assert decoder.slot_options()["proto_version"] == "1"  # a copy
     assert PgOutputDecoder("a,b").slot_options()["publication_names"] == '"a,b"'
     with pytest.raises(ValueError, match="proto_version 2"):
         PgOutputDecoder("p", streaming=True)
     with pytest.raises(ValueError, match="1 or 2"):
         PgOutputDecoder("p", proto_version=3)
+
+
+def test_publication_name_is_quoted_for_the_server(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(
+        "DROP TABLE IF EXISTS only_this, not_this; CREATE TABLE only_this (id int PRIMARY KEY);"
+        'CREATE TABLE not_this (id int PRIMARY KEY); DROP PUBLICATION IF EXISTS "My Pub";'
+        'CREATE PUBLICATION "My Pub" FOR TABLE only_this'
+    )
+    decoder = PgOutputDecoder("My Pub")
+    with slots(conn, "quoted") as both:
+        conn.execute("INSERT INTO only_this VALUES (1); INSERT INTO not_this VALUES (1)")
+        messages = both.pgoutput(decoder)
+    assert [(m.kind, m.table) for m in messages if m.kind is not Kind.BEGIN and m.kind is not Kind.COMMIT] == [
+        (Kind.INSERT, "only_this")  # not_this is not in "My Pub"
+    ]
+    conn.execute('DROP PUBLICATION "My Pub"')
 
 
 def test_builtin_type_names_are_format_type(conn: psycopg.Connection[Any]) -> None:
