@@ -47,8 +47,10 @@ What comes out, compared with wal2json's decoder (the differential test checks i
 * Values ('t') are the types' text output, converted by
   :func:`capture.pgtypes.text_converter`, the snapshot's converters: numeric and
   real/double **NaN and ±Infinity stay distinct from NULL** (``Decimal('NaN')``,
-  ``NonFiniteFloat``), which wal2json cannot do. Binary values ('b') are refused: the
-  decoder never asks for ``binary``.
+  ``NonFiniteFloat``), which wal2json cannot do, and -0 of real/double keeps its sign
+  (wal2json: 0.0). Binary values ('b') are refused: the decoder never asks for ``binary``.
+* Type names: format_type's, from :mod:`capture.decoders.pgoutput.types` (built-in
+  table, then the optional resolver, then pgoutput's Type messages).
 * T: one pgoutput message for all truncated relations → one TRUNCATE per relation (as
   wal2json), each with ``truncate_cascade`` / ``truncate_restart_identity``.
 * M: ``lsn`` is the message's own LSN; a non-transactional message has xid and
