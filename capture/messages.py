@@ -14,9 +14,10 @@ Values in ``columns``/``identity`` are already converted to Python values (see
 :mod:`capture.pgtypes` for the mapping table): ``Decimal`` for numeric, parsed JSON for
 json/jsonb, lists for arrays, ``bytes`` for bytea, ``datetime``/``date``/``time``/
 ``Interval`` for temporal types, ``str`` for what Python cannot hold exactly. A column
-missing from an UPDATE's ``columns`` (unchanged TOAST under wal2json) is simply absent
-(capture.events fills it). wal2json skips UPDATE/DELETE of tables without a replica
-identity (capture.tables refuses such tables).
+missing from an UPDATE's ``columns`` (unchanged TOAST: wal2json omits it, the pgoutput
+decoder leaves its 'u' columns out the same way) is simply absent (capture.events fills
+it). wal2json skips UPDATE/DELETE of tables without a replica identity (capture.tables
+refuses such tables).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Plugin(enum.Enum):
     """Logical decoding output plugins, with what each can and cannot tell us."""
 
     WAL2JSON = "wal2json"
-    PGOUTPUT = "pgoutput"  # not implemented yet: the decoder seam is ready for it
+    PGOUTPUT = "pgoutput"  # decoding only so far: the connector does not manage publications yet
 
     @property
     def capabilities(self) -> Capabilities:
@@ -54,11 +55,12 @@ class Capabilities:
     """What a plugin's stream carries (drives fallbacks in the rest of capture)."""
 
     decoder: str | None  # "module:Class" of its decoder in capture.decoders (None: not implemented yet)
-    marks_unchanged_toast: bool  # pgoutput marks them 'u'; wal2json omits the column
+    marks_unchanged_toast: bool  # pgoutput marks them 'u' (its decoder omits them too); wal2json omits the column
     numeric_nan_distinct: bool  # wal2json renders numeric/real/double NaN and ±Infinity as JSON null
     needs_publication: bool  # pgoutput streams only tables of a publication
     emits_type_oids: bool
     emits_primary_key: bool
+    emits_generated_columns: bool  # stored generated columns in row images (pgoutput 15 leaves them out)
 
 
 _CAPABILITIES = {
@@ -69,14 +71,16 @@ _CAPABILITIES = {
         needs_publication=False,
         emits_type_oids=True,
         emits_primary_key=True,
+        emits_generated_columns=True,
     ),
     Plugin.PGOUTPUT: Capabilities(
-        decoder=None,
+        decoder="capture.decoders.pgoutput:PgOutputDecoder",
         marks_unchanged_toast=True,
         numeric_nan_distinct=True,
         needs_publication=True,
         emits_type_oids=True,
         emits_primary_key=False,
+        emits_generated_columns=False,
     ),
 }
 
@@ -119,6 +123,9 @@ class ChangeMessage:
     transactional: bool = True
     prefix: str | None = None
     content: bytes | None = None
+    # truncates (T): what the TRUNCATE statement said (pgoutput tells; wal2json does not: False)
+    truncate_cascade: bool = False
+    truncate_restart_identity: bool = False
 
 
 class Decoder(Protocol):
