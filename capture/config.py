@@ -97,6 +97,10 @@ class CaptureConfig:
             raise ConfigError(f"slot name {self.slot!r}: use lower-case letters, digits and _")
         if not self.plugin.implemented:
             raise ConfigError(f"plugin {self.plugin.value} is not implemented yet (wal2json is)")
+        if self.plugin.capabilities.needs_publication:  # the decoder exists; publication management does not yet
+            raise ConfigError(
+                f"plugin {self.plugin.value}: capture does not manage publications yet; use --plugin wal2json"
+            )
         if self.partitions < 1 or self.batch_bytes < 1 or self.batch_events < 1 or self.linger_ms < 0:
             raise ConfigError("partitions, batch_bytes and batch_events must be ≥ 1, linger_ms ≥ 0")
         if self.outbox_table is not None:
