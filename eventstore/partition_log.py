@@ -432,7 +432,7 @@ class PartitionLog:
         try:
             size = os.fstat(fd).st_size
             raw = os.pread(fd, size, 0) if size else b""
-            _, valid = decode_aborted(raw)
+            _, valid = decode_aborted(raw, path)  # damage before the tail raises: never cut valid entries
             if valid != size:
                 os.ftruncate(fd, valid)  # a torn entry of a crashed writer (we hold the lock)
             os.pwrite(fd, encode_aborted(entry), valid)
@@ -581,7 +581,7 @@ class PartitionLog:
         new_active.created_ms = time.time_ns() // 1_000_000
         self.invalidate_readers()  # readers in this process: list segments again
         if self._producers is not None:
-            write_snapshot(self.directory, self._producers)
+            write_snapshot(self.directory, self._producers, aborted_entries=len(self._aborted_entries()))
         self._write_recovery_point(new_active)
         log.debug("rolled %s-%d to segment %s", self.topic, self.partition, segment_name(new_base))
         return new_active
@@ -607,7 +607,7 @@ class PartitionLog:
             with self.locked() as active:
                 os.fdatasync(active.fd)
                 if self._producers is not None:
-                    write_snapshot(self.directory, self._producers)
+                    write_snapshot(self.directory, self._producers, aborted_entries=len(self._aborted_entries()))
                 self._write_recovery_point(active)
                 active.close()
                 self._active = None
