@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tideline.faults import FaultUnavailable, SmallFilesystem, small_filesystem
 from tideline.pgharness import LocalPostgres
 
 
@@ -34,3 +35,16 @@ def postgres(_no_ambient_postgres: None) -> Iterator[LocalPostgres]:
     finally:
         cluster.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallFilesystem]:
+    """A private 16 MiB tmpfs for disk-full tests: ``.fill(leave_bytes=…)`` fills it, ``.free()`` gives space back.
+
+    Skips (naming why) where mounting is not allowed; see tideline.faults.
+    """
+    try:
+        with small_filesystem(tmp_path / "small-disk", 16 << 20) as disk:
+            yield disk
+    except FaultUnavailable as e:
+        pytest.skip(str(e))
