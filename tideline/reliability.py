@@ -112,7 +112,7 @@ class FaultRow:
 
 
 def load_results(directory: Path) -> tuple[list[FaultRow], list[str]]:
-    """Fault rows by class (in first-recorded order) and the names of unreadable files."""
+    """Fault rows by class (sorted by name) and the names of unreadable files."""
     rows: dict[str, FaultRow] = {}
     unreadable: list[str] = []
     files = sorted(directory.glob("*.json")) if directory.is_dir() else []
@@ -137,7 +137,7 @@ def load_results(directory: Path) -> tuple[list[FaultRow], list[str]]:
         if body["detail"]:
             row.details.append(body["detail"])
         row.runs += 1
-    return list(rows.values()), unreadable
+    return sorted(rows.values(), key=lambda r: r.fault_class), unreadable
 
 
 def _seconds(values: list[float]) -> str:
