@@ -3,8 +3,8 @@
 One small partition is built once (several segments, idempotent batches, committed and
 aborted transactions, a clean close: ``recovery-point``, ``producer-state``, ``lso``,
 ``aborted-txns``, indexes). Each case copies it and damages one file: random byte flips,
-a truncation, or a zeroed range (a "page"), in a segment, an index, or the producer /
-transaction state. Then, as an operator would:
+a truncation, or a zeroed range (a "page"), in a segment, an index, the producer /
+transaction state, or the topic's metadata (``_topics/t.json``). Then, as an operator would:
 
 1. a fresh process view reads the partition from offset 0 (``read_uncommitted`` and
    ``read_committed``),
@@ -57,6 +57,7 @@ SOAK = os.environ.get("TIDELINE_SOAK") == "1"
 CASES = 1500 if SOAK else 300
 TP = TopicPartition("t", 0)
 PAGE = 4096
+TOPIC_FILE = "../_topics/t.json"  # the topic's metadata (partition count, config), relative to t-0/
 NO_FSYNC = FsyncPolicy(FsyncMode.NONE)  # the cases test damage on disk, not durability
 Records = dict[int, tuple[bytes | None, bytes | None]]
 
@@ -197,8 +198,10 @@ def pick_file(golden: Golden, rng: random.Random) -> str:
         return rng.choice(golden.segments)
     if roll < 0.70:
         return rng.choice([n for n in names if n.endswith((".index", ".timeindex"))])
-    state = [n for n in names if not n.endswith((".log", ".index", ".timeindex")) and not n.startswith(".")]
-    return rng.choice(state)
+    if roll < 0.96:
+        state = [n for n in names if not n.endswith((".log", ".index", ".timeindex", ".json"))]
+        return rng.choice(state)
+    return TOPIC_FILE
 
 
 def apply_damage(golden: Golden, case_dir: Path, rng: random.Random) -> Damage | None:
@@ -210,7 +213,7 @@ def apply_damage(golden: Golden, case_dir: Path, rng: random.Random) -> Damage |
     if damaged == original or first < 0:
         shutil.rmtree(case_dir)
         return None
-    (case_dir / "t-0" / name).write_bytes(damaged)
+    (case_dir / "t-0" / name).write_bytes(damaged)  # TOPIC_FILE is relative to t-0/ too
     damage = Damage(name, what.split()[0], first, description=f"{name}: {what}")
     if name.endswith(".log"):
         damage.last_segment = name == golden.segments[-1]
@@ -254,7 +257,9 @@ def check_read(
         assert isinstance(error, CorruptLogError | CorruptCheckpointError), (
             f"{what}: not a clear storage error: {type(error).__name__}: {error}"
         )
-        assert damage.file in str(error), f"{what}: the error does not name the damaged file {damage.file}: {error}"
+        assert Path(damage.file).name in str(error), (
+            f"{what}: the error does not name the damaged {damage.file}: {error}"
+        )
         if isinstance(error, CorruptLogError):
             assert " at byte " in str(error), f"{what}: the error names no position: {error}"
         assert not missing_before or damage.damaged_offset == float("inf"), (
@@ -301,7 +306,7 @@ def run_case(golden: Golden, seed: int, workdir: Path) -> str | None:
             probe_offset = producer.send("t", b"probe", key=b"probe").result().offset
     except TidelineError as e:
         assert not derived, f"{where}: damage to a derived file refused an append: {e}"
-        assert isinstance(e, CorruptLogError | CorruptCheckpointError) and damage.file in str(e), (
+        assert isinstance(e, CorruptLogError | CorruptCheckpointError) and Path(damage.file).name in str(e), (
             f"{where}: the append failed without naming {damage.file}: {type(e).__name__}: {e}"
         )
     for level, model in views.items():
@@ -327,6 +332,7 @@ def golden(tmp_path_factory: pytest.TempPathFactory) -> Golden:
     spans = build_partition(path)
     pdir = path / "t-0"
     files = {n: (pdir / n).read_bytes() for n in os.listdir(pdir) if not n.startswith(".")}
+    files[TOPIC_FILE] = (pdir / TOPIC_FILE).read_bytes()
     segments = [log_path(pdir, b).name for b in list_segment_bases(pdir)]
 
     def model(level: IsolationLevel) -> Records:
@@ -363,14 +369,17 @@ def test_fuzzed_partitions_open_safely_or_are_refused(golden: Golden, tmp_path: 
             continue
         durations.append(time.monotonic() - t0)
         done += 1
-        key = description.split(":")[0].rsplit(".", 1)[-1] if ".log" not in description else "segment"
+        name = description.split(":")[0]
+        key = (
+            "segment" if name.endswith(".log") else "topic metadata" if name == TOPIC_FILE else name.rsplit(".", 1)[-1]
+        )
         kinds[key] = kinds.get(key, 0) + 1
     print(f"\n{done} damaged copies in {time.monotonic() - started:.1f} s: {sorted(kinds.items())}")
     assert done >= min(CASES, 1) * 0.8 or os.environ.get("FUZZ_SEED") is not None
     record_fault_result(
         "log storage",
         "1 damaged file per copy of a partition: byte flips, truncations, zeroed ranges in segments, indexes, "
-        "producer-state, aborted-txns, lso, recovery-point",
+        "producer-state, aborted-txns, lso, recovery-point, topic metadata",
         injected=done,
         survived=done,
         records_lost=0,
