@@ -241,6 +241,8 @@ class LocalPostgres:
         """
         if mode not in ("smart", "fast", "immediate"):
             raise PostgresHarnessError(f"unknown shutdown mode {mode!r}: choose smart, fast or immediate")
+        if not self._root.is_dir():
+            raise PostgresHarnessError(f"no PostgreSQL running in {self._root}: nothing to restart")
         with self._locked():
             user = self._prepare_directory()
             if self._running_postmaster() is None:
