@@ -44,7 +44,8 @@ Swap and crash policy (the ``.cleaned`` / ``.swap`` suffixes)::
     rename <base>.*index.cleaned -> <base>.*index
     delete the group's other segments (log first, then their indexes)
 
-On the next open or cleaning pass: a ``<base>.log.cleaned`` means the group was not
+A pass that fails before the commit point (e.g. the disk is full) deletes its own
+``.cleaned`` files. On the next open or cleaning pass: a ``<base>.log.cleaned`` means the group was not
 committed (all its ``.cleaned`` files are deleted: the old set stays); an index
 ``.cleaned`` without its log means the commit happened (the rename is completed); a
 segment wholly covered by the previous one (its end offset ≤ the previous end offset)
@@ -389,11 +390,17 @@ def _clean_group(
     tmp_log = directory / (segment_name(first) + LOG_SUFFIX + CLEANED_SUFFIX)
     tmp_index = directory / (segment_name(first) + INDEX_SUFFIX + CLEANED_SUFFIX)
     tmp_time = directory / (segment_name(first) + TIME_INDEX_SUFFIX + CLEANED_SUFFIX)
-    written = write_fsynced(tmp_log, chunks)
-    write_fsynced(tmp_index, [index.offset_entries])
-    write_fsynced(tmp_time, [index.time_entries])
-    _verify_cleaned(tmp_log, first)
-    write_cleaner_checkpoint(directory, group_next)  # before any marker disappears (producer_state)
+    try:
+        written = write_fsynced(tmp_log, chunks)
+        write_fsynced(tmp_index, [index.offset_entries])
+        write_fsynced(tmp_time, [index.time_entries])
+        _verify_cleaned(tmp_log, first)
+        write_cleaner_checkpoint(directory, group_next)  # before any marker disappears (producer_state)
+    except BaseException:  # e.g. disk full: the old segments stay; free the space the output took
+        for tmp in (tmp_log, tmp_index, tmp_time):
+            with suppress(FileNotFoundError):
+                tmp.unlink()
+        raise
     os.replace(tmp_log, log_path(directory, first))  # commit point
     os.replace(tmp_index, index_path(directory, first))
     os.replace(tmp_time, time_index_path(directory, first))

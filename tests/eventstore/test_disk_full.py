@@ -8,7 +8,8 @@ they continue. Checked:
 * no segment is left damaged: every segment validates from byte 0 with no torn tail
   (the failed write was cut), while the disk is still full;
 * nothing acknowledged is lost, nothing is stored twice, nothing unacknowledged is read;
-* once space is back, appends succeed again, in this process and after a reopen.
+* once space is back, appends succeed again, in this process and after a reopen;
+* a compaction pass that runs out of space keeps the old segments and removes its partial output.
 
 Time to recover (reported to RELIABILITY.md) = from freeing the space to the first
 successful append. Sizes grow with ``TIDELINE_SOAK=1``.
@@ -156,3 +157,46 @@ def test_disk_full_refuses_appends_keeps_segments_whole_and_resumes(small_disk: 
         recover_seconds=recoveries,
         detail=f"{rounds} fill/free rounds, {len(acked)} records acknowledged, {segments} segments, all whole",
     )
+
+
+def test_compaction_on_a_full_disk_leaves_the_old_segments_and_no_leftovers(small_disk: SmallFilesystem) -> None:
+    """A compaction pass that hits ENOSPC writing its output keeps the old segments, removes its
+    partial output (the space goes back), and succeeds once space is back."""
+    from eventstore.cleaner import compact_partition
+    from eventstore.topic import CleanupPolicy
+
+    rng = random.Random(7)
+    path = small_disk.path / "log"
+    acked: Acked = {}
+    serial = [0]
+    with Log(path) as log:
+        log.create_topic("t", 1, TopicConfig(cleanup_policy=CleanupPolicy.COMPACT, segment_bytes=64 << 10))
+        with Producer(log, linger_ms=3_600_000) as producer:
+            for _ in range(60):
+                assert send_round(producer, rng, serial, acked) is None
+        plog = log.partition("t", 0)
+        plog.roll()
+        before = {n: (plog.directory / n).read_bytes() for n in os.listdir(plog.directory) if n.endswith(".log")}
+        small_disk.fill(leave_bytes=8 << 10)
+        failed = 0
+        for _ in range(3):
+            try:
+                compact_partition(plog)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+                failed += 1
+            assert not [n for n in os.listdir(plog.directory) if n.endswith(".cleaned")], "partial output left"
+        assert failed == 3, "compaction found room on a full disk: fill more"
+        after = {n: (plog.directory / n).read_bytes() for n in os.listdir(plog.directory) if n.endswith(".log")}
+        assert after == before, "a failed pass changed the segments"
+        check_exactly(read_everything(path, "t", 1), acked, "after failed passes")
+        small_disk.free()
+        stats = compact_partition(plog)
+        assert stats.records_kept < stats.records_read
+    latest: dict[bytes, bytes] = {}
+    for (_, _), (key, value) in sorted(acked.items()):
+        latest[key] = value
+    got: dict[bytes | None, bytes | None] = {}
+    for _, _, key, value in read_everything(path, "t", 1):
+        got[key] = value
+    assert got == latest, "after compaction the latest value of some key is not the one acknowledged last"
