@@ -97,6 +97,7 @@ from eventstore.producer_state import (
     read_cleaner_checkpoint,
     read_lso_file,
     read_snapshot,
+    recorded_aborted_entries,
     write_snapshot,
 )
 from eventstore.producer_state import (
@@ -629,7 +630,7 @@ class PartitionLog:
         new_active.created_ms = time.time_ns() // 1_000_000
         self.invalidate_readers()  # readers in this process: list segments again
         if self._producers is not None:
-            write_snapshot(self.directory, self._producers, aborted_entries=len(self._aborted_entries()))
+            write_snapshot(self.directory, self._producers, aborted_entries=self._aborted_count())
         self._write_recovery_point(new_active)
         log.debug("rolled %s-%d to segment %s", self.topic, self.partition, segment_name(new_base))
         return new_active
@@ -655,7 +656,7 @@ class PartitionLog:
             with self.locked() as active:
                 os.fdatasync(active.fd)
                 if self._producers is not None:
-                    write_snapshot(self.directory, self._producers, aborted_entries=len(self._aborted_entries()))
+                    write_snapshot(self.directory, self._producers, aborted_entries=self._aborted_count())
                 self._write_recovery_point(active)
                 active.close()
                 self._active = None
@@ -746,6 +747,14 @@ class PartitionLog:
         ``first_offset <= base_offset <= last_offset`` belongs to an aborted transaction.
         """
         return [a for a in self._aborted_entries() if a.first_offset < end_offset and a.last_offset >= start_offset]
+
+    def _aborted_count(self) -> int:
+        """Entries in ``aborted-txns`` now, for the snapshot; a damaged file keeps the count recorded before
+        (so readers go on refusing it), and never stops a roll or a close."""
+        try:
+            return len(self._aborted_entries())
+        except CorruptCheckpointError:
+            return recorded_aborted_entries(self.directory)
 
     def _aborted_entries(self) -> list[AbortedTransaction]:
         with self._aborted_lock:

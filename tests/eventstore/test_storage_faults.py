@@ -388,3 +388,35 @@ def test_fuzzed_partitions_open_safely_or_are_refused(golden: Golden, tmp_path: 
         detail=f"damaged files: {', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}; recovery time = open, "
         "two full reads, an append and two more reads of the damaged copy",
     )
+
+
+@pytest.mark.parametrize("damage", ["flip", "cut"])
+def test_damaged_aborted_txns_is_refused_until_rebuilt_from_the_log(
+    golden: Golden, tmp_path: Path, damage: str
+) -> None:
+    """The documented repair: with no writer running, delete aborted-txns and producer-state."""
+    path = tmp_path / "log"
+    shutil.copytree(golden.path, path)
+    aborted = path / "t-0" / "aborted-txns"
+    raw = aborted.read_bytes()
+    assert len(raw) >= 2 * 28, "the partition should hold two aborted transactions"
+    aborted.write_bytes(raw[:5] + bytes([raw[5] ^ 0x10]) + raw[6:] if damage == "flip" else raw[:28])
+    for level in IsolationLevel:
+        outcome = read_all(path, level)
+        if level is IsolationLevel.READ_COMMITTED:
+            assert isinstance(outcome.error, CorruptCheckpointError) and "aborted-txns" in str(outcome.error)
+        else:
+            assert outcome.error is None  # read_uncommitted does not need the index
+    with Log(path, create=False, fsync=NO_FSYNC) as log, Producer(log, linger_ms=0) as producer:
+        producer.send("t", b"x", key=b"x").result()  # plain appends do not need the index; the close
+        log.partition("t", 0).roll()  # and the roll rewrite the snapshot: it keeps the evidence
+    assert isinstance(read_all(path, IsolationLevel.READ_COMMITTED).error, CorruptCheckpointError)
+    aborted.unlink()
+    (path / "t-0" / "producer-state").unlink()
+    with Log(path, create=False, fsync=NO_FSYNC) as log, Producer(log, linger_ms=0) as producer:
+        probe = producer.send("t", b"probe", key=b"probe").result().offset
+    outcome = read_all(path, IsolationLevel.READ_COMMITTED)
+    assert outcome.error is None
+    extra = {o for o, k, _ in outcome.records if k in (b"x", b"probe")}
+    assert {o: (k, v) for o, k, v in outcome.records if o not in extra} == golden.committed and probe in extra
+    assert aborted.read_bytes()[: len(raw)] == raw  # rebuilt from the abort markers, entry for entry
