@@ -396,7 +396,7 @@ def _clean_group(
         write_fsynced(tmp_time, [index.time_entries])
         _verify_cleaned(tmp_log, first)
         write_cleaner_checkpoint(directory, group_next)  # before any marker disappears (producer_state)
-    except BaseException:  # e.g. disk full: the old segments stay; free the space the output took
+    except OSError:  # e.g. disk full: the old segments stay; free the space the output took
         for tmp in (tmp_log, tmp_index, tmp_time):
             with suppress(FileNotFoundError):
                 tmp.unlink()
