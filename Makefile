@@ -39,8 +39,13 @@ typecheck: venv
 test: system venv jars lint typecheck
 	$(VENV)/bin/pytest -q tests
 
+## soak: every test at its long size; the fault tests record results, rendered into RELIABILITY.md
+## (written even when a test fails: a failed fault test records no row, so its row is missing).
+RELIABILITY_DIR := $(CURDIR)/.reliability-results
 soak: system venv jars
-	TIDELINE_SOAK=1 $(VENV)/bin/pytest -q tests
+	rm -rf $(RELIABILITY_DIR)
+	TIDELINE_SOAK=1 TIDELINE_RELIABILITY_DIR=$(RELIABILITY_DIR) $(VENV)/bin/pytest -q tests; status=$$?; \
+		$(PY) -m tideline.reliability --dir $(RELIABILITY_DIR) || status=1; exit $$status
 
 bench: system venv jars
 	$(PY) -m bench
@@ -49,4 +54,4 @@ demo: system venv jars
 	$(VENV)/bin/tideline demo
 
 clean:
-	rm -rf $(VENV) tideline-data .pytest_cache .mypy_cache .ruff_cache $(JAR_CACHE)
+	rm -rf $(VENV) tideline-data .pytest_cache .mypy_cache .ruff_cache .reliability-results $(JAR_CACHE)

@@ -33,6 +33,7 @@ REPO = BENCHMARKS_MD.parent
 
 MODULES: list[str] = [
     "bench.log_bench",
+    "bench.notify_bench",
     "bench.capture_bench",
     "bench.schemas_bench",
     "bench.commands_bench",

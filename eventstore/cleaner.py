@@ -1,8 +1,10 @@
 """Compaction and retention of closed segments.
 
-Split as in Kafka: :class:`LogCleaner` schedules (a background thread over every topic),
-:func:`compact_partition` is the algorithm, :func:`apply_retention` deletes old
-segments, and :func:`resolve_overlaps` finishes or undoes what a crash interrupted.
+Split as in Kafka: :class:`eventstore.log_cleaner.LogCleaner` schedules (a background
+thread over every topic), :mod:`eventstore.cleaner_manager` keeps the books (which
+partition is dirtiest), :func:`compact_partition` is the algorithm,
+:func:`apply_retention` deletes old segments, and :func:`resolve_overlaps` finishes or
+undoes what a crash interrupted.
 
 **Guarantee** (Kafka's, stated for us): compaction keeps, for every key, at least the
 last record written with that key in the closed segments, at its original offset; a
@@ -42,7 +44,8 @@ Swap and crash policy (the ``.cleaned`` / ``.swap`` suffixes)::
     rename <base>.*index.cleaned -> <base>.*index
     delete the group's other segments (log first, then their indexes)
 
-On the next open or cleaning pass: a ``<base>.log.cleaned`` means the group was not
+A pass that fails before the commit point (e.g. the disk is full) deletes its own
+``.cleaned`` files. On the next open or cleaning pass: a ``<base>.log.cleaned`` means the group was not
 committed (all its ``.cleaned`` files are deleted: the old set stays); an index
 ``.cleaned`` without its log means the commit happened (the rename is completed); a
 segment wholly covered by the previous one (its end offset ≤ the previous end offset)
@@ -58,7 +61,7 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,10 +90,8 @@ from eventstore.segment import (
     time_index_path,
 )
 from eventstore.topic import now_ms
-from eventstore.transactions import TransactionCoordinator
 
 if TYPE_CHECKING:
-    from eventstore.log import Log
     from eventstore.partition_log import PartitionLog
 
 log = logging.getLogger(__name__)
@@ -211,8 +212,22 @@ class _IndexBuilder:
                 self._last_ts = header.max_timestamp
 
 
-def compact_partition(plog: PartitionLog, *, now: int | None = None) -> CleanStats:
-    """One compaction pass over the closed segments of ``plog`` (see the module docstring)."""
+Throttle = Callable[[int], None]
+"""Called with the bytes just read (or about to be written); may sleep to cap the I/O rate."""
+
+
+def _no_throttle(_: int) -> None:
+    return None
+
+
+def compact_partition(plog: PartitionLog, *, now: int | None = None, throttle: Throttle | None = None) -> CleanStats:
+    """One compaction pass over the closed segments of ``plog`` (see the module docstring).
+
+    ``throttle`` is called after each segment read and before each write with the byte
+    count (the log cleaner's I/O cap); it may raise to abandon the pass, which leaves
+    every group either committed or untouched.
+    """
+    throttle = throttle or _no_throttle
     config = plog.config
     if not config.cleanup_policy.compacts:
         return CleanStats()
@@ -237,24 +252,27 @@ def compact_partition(plog: PartitionLog, *, now: int | None = None) -> CleanSta
             if not cleanable:
                 return CleanStats()
             aborted = plog.aborted_transactions(cleanable[0], readers[cleanable[-1]].end_offset())
-            keep_offsets = _latest_offsets(readers, cleanable, aborted)
+            keep_offsets = _latest_offsets(readers, cleanable, aborted, throttle)
             stats = CleanStats(segments_cleaned=len(cleanable))
             sizes = {b: readers[b].size() for b in cleanable}
-            for group in _group(cleanable, sizes, config.segment_bytes):
-                stats = _clean_group(
-                    directory,
-                    group,
-                    readers,
-                    keep_offsets,
-                    aborted,
-                    now,
-                    config.delete_retention_ms,
-                    config.index_interval_bytes,
-                    sizes,
-                    stats,
-                )
-            fsync_dir(directory)
-            plog.invalidate_readers()
+            try:
+                for group in _group(cleanable, sizes, config.segment_bytes):
+                    stats = _clean_group(
+                        directory,
+                        group,
+                        readers,
+                        keep_offsets,
+                        aborted,
+                        now,
+                        config.delete_retention_ms,
+                        config.index_interval_bytes,
+                        sizes,
+                        stats,
+                        throttle,
+                    )
+            finally:  # also when the throttle abandons the pass: groups committed so far are durable
+                fsync_dir(directory)
+                plog.invalidate_readers()
             return stats
         finally:
             for r in readers.values():
@@ -266,7 +284,7 @@ def _record_offsets(header: BatchHeader, records: pa.RecordBatch) -> pa.Array:
 
 
 def _latest_offsets(
-    readers: dict[int, SegmentReader], cleanable: list[int], aborted: list[AbortedTransaction]
+    readers: dict[int, SegmentReader], cleanable: list[int], aborted: list[AbortedTransaction], throttle: Throttle
 ) -> np.ndarray[Any, Any]:
     """Pass 1: the largest offset of every key in the cleanable segments, sorted.
 
@@ -281,6 +299,7 @@ def _latest_offsets(
             if not header.is_control and not is_aborted(header, aborted):
                 seg_keys.append(records.column(2))
                 seg_offsets.append(_record_offsets(header, records))
+        throttle(readers[base].size())
         if seg_keys:
             keys.append(pa.concat_arrays(seg_keys))
             offsets.append(pa.concat_arrays(seg_offsets))
@@ -313,6 +332,7 @@ def _clean_group(
     index_interval: int,
     sizes: dict[int, int],
     stats: CleanStats,
+    throttle: Throttle,
 ) -> CleanStats:
     first = group[0]
     index = _IndexBuilder(first, index_interval)
@@ -322,6 +342,7 @@ def _clean_group(
     group_next = first
     for base in group:
         batches = _read_all_batches(readers[base])  # pass 2: one segment in memory at a time
+        throttle(sizes[base])
         latest_all = _latest_mask(batches, keep_offsets)
         row = 0
         for i, (header, records) in enumerate(batches):
@@ -365,14 +386,21 @@ def _clean_group(
             index.add(position, out_header)
             chunks.append(out)
             position += len(out)
+    throttle(position)  # before anything is written: an abandoned pass leaves no .cleaned file
     tmp_log = directory / (segment_name(first) + LOG_SUFFIX + CLEANED_SUFFIX)
     tmp_index = directory / (segment_name(first) + INDEX_SUFFIX + CLEANED_SUFFIX)
     tmp_time = directory / (segment_name(first) + TIME_INDEX_SUFFIX + CLEANED_SUFFIX)
-    written = write_fsynced(tmp_log, chunks)
-    write_fsynced(tmp_index, [index.offset_entries])
-    write_fsynced(tmp_time, [index.time_entries])
-    _verify_cleaned(tmp_log, first)
-    write_cleaner_checkpoint(directory, group_next)  # before any marker disappears (producer_state)
+    try:
+        written = write_fsynced(tmp_log, chunks)
+        write_fsynced(tmp_index, [index.offset_entries])
+        write_fsynced(tmp_time, [index.time_entries])
+        _verify_cleaned(tmp_log, first)
+        write_cleaner_checkpoint(directory, group_next)  # before any marker disappears (producer_state)
+    except OSError:  # e.g. disk full: the old segments stay; free the space the output took
+        for tmp in (tmp_log, tmp_index, tmp_time):
+            with suppress(FileNotFoundError):
+                tmp.unlink()
+        raise
     os.replace(tmp_log, log_path(directory, first))  # commit point
     os.replace(tmp_index, index_path(directory, first))
     os.replace(tmp_time, time_index_path(directory, first))
@@ -450,52 +478,3 @@ def apply_retention(plog: PartitionLog, *, now: int | None = None) -> int:
             fsync_dir(directory)
             plog.invalidate_readers()
     return deleted
-
-
-# ---------------------------------------------------------------------------- scheduling
-
-
-class LogCleaner:
-    """Runs transaction recovery, compaction and retention over a log every ``interval_s`` seconds.
-
-    Thread-safety: start/stop from one thread; the work runs in its own daemon thread.
-    """
-
-    def __init__(self, log: Log, *, interval_s: float = 15.0) -> None:
-        self.log = log
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.passes = 0
-
-    def run_once(self) -> dict[str, CleanStats]:
-        """Recover abandoned transactions (their open data blocks compaction), then clean every partition."""
-        for ended in TransactionCoordinator(self.log).recover():
-            log.info(
-                "ended transaction %r (producer %d): %s", ended.transactional_id, ended.producer_id, ended.state.value
-            )
-        out: dict[str, CleanStats] = {}
-        for topic in self.log.topics():
-            meta = self.log.topic(topic)
-            for n in range(meta.partitions):
-                plog = self.log.partition(topic, n)
-                out[f"{topic}-{n}"] = compact_partition(plog)
-                apply_retention(plog)
-        self.passes += 1
-        return out
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.run_once()
-            except Exception:  # keep cleaning other passes; the error is logged with its cause
-                log.exception("log cleaner pass failed")
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="tideline-log-cleaner", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()

@@ -55,6 +55,23 @@ class CorruptLogError(TidelineError):
         self.reason = reason
 
 
+class LogStorageError(TidelineError):
+    """Writing the log's files failed (disk full, I/O error): the batch was not stored.
+
+    The partition cut whatever part of the batch reached the file, so nothing acknowledged
+    is affected and no segment is left damaged; appends succeed again once the cause is
+    gone (free space). ``errno`` is the operating system's error number (``errno.ENOSPC``).
+    """
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        super().__init__(
+            f"cannot append to {path}: {error.strerror or error} (the batch was not stored; "
+            + ("free space on that file system, then retry)" if error.errno == 28 else "check the disk, then retry)")
+        )
+        self.path = path
+        self.errno = error.errno
+
+
 class CorruptCheckpointError(TidelineError):
     """A small persisted state file has a bad version or checksum."""
 

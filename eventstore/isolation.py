@@ -111,7 +111,12 @@ def read_visible(
     committed_only = isolation is IsolationLevel.READ_COMMITTED
     stable = plog.last_stable_offset() if committed_only else -1  # taken before reading: never ahead of the data
     if committed_only and offset >= stable:
-        return VisibleRead([], offset, held_back=plog.log_end_offset() > stable)
+        end = plog.log_end_offset()
+        if offset >= end:
+            # At the end of the sound data: read on, as a read_uncommitted reader would, so that
+            # damage right after it (a broken batch header) is reported, not taken for the end.
+            plog.read(offset, max_bytes=1)
+        return VisibleRead([], offset, held_back=end > stable)
     fetched = plog.read(offset, max_bytes=max_bytes)
     held_back = False
     if committed_only:

@@ -46,6 +46,12 @@ Durability: with the ``every_batch`` fsync policy (the default) ``append`` retur
 after ``fdatasync`` of the segment. Indexes are not fsynced except at roll (they are
 rebuildable). A new segment file is made durable (directory fsync) before use.
 
+Write failures (disk full, I/O errors): an append whose write or fsync fails cuts
+whatever part of the batch reached the segment and raises
+:class:`~eventstore.errors.LogStorageError` (the batch was not stored; appends work again
+once space is back); a failure before the batch is written (roll, transaction files)
+raises it too. An index entry that cannot be written is left out (indexes are hints).
+
 Thread-safety: thread-safe. ``_write_lock`` (a ``threading.Lock``) plus the ``.lock``
 flock guard the write side; ``_read_lock`` guards the reader's segment list.
 """
@@ -71,6 +77,7 @@ import pyarrow as pa
 from eventstore.errors import (
     CorruptCheckpointError,
     InvalidRecordError,
+    LogStorageError,
     OffsetOutOfRangeError,
 )
 from eventstore.fileio import fsync_dir, replace_durably
@@ -90,6 +97,7 @@ from eventstore.producer_state import (
     read_cleaner_checkpoint,
     read_lso_file,
     read_snapshot,
+    recorded_aborted_entries,
     write_snapshot,
 )
 from eventstore.producer_state import (
@@ -432,7 +440,7 @@ class PartitionLog:
         try:
             size = os.fstat(fd).st_size
             raw = os.pread(fd, size, 0) if size else b""
-            _, valid = decode_aborted(raw)
+            _, valid = decode_aborted(raw, path)  # damage before the tail raises: never cut valid entries
             if valid != size:
                 os.ftruncate(fd, valid)  # a torn entry of a crashed writer (we hold the lock)
             os.pwrite(fd, encode_aborted(entry), valid)
@@ -468,13 +476,30 @@ class PartitionLog:
         interval = self.config.index_interval_bytes
         if active.last_index_position < 0 or position - active.last_index_position >= interval:
             rel = header.base_offset - active.base_offset
-            os.write(active.index_fd, OFFSET_ENTRY.pack(rel, position))
-            active.last_index_position = position
-            if header.max_timestamp > active.last_index_timestamp:
-                os.write(active.time_index_fd, TIME_ENTRY.pack(header.max_timestamp, rel))
+            if self._write_index_entry(active.index_fd, OFFSET_ENTRY.pack(rel, position)):
+                active.last_index_position = position
+            if header.max_timestamp > active.last_index_timestamp and self._write_index_entry(
+                active.time_index_fd, TIME_ENTRY.pack(header.max_timestamp, rel)
+            ):
                 active.last_index_timestamp = header.max_timestamp
         active.size = position + header.size
         active.next_offset = header.next_offset
+
+    def _write_index_entry(self, fd: int, entry: bytes) -> bool:
+        """Append an index entry; on failure (disk full) cut any part of it and go on without it.
+
+        The batch it points to is already stored: indexes are hints, a missing entry only
+        makes lookups start earlier.
+        """
+        size = os.fstat(fd).st_size
+        try:
+            if os.write(fd, entry) == len(entry):
+                return True
+        except OSError as e:
+            log.warning("%s-%d: index entry not written (%s); lookups scan further", self.topic, self.partition, e)
+        with suppress(OSError):
+            os.ftruncate(fd, size)
+        return False
 
     def _refresh_tail(self) -> _ActiveSegment:
         active = self._active
@@ -517,22 +542,46 @@ class PartitionLog:
                 return AppendResult(check.base_offset, check.last_offset, now, duplicate=True)
             if check.verdict is Verdict.NOOP:
                 return AppendResult(-1, -1, now)
-            if self._should_roll(active, len(batch), now):
-                active = self._roll(active)
-            self._before_write(active, incoming, control_type, check)
+            try:
+                if self._should_roll(active, len(batch), now):
+                    active = self._roll(active)
+                self._before_write(active, incoming, control_type, check)
+            except OSError as e:  # nothing of the batch was written
+                raise LogStorageError(self.directory, e) from e
             set_base_offset(batch, active.next_offset)
             position = active.size
-            written = 0
-            view = memoryview(batch)
-            while written < len(batch):
-                written += os.pwrite(active.fd, view[written:], position + written)
-            self._dirty = True
-            self._maybe_fsync(active)
+            try:
+                self._write_batch(active, batch, position)
+            except OSError as e:
+                self._cut_partial_write(active, position)
+                raise LogStorageError(log_path(self.directory, active.base_offset), e) from e
             stored = unpack_header(batch)
             self._note_batch(active, position, stored)
             if stored.is_control:
                 self._sync_transaction_files()  # the transaction closed: the LSO may move up
             return AppendResult(stored.base_offset, stored.last_offset, now)
+
+    def _write_batch(self, active: _ActiveSegment, batch: bytearray, position: int) -> None:
+        written = 0
+        view = memoryview(batch)
+        while written < len(batch):
+            written += os.pwrite(active.fd, view[written:], position + written)
+        self._dirty = True
+        self._maybe_fsync(active)
+
+    def _cut_partial_write(self, active: _ActiveSegment, position: int) -> None:
+        """A write or fsync failed (e.g. ENOSPC): remove what part of the batch reached the file.
+
+        The batch was not acknowledged; cutting it keeps the segment whole (and frees the
+        space it took). If even that fails, the next append's tail refresh validates the
+        bytes like any other writer's: a torn batch is truncated, a whole one kept (the
+        producer, told the outcome is unknown, then uses a new producer id).
+        """
+        try:
+            os.ftruncate(active.fd, position)
+            os.fdatasync(active.fd)
+        except OSError as e:
+            log.error("could not cut a failed append from %s: %s", log_path(self.directory, active.base_offset), e)
 
     def _before_write(
         self, active: _ActiveSegment, header: BatchHeader, control_type: ControlType | None, check: Check
@@ -581,7 +630,7 @@ class PartitionLog:
         new_active.created_ms = time.time_ns() // 1_000_000
         self.invalidate_readers()  # readers in this process: list segments again
         if self._producers is not None:
-            write_snapshot(self.directory, self._producers)
+            write_snapshot(self.directory, self._producers, aborted_entries=self._aborted_count())
         self._write_recovery_point(new_active)
         log.debug("rolled %s-%d to segment %s", self.topic, self.partition, segment_name(new_base))
         return new_active
@@ -607,7 +656,7 @@ class PartitionLog:
             with self.locked() as active:
                 os.fdatasync(active.fd)
                 if self._producers is not None:
-                    write_snapshot(self.directory, self._producers)
+                    write_snapshot(self.directory, self._producers, aborted_entries=self._aborted_count())
                 self._write_recovery_point(active)
                 active.close()
                 self._active = None
@@ -698,6 +747,14 @@ class PartitionLog:
         ``first_offset <= base_offset <= last_offset`` belongs to an aborted transaction.
         """
         return [a for a in self._aborted_entries() if a.first_offset < end_offset and a.last_offset >= start_offset]
+
+    def _aborted_count(self) -> int:
+        """Entries in ``aborted-txns`` now, for the snapshot; a damaged file keeps the count recorded before
+        (so readers go on refusing it), and never stops a roll or a close."""
+        try:
+            return len(self._aborted_entries())
+        except CorruptCheckpointError:
+            return recorded_aborted_entries(self.directory)
 
     def _aborted_entries(self) -> list[AbortedTransaction]:
         with self._aborted_lock:

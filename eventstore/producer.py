@@ -53,6 +53,7 @@ from eventstore.errors import (
     ConfigError,
     InvalidRecordError,
     InvalidTxnStateError,
+    LogStorageError,
     OutOfOrderSequenceError,
     ProducerFencedError,
     RetriableError,
@@ -306,7 +307,9 @@ class Producer:
                 with self._txn_lock:
                     self._txn_state = _TxnState.FATAL
                 raise
-            except OutOfOrderSequenceError as e:
+            except (OutOfOrderSequenceError, LogStorageError) as e:
+                # LogStorageError: the partition cut the failed write, but if even that failed the
+                # batch may be stored: never reuse its sequence numbers for other records
                 self._outcome_unknown(e)
                 raise
 

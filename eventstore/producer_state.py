@@ -29,9 +29,15 @@ Files in the partition directory (see also :mod:`eventstore.partition_log`)::
                      producer_id, first_offset, last_offset (offset of the abort
                      marker), CRC32C of the first 24 bytes. Written and fsynced *before*
                      the abort marker itself, so a reader that sees the marker always
-                     finds the entry. A torn last entry is ignored (and cut by the
-                     writer); an entry superseded by a later one for the same
-                     transaction (same producer, same first offset) is harmless.
+                     finds the entry. A torn (partial) last entry is ignored (and cut by
+                     the writer); an entry superseded by a later one for the same
+                     transaction (same producer, same first offset) is harmless. Damage
+                     is refused, never read around (the aborted data would read as
+                     committed): a whole entry failing its CRC, or fewer entries than the
+                     ``producer-state`` snapshot's ``aborted_entries``, raise
+                     CorruptCheckpointError naming the file (and the entry's byte);
+                     deleting both files with no writer running makes the next writer
+                     rebuild them from the log.
     cleaner-checkpoint  12 bytes ``<qI``: compaction has cleaned (and dropped the
                      transaction markers of) every offset below this one; CRC32C. Every
                      transaction that started below it had ended (compaction stays below
@@ -55,13 +61,19 @@ import enum
 import json
 import os
 import struct
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import crc32c
 
-from eventstore.errors import InvalidTxnStateError, OutOfOrderSequenceError, ProducerFencedError
+from eventstore.errors import (
+    CorruptCheckpointError,
+    InvalidTxnStateError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+)
 from eventstore.fileio import replace_durably
 from eventstore.record_batch import NO_PRODUCER_ID, BatchHeader
 
@@ -255,8 +267,11 @@ class ProducerStateTable:
         return cls(next_offset, producers)
 
 
-def write_snapshot(directory: Path, table: ProducerStateTable) -> None:
-    body = json.dumps(table.to_json(), sort_keys=True, separators=(",", ":")).encode()
+def write_snapshot(directory: Path, table: ProducerStateTable, *, aborted_entries: int = 0) -> None:
+    """``aborted_entries``: how many entries ``aborted-txns`` holds now (readers check the file never has fewer)."""
+    data = table.to_json()
+    data["aborted_entries"] = aborted_entries
+    body = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     replace_durably(directory / PRODUCER_STATE_FILE, body + b"\n" + b"%08x\n" % crc32c.crc32c(body))
 
 
@@ -299,42 +314,100 @@ def encode_aborted(entry: AbortedTransaction) -> bytes:
     return body + struct.pack("<I", crc32c.crc32c(body))
 
 
-def decode_aborted(raw: bytes) -> tuple[list[AbortedTransaction], int]:
-    """Entries of an ``aborted-txns`` file and the byte length of its valid prefix."""
+def decode_aborted(raw: bytes, path: Path | None = None, base: int = 0) -> tuple[list[AbortedTransaction], int]:
+    """Entries of an ``aborted-txns`` file (bytes from ``base`` on) and the length of its valid prefix.
+
+    A trailing partial entry is a torn write (ignored). A *whole* entry that fails its
+    checksum is damage: :class:`CorruptCheckpointError` names ``path`` and the entry's
+    byte position (entries after it would be lost, and their aborted data read as
+    committed). Without ``path`` (a writer checking its own tail) it just ends the prefix.
+    """
     out = []
     size = ABORTED_ENTRY.size
     valid = 0
     for pos in range(0, len(raw) - size + 1, size):
         pid, first, last, crc = ABORTED_ENTRY.unpack_from(raw, pos)
         if crc != crc32c.crc32c(raw[pos : pos + size - 4]):
+            if path is not None:
+                raise CorruptCheckpointError(
+                    path,
+                    f"a valid entry at byte {base + pos} (delete {ABORTED_TXNS_FILE} and {PRODUCER_STATE_FILE} "
+                    "with no writer running: the next writer rebuilds both from the log)",
+                    f"crc32c mismatch at byte {base + pos}",
+                )
             break
         out.append(AbortedTransaction(pid, first, last))
         valid = pos + size
     return out, valid
 
 
+def recorded_aborted_entries(directory: Path) -> int:
+    """How many ``aborted-txns`` entries existed when the producer-state snapshot was written (0: unknown)."""
+    try:
+        raw = (directory / PRODUCER_STATE_FILE).read_bytes()
+        body, crc_line, _ = raw.split(b"\n")
+        if int(crc_line, 16) != crc32c.crc32c(body):
+            return 0
+        return int(json.loads(body).get("aborted_entries", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
 class AbortedIndexReader:
-    """Reads ``aborted-txns`` incrementally (it only grows, except for a torn tail)."""
+    """Reads ``aborted-txns`` incrementally (it only grows, except for a torn tail).
+
+    Damage is refused, never read around (:func:`decode_aborted`): a whole entry with a
+    bad checksum, or fewer entries than the producer-state snapshot recorded (the file
+    was cut), raise :class:`CorruptCheckpointError` naming the file.
+    """
 
     def __init__(self, directory: Path) -> None:
+        self.directory = directory
         self.path = directory / ABORTED_TXNS_FILE
         self._entries: list[AbortedTransaction] = []
         self._valid = 0
+        self._snapshot_identity: tuple[int, int] = (-1, -1)
+        self._recorded = 0
+
+    def _check_count(self) -> None:
+        try:
+            st = os.stat(self.directory / PRODUCER_STATE_FILE)
+            identity = (st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            identity = (0, 0)
+        if identity != self._snapshot_identity:
+            self._snapshot_identity = identity
+            self._recorded = recorded_aborted_entries(self.directory) if identity != (0, 0) else 0
+        if len(self._entries) < self._recorded:
+            raise CorruptCheckpointError(
+                self.path,
+                f"at least {self._recorded} entries (recorded in {PRODUCER_STATE_FILE}; delete both files with no "
+                "writer running to rebuild them from the log)",
+                f"{len(self._entries)} entries ({self._valid} bytes)",
+            )
 
     def entries(self) -> list[AbortedTransaction]:
         try:
             size = os.stat(self.path).st_size
         except FileNotFoundError:
-            return []
+            size = 0
         if size < self._valid:  # cut by a writer (torn tail): read it again from the start
             self._entries, self._valid = [], 0
         if size - self._valid >= ABORTED_ENTRY.size:
-            with open(self.path, "rb") as f:
-                f.seek(self._valid)
-                raw = f.read(size - self._valid)
-            new, valid = decode_aborted(raw)
+            for attempt in range(2):
+                with open(self.path, "rb") as f:
+                    f.seek(self._valid)
+                    raw = f.read(size - self._valid)
+                try:
+                    new, valid = decode_aborted(raw, self.path, self._valid)
+                    break
+                except CorruptCheckpointError:
+                    if attempt:
+                        raise
+                    time.sleep(0.001)  # perhaps an entry being written as we read: look once more
             self._entries.extend(new)
             self._valid += valid
+        self._check_count()
         return self._entries
 
 

@@ -252,6 +252,9 @@ class SegmentReader:
             return self._read_batches(position, max_bytes, active)
 
     def _read_batches(self, position: int, max_bytes: int, active: bool) -> list[tuple[BatchHeader, pa.RecordBatch]]:
+        """See :meth:`read_batches`. Damage is raised only when it is the first batch of the
+        read: the whole batches before it are returned first, so the data before any damage
+        can always be read, and the next read (starting at the damage) raises."""
         raw = os.pread(self.fd, max(max_bytes, HEADER_SIZE), position)
         if len(raw) >= HEADER_SIZE:
             first = unpack_header(raw)
@@ -260,20 +263,30 @@ class SegmentReader:
         buf = pa.py_buffer(raw)
         out: list[tuple[BatchHeader, pa.RecordBatch]] = []
         pos = 0
+        damage: str | None = None
         while pos + HEADER_SIZE <= len(raw):
             header = unpack_header(raw, pos)
             problem = header_problem(raw, pos, header)
             if problem is not None:
                 if active and _all_zero(self.fd, position + pos, self.size()):
                     break  # a zero-filled tail: nothing written here yet
-                raise CorruptLogError(self.path, position + pos, problem)
+                damage = problem
+                break
             end = pos + header.size
             if end > len(raw):
+                if not active and position + end > self.size():
+                    damage = "closed segment ends inside this batch (truncated)"
                 break  # continues past this read (or is still being written)
             if not crc_matches(raw, pos, header):
                 if active and position + end >= self.size():
                     break  # the last batch, torn by a crashed writer; recovery truncates it
-                raise CorruptLogError(self.path, position + pos, "checksum mismatch")
+                damage = "checksum mismatch"
+                break
             out.append((header, decode_records(buf, pos, header)))
             pos = end
+        else:
+            if not active and pos < len(raw) and position + len(raw) >= self.size():
+                damage = "closed segment ends inside a batch header (truncated)"  # fewer bytes left than a header
+        if damage is not None and not out:
+            raise CorruptLogError(self.path, position + pos, damage)
         return out

@@ -46,6 +46,7 @@ TOPICS_DIR = "_topics"
 _LEGAL_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 DAY_MS = 24 * 3600 * 1000
+_FLOAT_SETTINGS = frozenset({"min_cleanable_dirty_ratio"})
 
 
 class CleanupPolicy(enum.Enum):
@@ -83,6 +84,7 @@ class TopicConfig:
     segment_ms: int = 7 * DAY_MS  # ... or when its first record is older than this
     delete_retention_ms: int = DAY_MS  # tombstone grace once in the cleaned part
     min_compaction_lag_ms: int = 0  # records younger than this are not compacted
+    min_cleanable_dirty_ratio: float = 0.5  # the cleaner compacts once dirty / (clean + dirty) bytes reach this
     compression: Codec = Codec.NONE
     index_interval_bytes: int = 4096  # one index entry per this many bytes of log, at most
     max_batch_bytes: int = 64 << 20  # a larger produced batch is refused
@@ -112,6 +114,11 @@ class TopicConfig:
                 changes[key] = CleanupPolicy.parse(value)
             elif key == "compression":
                 changes[key] = Codec.parse(value)
+            elif key in _FLOAT_SETTINGS:
+                try:
+                    changes[key] = float(value)
+                except ValueError:
+                    raise ConfigError(f"topic setting {key} must be a number, got {value!r}") from None
             else:
                 try:
                     changes[key] = int(value)
@@ -130,6 +137,8 @@ class TopicConfig:
         for name in ("retention_ms", "retention_bytes"):
             if getattr(self, name) < -1:
                 raise ConfigError(f"{name} must be ≥ 0 or -1 (unlimited), got {getattr(self, name)}")
+        if not 0.0 <= self.min_cleanable_dirty_ratio <= 1.0:
+            raise ConfigError(f"min_cleanable_dirty_ratio must be within 0 … 1, got {self.min_cleanable_dirty_ratio}")
         if self.index_interval_bytes < 1:
             raise ConfigError(f"index_interval_bytes must be ≥ 1, got {self.index_interval_bytes}")
         if not 1024 <= self.max_batch_bytes <= 1 << 30:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tideline.faults import FaultUnavailable, SmallFilesystem, small_filesystem
 from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
 
@@ -69,3 +70,16 @@ def kafka3(_no_ambient_kafka: None) -> Iterator[LocalKafka]:
     A test that stops a node must start it again (``start_node``) before it returns.
     """
     yield from _local_kafka("tideline-kafka3-", brokers=3)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallFilesystem]:
+    """A private 16 MiB tmpfs for disk-full tests: ``.fill(leave_bytes=…)`` fills it, ``.free()`` gives space back.
+
+    Skips (naming why) where mounting is not allowed; see tideline.faults.
+    """
+    try:
+        with small_filesystem(tmp_path / "small-disk", 16 << 20) as disk:
+            yield disk
+    except FaultUnavailable as e:
+        pytest.skip(str(e))

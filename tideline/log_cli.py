@@ -13,11 +13,14 @@ from __future__ import annotations
 import base64
 import bisect
 import functools
+import math
 import operator
 import os
 import re
 import select
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
@@ -37,6 +40,7 @@ from eventstore.errors import ConfigError, InvalidRecordError, TidelineError
 from eventstore.group import live_members, validate_group_id
 from eventstore.isolation import IsolationLevel
 from eventstore.log import MAX_PARTITIONS, Log
+from eventstore.log_cleaner import CleanedPartition, CleanerConfig, LogCleaner
 from eventstore.offsets import OffsetStore
 from eventstore.producer import Producer
 from eventstore.topic import CleanupPolicy, TopicConfig, validate_topic_name
@@ -46,7 +50,7 @@ if TYPE_CHECKING:
     from eventstore.schema_store import FramedDecoder
 
 app = typer.Typer(
-    help="Inspect and operate the log: topics, partitions, records, compaction.",
+    help="Inspect and operate the log: topics, partitions, records, compaction, the log cleaner service.",
     no_args_is_help=True,
 )
 
@@ -126,8 +130,9 @@ def create(
             "-c",
             metavar="KEY=VALUE",
             help="A topic setting, repeatable: cleanup_policy, retention_ms, retention_bytes, segment_bytes, "
-            "segment_ms, delete_retention_ms, min_compaction_lag_ms, compression (none, gzip, lz4, zstd), "
-            "index_interval_bytes, max_batch_bytes. Kafka's dotted names (segment.bytes) work too.",
+            "segment_ms, delete_retention_ms, min_compaction_lag_ms, min_cleanable_dirty_ratio, "
+            "compression (none, gzip, lz4, zstd), index_interval_bytes, max_batch_bytes. "
+            "Kafka's dotted names (segment.bytes) work too.",
             show_default=False,
         ),
     ] = None,
@@ -1021,3 +1026,108 @@ def compact(topic: TopicArg, json_output: JsonOption = False) -> None:
             str(r["segments_deleted"]),
         )
     Console(highlight=False).print(table)
+
+
+# ---------------------------------------------------------------------------- cleaner
+
+
+def _cleaned_json(done: CleanedPartition) -> dict[str, Any]:
+    before, s = done.before, done.stats
+    return {
+        "partition": before.name,
+        "dirty_ratio": round(before.dirty_ratio, 4),
+        "first_dirty_offset": before.first_dirty_offset,
+        "first_uncleanable_offset": before.first_uncleanable_offset,
+        "segments_cleaned": s.segments_cleaned,
+        "records_read": s.records_read,
+        "records_kept": s.records_kept,
+        "tombstones_dropped": s.tombstones_dropped,
+        "bytes_read": s.bytes_read,
+        "bytes_written": s.bytes_written,
+        "seconds": round(done.seconds, 3),
+    }
+
+
+def _print_cleaned(done: CleanedPartition, *, json_output: bool) -> None:
+    row = _cleaned_json(done)
+    if json_output:
+        typer.echo(orjson.dumps(row).decode())
+        return
+    typer.echo(
+        f"cleaned {row['partition']} (dirty ratio {row['dirty_ratio']:.2f}): {row['segments_cleaned']} segments, "
+        f"{row['records_read']} → {row['records_kept']} records, "
+        f"{_human_bytes(row['bytes_read'])} → {_human_bytes(row['bytes_written'])} in {row['seconds']:.2f} s"
+    )
+
+
+@app.command()
+def cleaner(
+    backoff_ms: Annotated[
+        int, typer.Option("--backoff-ms", help="Sleep this long when no partition is due (log.cleaner.backoff.ms).")
+    ] = 15_000,
+    io_max_bytes_per_second: Annotated[
+        float,
+        typer.Option(
+            "--io-max-bytes-per-second",
+            help="Cap on compaction reads + writes, bytes/s (log.cleaner.io.max.bytes.per.second); 0: no cap.",
+        ),
+    ] = 0,
+    retention_check_interval_ms: Annotated[
+        int,
+        typer.Option(
+            "--retention-check-interval-ms",
+            help="How often retention and abandoned-transaction recovery run (log.retention.check.interval.ms).",
+        ),
+    ] = 300_000,
+    once: Annotated[
+        bool, typer.Option("--once", help="Clean every due partition and apply retention once, then exit.")
+    ] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Run the log cleaner service: compaction by dirty ratio, retention, transaction recovery.
+
+    It compacts the partition with the highest dirty ratio whenever one reaches its topic's
+    min_cleanable_dirty_ratio (or holds tombstones whose delete_retention_ms passed),
+    honours min_compaction_lag_ms and open transactions, applies retention every
+    --retention-check-interval-ms, and never blocks producers or consumers. One line per
+    compaction pass; stops on Ctrl-C or SIGTERM (an interrupted pass leaves nothing half-done).
+    """
+    with one_line_errors():
+        if io_max_bytes_per_second < 0:
+            raise ConfigError(f"--io-max-bytes-per-second must be ≥ 0, got {io_max_bytes_per_second}")
+        config = CleanerConfig(
+            backoff_ms=backoff_ms,
+            io_max_bytes_per_second=io_max_bytes_per_second or math.inf,
+            retention_check_interval_ms=retention_check_interval_ms,
+        )
+        config.validate()
+        with _open_log() as log:
+            service = LogCleaner(log, config, on_pass=functools.partial(_print_cleaned, json_output=json_output))
+            if once:
+                service.check_retention()
+                while service.clean_filthiest() is not None:
+                    pass
+            else:
+                _run_until_signalled(service)
+            status = service.status()
+    summary = (
+        f"log cleaner: {status.passes} compaction passes, {_human_bytes(status.bytes_read)} read, "
+        f"{_human_bytes(status.bytes_written)} written, {status.segments_deleted} segments deleted by retention"
+    )
+    if status.uncleanable:
+        summary += f"; uncleanable: {', '.join(f'{k} ({v})' for k, v in status.uncleanable.items())}"
+    typer.echo(summary, err=True)
+
+
+def _run_until_signalled(service: LogCleaner) -> None:
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    service.start()
+    try:
+        while not stop.wait(0.5) and service.running:
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        service.stop()

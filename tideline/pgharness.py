@@ -233,6 +233,38 @@ class LocalPostgres:
             self._write_state(pid=None, port=port)
             return StopResult(pid=pid, shutdown=shutdown)
 
+    def restart(self, mode: str = "fast") -> str:
+        """``pg_ctl restart -m MODE`` (``smart``, ``fast`` or ``immediate``: a crash and WAL
+        recovery) on the same port; returns the DSN once the server is ready again.
+
+        For fault tests: clients see their connections fail and must reconnect.
+        """
+        if mode not in ("smart", "fast", "immediate"):
+            raise PostgresHarnessError(f"unknown shutdown mode {mode!r}: choose smart, fast or immediate")
+        if not self._root.is_dir():
+            raise PostgresHarnessError(f"no PostgreSQL running in {self._root}: nothing to restart")
+        with self._locked():
+            user = self._prepare_directory()
+            if self._running_postmaster() is None:
+                raise PostgresHarnessError(f"no PostgreSQL running in {self._root}: nothing to restart")
+            argv = [
+                str(self.bin_dir / "pg_ctl"),
+                "-D", str(self.data_dir),
+                "-l", str(self.log_file),
+                "-m", mode,
+                "-w", "-t", str(int(self.start_timeout)),
+                "restart",
+            ]  # fmt: skip
+            result = self._run(argv, user, timeout=self.start_timeout + 30)
+            running = self._running_postmaster()
+            if result.returncode != 0 or running is None:
+                raise PostgresHarnessError(
+                    f"pg_ctl restart -m {mode} failed in {self._root} (exit {result.returncode}): "
+                    f"{_log_summary(result.stderr or result.stdout)} (full log: {self.log_file})"
+                )
+            self._write_state(pid=running[0], port=running[1])
+            return dsn_for_port(running[1])
+
     def status(self) -> ClusterStatus:
         """Report whether the cluster runs, on which port and PID."""
         running = self._running_postmaster()

@@ -29,10 +29,11 @@ from logutil import (
     snapshot,
 )
 
-from eventstore.cleaner import LogCleaner, apply_retention, compact_partition
+from eventstore.cleaner import apply_retention, compact_partition
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.errors import OffsetOutOfRangeError
 from eventstore.log import Log
+from eventstore.log_cleaner import LogCleaner
 from eventstore.partition_log import READER_REFRESH_SECONDS
 from eventstore.segment import list_segment_bases, log_path
 from eventstore.topic import DAY_MS, CleanupPolicy, TopicConfig, now_ms

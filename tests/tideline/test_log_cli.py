@@ -599,3 +599,59 @@ def test_two_tail_followers_in_one_group_share_the_partitions(data_dir: Path) ->
     assert all(outputs), "one follower printed nothing: the partitions were not shared"
     assert not {r["partition"] for r in outputs[0]} & {r["partition"] for r in outputs[1]}
     assert sorted(r["value"] for out in outputs for r in out) == sorted(f"value {i}" for i in range(200))
+
+
+# ---------------------------------------------------------------------------- cleaner
+
+
+def test_cleaner_once_compacts_due_partitions(tl: Run) -> None:
+    ok(tl("log", "create", "prices", "--compact", "--config", "segment_ms=0", "--config", "delete_retention_ms=0"))
+    ok(tl("log", "create", "events"))  # a delete-policy topic: retention only
+    for line in ("apple\t1.00", "pear\t2.00", "apple\t1.10", "pear\t\\N", "fig\t3.00"):
+        ok(tl("log", "produce", "prices", input=line + "\n"))  # segment_ms=0: one segment per append
+    result = ok(tl("log", "cleaner", "--once", "--json"))
+    passes = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [p["partition"] for p in passes] == ["prices-0", "prices-0"], passes  # marks, then drops the tombstone
+    assert passes[0]["dirty_ratio"] == 1.0 and passes[0]["records_kept"] == 2
+    assert passes[1]["tombstones_dropped"] == 1
+    assert "2 compaction passes" in result.stderr
+    assert [(r["key"], r["value"]) for r in tail_json(tl, "prices", "--from-beginning")] == [
+        ("apple", "1.10"),
+        ("fig", "3.00"),
+    ]
+    again = ok(tl("log", "cleaner", "--once", "--json"))  # nothing is due any more
+    assert again.stdout == "" and "0 compaction passes" in again.stderr
+
+
+def test_cleaner_errors(tl: Run) -> None:
+    ok(tl("log", "create", "t"))
+    one_line_error(tl("log", "cleaner", "--io-max-bytes-per-second", "-1"), "--io-max-bytes-per-second")
+    one_line_error(tl("log", "cleaner", "--backoff-ms", "-5"), "backoff_ms")
+    one_line_error(tl("log", "create", "u", "-c", "min_cleanable_dirty_ratio=2"), "min_cleanable_dirty_ratio")
+
+
+def test_cleaner_service_runs_until_sigterm(data_dir: Path) -> None:
+    cli = [sys.executable, "-c", "from tideline.cli import main; main()", "--data-dir", str(data_dir)]
+    subprocess.run([*cli, "log", "create", "kv", "--compact", "--config", "segment_ms=0"], check=True)
+    service = subprocess.Popen(
+        [*cli, "log", "cleaner", "--backoff-ms", "50", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        for i in range(3):  # one segment per append: the service compacts without being asked
+            subprocess.run([*cli, "log", "produce", "kv"], input=f"k\tv{i}\n".encode(), check=True)
+        deadline = time.monotonic() + 120
+        while True:
+            tail = subprocess.run([*cli, "log", "tail", "kv", "--json"], check=True, capture_output=True).stdout
+            if [json.loads(line)["value"] for line in tail.splitlines()] == ["v1", "v2"]:  # v2: active segment
+                break
+            assert time.monotonic() < deadline, "the service never compacted the topic"
+            time.sleep(0.1)
+        service.send_signal(signal.SIGTERM)
+        out, err = service.communicate(timeout=60)
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait()
+    assert service.returncode == 0, err
+    assert any(json.loads(line)["partition"] == "kv-0" for line in out.splitlines())
+    assert b"log cleaner:" in err

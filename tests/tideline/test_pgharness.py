@@ -194,3 +194,12 @@ def test_cli_error_is_one_line(postgres: LocalPostgres) -> None:
     assert result.stdout == ""
     (line,) = result.stderr.splitlines()
     assert line.startswith("error: ") and f"already running on port {running_port}" in line
+
+
+def test_restart_refuses_a_bad_mode_and_a_stopped_cluster(tmp_path: Path) -> None:
+    """(A running cluster restarted -m immediate under load: tests/commands/test_pg_restart.py.)"""
+    cluster = LocalPostgres(tmp_path / "pg")
+    with pytest.raises(PostgresHarnessError, match="unknown shutdown mode 'sudden'"):
+        cluster.restart("sudden")
+    with pytest.raises(PostgresHarnessError, match="nothing to restart"):
+        cluster.restart("immediate")

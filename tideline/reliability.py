@@ -1,0 +1,204 @@
+"""Fault-injection results and the RELIABILITY.md report (``python -m tideline.reliability``).
+
+Every fault test (log storage, disk full, the log cleaner soak, commands under a
+Postgres restart, and whatever fault classes are added later: capture, Postgres, Kafka,
+Spark) calls :func:`record_fault_result` once per run with what it injected and what it
+found. When ``TIDELINE_RELIABILITY_DIR`` is set (``make soak`` sets it), each call writes
+one JSON file there; otherwise nothing is written (a plain ``make test`` leaves no files).
+
+Result file: ``<dir>/<fault class, [A-Za-z0-9_-]>-<pid>-<counter>.json``, UTF-8 JSON::
+
+    {"format_version": 1,
+     "fault_class": "log storage",        # the row of the report
+     "fault": "byte flips, truncations…",  # what was injected, one line
+     "injected": 1000, "survived": 1000,   # faults injected; runs that met every check
+     "records_lost": 0, "duplicates": 0,   # acknowledged records missing / read twice (must be 0)
+     "recover_seconds": [0.01, …],         # time to recover per fault, where it means something
+     "detail": "…", "recorded_ms": 1700000000000, "soak": true}
+
+Written to a ``.tmp`` name and renamed, so a crashed test never leaves half a file; a
+file that does not parse is reported in RELIABILITY.md as unreadable, not skipped.
+
+Rendering (:func:`render`): one table row per fault class (rows of the same class are
+summed), with the recovery-time median and maximum, and PASS when every fault was
+survived and nothing was lost or duplicated. ``python -m tideline.reliability`` rewrites
+``RELIABILITY.md`` at the repository root (or ``--out``) from ``--dir``.
+
+To add a fault class: call :func:`record_fault_result` at the end of its test with a new
+``fault_class`` name. Nothing else changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESULTS_ENV = "TIDELINE_RELIABILITY_DIR"
+FORMAT_VERSION = 1
+REPO = Path(__file__).resolve().parent.parent
+RELIABILITY_MD = REPO / "RELIABILITY.md"
+_counter = itertools.count()
+
+
+def results_dir() -> Path | None:
+    """Where results go, or None when they are not being collected."""
+    value = os.environ.get(RESULTS_ENV)
+    return Path(value) if value else None
+
+
+def record_fault_result(
+    fault_class: str,
+    fault: str,
+    *,
+    injected: int,
+    survived: int,
+    records_lost: int,
+    duplicates: int,
+    recover_seconds: list[float] | None = None,
+    detail: str = "",
+) -> Path | None:
+    """Record one fault test's outcome (see the module docstring); returns the file or None."""
+    directory = results_dir()
+    if directory is None:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    body = {
+        "format_version": FORMAT_VERSION,
+        "fault_class": fault_class,
+        "fault": fault,
+        "injected": injected,
+        "survived": survived,
+        "records_lost": records_lost,
+        "duplicates": duplicates,
+        "recover_seconds": [round(s, 6) for s in (recover_seconds or [])],
+        "detail": detail,
+        "recorded_ms": int(dt.datetime.now(dt.UTC).timestamp() * 1000),
+        "soak": os.environ.get("TIDELINE_SOAK") == "1",
+    }
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "_", fault_class).strip("_") or "fault"
+    path = directory / f"{slug}-{os.getpid()}-{next(_counter)}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(body, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass
+class FaultRow:
+    """The summed results of one fault class."""
+
+    fault_class: str
+    faults: list[str] = field(default_factory=list)
+    injected: int = 0
+    survived: int = 0
+    records_lost: int = 0
+    duplicates: int = 0
+    recover_seconds: list[float] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+    runs: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return self.survived == self.injected and self.records_lost == 0 and self.duplicates == 0
+
+
+def load_results(directory: Path) -> tuple[list[FaultRow], list[str]]:
+    """Fault rows by class (sorted by name) and the names of unreadable files."""
+    rows: dict[str, FaultRow] = {}
+    unreadable: list[str] = []
+    files = sorted(directory.glob("*.json")) if directory.is_dir() else []
+    loaded = []
+    for path in files:
+        try:
+            body = json.loads(path.read_text())
+            if body.get("format_version") != FORMAT_VERSION:
+                raise ValueError(f"format_version {body.get('format_version')}")
+            loaded.append(body)
+        except (ValueError, OSError) as e:
+            unreadable.append(f"{path.name}: {e}")
+    for body in sorted(loaded, key=lambda b: b["recorded_ms"]):
+        row = rows.setdefault(body["fault_class"], FaultRow(body["fault_class"]))
+        if body["fault"] not in row.faults:
+            row.faults.append(body["fault"])
+        row.injected += int(body["injected"])
+        row.survived += int(body["survived"])
+        row.records_lost += int(body["records_lost"])
+        row.duplicates += int(body["duplicates"])
+        row.recover_seconds.extend(float(s) for s in body["recover_seconds"])
+        if body["detail"]:
+            row.details.append(body["detail"])
+        row.runs += 1
+    return sorted(rows.values(), key=lambda r: r.fault_class), unreadable
+
+
+def _seconds(values: list[float]) -> str:
+    if not values:
+        return "—"
+    return f"{statistics.median(values) * 1e3:,.1f} ms / {max(values) * 1e3:,.1f} ms"
+
+
+def render(rows: list[FaultRow], unreadable: list[str], *, machine: str) -> str:
+    """The RELIABILITY.md text."""
+    lines = [
+        "# Tideline reliability",
+        "",
+        "Written by `make soak` (`python -m tideline.reliability` over the result files the fault tests",
+        f"write to `${RESULTS_ENV}`); do not edit by hand. Each row sums every run of one fault class:",
+        "faults injected, faults survived (every check of the test held), acknowledged records lost and",
+        "records delivered twice (both must be 0), and the time to recover (median / max) where the test",
+        "measures one. A fault test that failed records nothing: a missing row means it failed or did not run.",
+        "",
+        f"Machine: {machine}.",
+        "",
+        "| fault class | faults injected | survived | records lost | duplicates "
+        "| time to recover (median / max) | met |",
+        "|---|--:|--:|--:|--:|--:|:-:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.fault_class} | {r.injected:,} | {r.survived:,} | {r.records_lost:,} | {r.duplicates:,} "
+            f"| {_seconds(r.recover_seconds)} | {'PASS' if r.passed else 'FAIL'} |"
+        )
+    if not rows:
+        lines.append("| (no results recorded) | | | | | | |")
+    lines += ["", "What each class injected:", ""]
+    for r in rows:
+        lines.append(f"- **{r.fault_class}** ({r.runs} run{'s' if r.runs != 1 else ''}): {'; '.join(r.faults)}.")
+        lines.extend(f"  - {d}" for d in r.details)
+    if unreadable:
+        lines += ["", "Unreadable result files:", ""]
+        lines.extend(f"- {u}" for u in unreadable)
+    return "\n".join(lines) + "\n"
+
+
+def machine_summary() -> str:
+    cpus = os.cpu_count() or 0
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{cpus} CPUs, Linux {platform.release()}, Python {platform.python_version()}, {when}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tideline.reliability", description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=results_dir(), help=f"result files (default: ${RESULTS_ENV})")
+    parser.add_argument("--out", type=Path, default=RELIABILITY_MD, help="report to write (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.dir is None:
+        parser.error(f"no result directory: pass --dir or set {RESULTS_ENV}")
+    rows, unreadable = load_results(args.dir)
+    args.out.write_text(render(rows, unreadable, machine=machine_summary()))
+    failed = [r.fault_class for r in rows if not r.passed]
+    print(f"wrote {args.out}: {len(rows)} fault classes" + (f", FAILED: {', '.join(failed)}" if failed else ""))
+    return 1 if failed or unreadable else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
