@@ -309,7 +309,11 @@ class LocalKafka:
         count = self.brokers or 1
         ports = _free_ports(2 * count)
         nodes = [_Node(i + 1, ports[2 * i], ports[2 * i + 1]) for i in range(count)]
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # Kafka's own Uuid.randomUuid never starts an id with "-": the storage tool's argument parser would
+        # read such an id as an option ("argument --cluster-id/-t: expected one argument"; seen 1 in ~64 starts)
+        cluster_id = "-"
+        while cluster_id.startswith("-"):
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         formats: dict[int, subprocess.Popen[str]] = {}
         for node in nodes:  # one JVM per node, all at once: each takes a second or two to start
             data = self.node_dir(node.node_id) / "data"
