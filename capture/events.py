@@ -198,6 +198,7 @@ class EventBuilder:
         self.filter = table_filter
         self.router = router
         self.converter = converter
+        self._key = converter.key  # bound once: called for every change
         self.toast = toast_cache
         self.keystate = keystate
         self.message_topic = f"{prefix}.message"
@@ -221,9 +222,9 @@ class EventBuilder:
         return out
 
     def key_of(self, table: TableInfo, image: dict[str, Any]) -> bytes | None:
-        if table.keyless:
+        if not table.key:  # keyless
             return None
-        return self.converter.key(table, image)
+        return self._key(table, image)
 
     def _source(self, m: ChangeMessage | None, table: TableInfo | None, ctx: TxnContext, index: int) -> bytes:
         """``source`` as JSON: the part shared by a transaction's events of one table is rendered once."""
@@ -275,9 +276,15 @@ class EventBuilder:
         source = self._source(None, table, ctx, index)
         return Event(topic, key, self.converter.envelope(table, b"r", None, after, source, None, now_ms))
 
-    def change(self, m: ChangeMessage, table: TableInfo, ctx: TxnContext, index: int, now_ms: int) -> list[Event]:
-        """The events of one row change (a TRUNCATE's tombstones come from :meth:`truncate_tombstones`)."""
-        topic = self.topic(table)
+    def change(
+        self, m: ChangeMessage, table: TableInfo, ctx: TxnContext, index: int, now_ms: int, topic: str | None = None
+    ) -> list[Event]:
+        """The events of one row change (a TRUNCATE's tombstones come from :meth:`truncate_tombstones`).
+
+        ``topic``: the table's topic when the caller has it already (:meth:`topic` otherwise).
+        """
+        if topic is None:
+            topic = self.topic(table)
         source = self._source(m, table, ctx, index)
         convert = self.converter.envelope
         if m.kind is Kind.INSERT:

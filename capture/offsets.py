@@ -24,11 +24,27 @@ __all__ = ["OffsetContext", "SourcePosition"]
 
 
 class OffsetContext:
-    """The stored position, the open batch's position, and the confirm floor."""
+    """The stored position, the open batch's position, and the confirm floor.
+
+    The open batch's position changes with every event; it is kept as plain fields and made
+    a :class:`SourcePosition` only when a batch commits (one object per batch, not per event).
+    """
 
     def __init__(self, stored: SourcePosition | None) -> None:
         self.stored = stored
-        self.pending: SourcePosition | None = None
+        self._has_pending = False
+        self._commit_lsn = 0
+        self._index = 0
+        self._complete = False
+        self._confirm = 0
+        self._snapshot_done = True
+
+    @property
+    def pending(self) -> SourcePosition | None:
+        """The position the open batch will store (None: nothing new since the last commit)."""
+        if not self._has_pending:
+            return None
+        return SourcePosition(self._commit_lsn, self._index, self._complete, self._confirm, self._snapshot_done)
 
     @property
     def snapshot_interrupted(self) -> bool:
@@ -40,28 +56,33 @@ class OffsetContext:
 
     def confirm_floor(self) -> int:
         """The confirm position of positions inside a transaction: the last complete one."""
-        if self.pending is not None:
-            return self.pending.confirm_lsn
+        if self._has_pending:
+            return self._confirm
         return self.stored.confirm_lsn if self.stored is not None else 0
+
+    def _set(self, commit_lsn: int, index: int, complete: bool, confirm: int, snapshot_done: bool = True) -> None:
+        self._commit_lsn, self._index, self._complete, self._confirm = commit_lsn, index, complete, confirm
+        self._snapshot_done = snapshot_done
+        self._has_pending = True
 
     def event_stored(self, commit_lsn: int, index: int) -> None:
         """The open batch now reaches event ``index`` of the transaction committed at ``commit_lsn``."""
-        self.pending = SourcePosition(commit_lsn, index, False, self.confirm_floor())
+        self._set(commit_lsn, index, False, self.confirm_floor())
 
     def transaction_stored(self, commit_lsn: int, last_index: int, commit_end: int) -> None:
         """The open batch now holds the whole transaction; its commit end may be confirmed once stored."""
-        self.pending = SourcePosition(commit_lsn, last_index, True, commit_end)
+        self._set(commit_lsn, last_index, True, commit_end)
 
     def message_stored(self, lsn: int) -> None:
         """A non-transactional logical message at ``lsn`` is in the open batch."""
-        self.pending = SourcePosition(lsn, 0, True, self.confirm_floor())
+        self._set(lsn, 0, True, self.confirm_floor())
 
     def snapshot_started(self) -> None:
-        self.pending = SourcePosition(0, -1, False, 0, snapshot_done=False)
+        self._set(0, -1, False, 0, snapshot_done=False)
 
     def snapshot_done(self, consistent_point: int) -> None:
         """Transactions committing at or after the consistent point are streamed, not in the snapshot."""
-        self.pending = SourcePosition(consistent_point - 1, -1, True, consistent_point, snapshot_done=True)
+        self._set(consistent_point - 1, -1, True, consistent_point)
 
     def take_pending(self) -> SourcePosition | None:
         """The position to store with the batch being committed."""
@@ -71,10 +92,10 @@ class OffsetContext:
         """The batch carrying ``position`` is durable."""
         if position is not None:
             self.stored = position
-        self.pending = None
+        self._has_pending = False
 
     def aborted(self) -> None:
-        self.pending = None
+        self._has_pending = False
 
     @property
     def confirm_lsn(self) -> int:

@@ -152,8 +152,9 @@ class StreamingSource:
         if table.qualified == self.config.outbox_table:
             self._route_outbox(m, table, ctx, index)
             return
-        self.writer.ensure_table_topic(table, self.builder.topic(table))
-        events = self.builder.change(m, table, ctx, index, now_ms())
+        topic = self.builder.topic(table)
+        self.writer.ensure_table_topic(table, topic)
+        events = self.builder.change(m, table, ctx, index, now_ms(), topic)
         for e in events:
             self.writer.add(e)
         self.stats.events += len(events)

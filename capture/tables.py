@@ -102,6 +102,11 @@ class TableInfo:
     toastable_columns: tuple[str, ...] = ()  # non-key columns whose values may be TOASTed
     column_names: frozenset[str] = frozenset()
     column_types: frozenset[tuple[str, int]] = frozenset()  # (name, type OID): what a change must match
+    qualified: str = ""  # "schema.table" (set from schema and name; a field: read for every change)
+
+    def __post_init__(self) -> None:
+        if not self.qualified:
+            object.__setattr__(self, "qualified", f"{self.schema}.{self.name}")
 
     @classmethod
     def make(
@@ -119,10 +124,6 @@ class TableInfo:
             frozenset(c.name for c in columns),
             frozenset((c.name, c.type_oid) for c in columns),
         )
-
-    @property
-    def qualified(self) -> str:
-        return f"{self.schema}.{self.name}"
 
     @property
     def keyless(self) -> bool:
