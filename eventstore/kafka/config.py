@@ -56,6 +56,7 @@ TOPIC_CONFIG_NAMES: dict[str, str] = {
     "segment_ms": "segment.ms",
     "delete_retention_ms": "delete.retention.ms",
     "min_compaction_lag_ms": "min.compaction.lag.ms",
+    "min_cleanable_dirty_ratio": "min.cleanable.dirty.ratio",
     "compression": "compression.type",
     "index_interval_bytes": "index.interval.bytes",
     "max_batch_bytes": "max.message.bytes",
