@@ -108,7 +108,6 @@ class KeyState:
         self._keys: dict[tuple[int, bytes], Any] = {}  # buffered: toast bytes | None | _DELETE
         self._streams: dict[tuple[int, bytes], int] = {}
         self._in_txn = False
-        self.flushes = 0
         self.records_caught_up = 0  # records read back from the log by catch_up (0 when the state was current)
 
     def _open(self) -> sqlite3.Connection:
@@ -228,7 +227,6 @@ class KeyState:
                 [(t, s, v) for (t, s), v in self._streams.items()],
             )
             self._streams.clear()
-        self.flushes += 1
 
     def commit(self, written: dict[tuple[str, int], int]) -> None:
         """After the log transaction committed: its changes and the new checkpoints, in one SQLite commit."""
@@ -300,11 +298,6 @@ class KeyState:
         if buffered is None:
             return stored
         return buffered if stored is None else max(stored, buffered)
-
-    def key_count(self, topic: str) -> int:
-        self.flush()
-        row = self.db.execute("SELECT count(*) FROM keys WHERE topic_id = ?", (self._id(topic),)).fetchone()
-        return int(row[0])
 
     # ------------------------------------------------------------------ rebuilding from the log
 

@@ -94,9 +94,6 @@ class OffsetContext:
             self.stored = position
         self._has_pending = False
 
-    def aborted(self) -> None:
-        self._has_pending = False
-
     @property
     def confirm_lsn(self) -> int:
         """What the slot may be confirmed up to: the end of the last wholly stored transaction."""

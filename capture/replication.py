@@ -32,22 +32,14 @@ import psycopg
 
 from capture.messages import Plugin
 from capture.pgtypes import SESSION_OPTIONS
+from schemas.position import format_lsn, parse_lsn
+
+__all__ = ["CreatedSlot", "Keepalive", "ReplicationConnection", "XLogData", "format_lsn", "parse_lsn"]
 
 PG_EPOCH_OFFSET_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds
 XLOG_HEADER = struct.Struct("!QQQ")
 KEEPALIVE = struct.Struct("!QQB")
 STATUS = struct.Struct("!cQQQqB")
-
-
-def format_lsn(lsn: int) -> str:
-    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
-
-
-def parse_lsn(text: str) -> int:
-    hi, _, lo = text.partition("/")
-    if not lo:
-        raise ValueError(f"not an LSN: {text!r}")
-    return (int(hi, 16) << 32) | int(lo, 16)
 
 
 def replication_dsn(dsn: str) -> str:

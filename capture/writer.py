@@ -155,9 +155,6 @@ class LogWriter:
         """How long the open transaction has been open (0 when none is)."""
         return (time.monotonic() - self.started) * 1000 if self.in_txn else 0.0
 
-    def pending(self, topic: str) -> TopicRecords | None:
-        return self._records.get(topic)
-
     def send_pending(self, *, also: tuple[tuple[str, int], ...] = ()) -> None:
         """Append the buffered events inside the open transaction (not committed: memory stays bounded)."""
         if self._records:
@@ -191,10 +188,3 @@ class LogWriter:
                 self.sink.abort()
             except Exception as e:  # the producer may be fenced or the log gone: the next open aborts it
                 log.warning("capture: abort after failure failed (%s); the next start aborts it", e)
-
-    # ------------------------------------------------------------------ the stored position
-
-    def read_position(self) -> SourcePosition | None:
-        """The last committed position of this connector (read_committed), None if none."""
-        raw = self.sink.read_last(POSITIONS_TOPIC, 0, self.position_key)
-        return None if raw is None else SourcePosition.from_json(raw)

@@ -16,7 +16,7 @@ Contract (every implementation keeps it):
   is fenced (its next commit fails).
 * **Partitioning** is the backend's Kafka-compatible murmur2 of the key bytes; records
   without a key (keyless tables) go to one partition per batch, round-robin.
-* **Reads** (:meth:`Sink.read`, :meth:`Sink.read_position`) see committed data only.
+* **Reads** (:meth:`Sink.read`, :meth:`Sink.read_last`) see committed data only.
 
 Thread-safety: a sink is used by the connector thread only.
 """
