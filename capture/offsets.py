@@ -73,9 +73,18 @@ class OffsetContext:
         """The open batch now holds the whole transaction; its commit end may be confirmed once stored."""
         self._set(commit_lsn, last_index, True, commit_end)
 
-    def message_stored(self, lsn: int) -> None:
-        """A non-transactional logical message at ``lsn`` is in the open batch."""
-        self._set(lsn, 0, True, self.confirm_floor())
+    def message_stored(self, lsn: int, *, between_transactions: bool) -> None:
+        """A non-transactional logical message at ``lsn`` is in the open batch.
+
+        Between transactions it also confirms up to ``lsn``: the server sends transactions in
+        commit order and the message at its WAL position, so every transaction whose commit
+        record starts before ``lsn`` was sent (and stored) before it; a restart from ``lsn``
+        resends the message (its own position covers it) and nothing older. This is what makes
+        a message heartbeat (``--heartbeat-query "SELECT pg_logical_emit_message(false, …)"``)
+        advance the slot and the read-your-writes position of an otherwise idle source.
+        """
+        confirm = self.confirm_floor()
+        self._set(lsn, 0, True, max(confirm, lsn) if between_transactions else confirm)
 
     def snapshot_started(self) -> None:
         self._set(0, -1, False, 0, snapshot_done=False)

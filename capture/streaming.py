@@ -120,7 +120,7 @@ class StreamingSource:
                     one = TxnContext(None, m.lsn, now_ms())
                     if not self.offsets.covers(m.lsn, 0):
                         self._add_one(self.builder.message(m, one, 0, now_ms()), compact=False)
-                        self.offsets.message_stored(m.lsn)
+                        self.offsets.message_stored(m.lsn, between_transactions=ctx is None)
                     continue
                 if ctx is None:
                     raise DecodeError(f"{m.kind.name} outside a transaction at {format_lsn(m.lsn)}")

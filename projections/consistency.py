@@ -36,8 +36,9 @@ reads to. ``R`` only grows.
 Liveness: ``R`` is a commit *end*, and the handler's ``commit_lsn`` is the insert position
 after its commit — equal when nothing else was written to the WAL in between, larger
 when something was (another database's writes, a checkpoint). Then ``R`` passes it with
-the next captured transaction: on a quiet database run capture with a heartbeat
-(``--heartbeat-query``) so that there is one.
+the next captured transaction or heartbeat message: on a quiet database run capture with
+a heartbeat (``--heartbeat-query``: a write to a table of its own, or a non-transactional
+``pg_logical_emit_message``, whose position capture stores and confirms) so that there is one.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -16,11 +17,12 @@ import psycopg
 import pytest
 from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, records, sql
 
-from capture.connector import KeylessPolicy, SlotLostError, SnapshotMode
+from capture.connector import CaptureConfig, Connector, KeylessPolicy, SlotLostError, SnapshotMode
 from capture.events import UNAVAILABLE
 from capture.tables import TableFilter, TableRefusedError
 from eventstore.errors import ConfigError
 from eventstore.log import Log
+from schemas.position import parse_lsn
 from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -272,3 +274,59 @@ def test_truncate_whose_tombstones_fill_whole_batches_is_committed(db: str, tmp_
     assert done, "the connector did not catch up after a TRUNCATE whose tombstones filled whole batches"
     assert latest_by_key(tmp_path / "log", "cdc.public.t") == {}
     assert len([v for _, v, _ in records(tmp_path / "log", "cdc.public.t") if v is None]) == 10
+
+
+HEARTBEAT = "SELECT pg_logical_emit_message(false, 'tideline-heartbeat', now()::text)"
+
+
+def test_message_heartbeat_advances_slot_and_position_of_an_idle_source(
+    db: str, postgres: LocalPostgres, tmp_path: Path
+) -> None:
+    """Debezium's heartbeat action without a table: with the captured database idle while another
+    database of the cluster writes WAL, a non-transactional logical message every interval moves
+    the stored position's confirm_lsn (what read-your-writes waits on) and the slot past that WAL.
+    Before the fix a message never raised the stored confirm position, so a wait for a command's
+    ``commit_lsn`` could hang when other WAL followed its commit."""
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY)")
+    capture(tmp_path / "log", db)  # the slot exists
+    other = fresh_database(postgres, "hb_other")
+    sql(other, "CREATE TABLE busy (id int PRIMARY KEY)", "INSERT INTO busy SELECT generate_series(1, 1000)")
+    with psycopg.connect(db, autocommit=True) as c:
+        row = c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert row is not None
+        target = parse_lsn(row[0])
+
+        def slot_lsn() -> int:
+            got = c.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 't'")
+            (text,) = got.fetchone() or ("0/0",)
+            return parse_lsn(text)
+
+        assert slot_lsn() < target
+        config = CaptureConfig(
+            dsn=db, slot="t", topic_prefix="cdc", heartbeat_query=HEARTBEAT, heartbeat_interval_s=0.2
+        )
+        with Log(tmp_path / "log") as log:
+            connector = Connector(config, log)
+            runner = threading.Thread(target=connector.run, daemon=True)
+            runner.start()
+            try:
+                deadline = time.monotonic() + 60
+                position = connector.read_position()
+                while (position is None or position.confirm_lsn < target) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    position = connector.read_position()
+            finally:
+                connector.stop()
+                runner.join(60)
+    assert not runner.is_alive()
+    assert slot_lsn_after(db) >= target, "the heartbeat did not move the slot"
+    assert position is not None and position.confirm_lsn >= target, position
+    beats = events(tmp_path / "log", "cdc.message")
+    assert beats and {b["message"]["prefix"] for b in beats} == {"tideline-heartbeat"}
+    assert events(tmp_path / "log", "cdc.public.t") == []
+
+
+def slot_lsn_after(dsn: str) -> int:
+    with psycopg.connect(dsn) as c:
+        row = c.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 't'").fetchone()
+        return parse_lsn(row[0]) if row else 0

@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 from views_util import (
     ACCOUNTS_TOPIC,
+    HEARTBEAT,
     capture,
     capture_config,
     change_accounts,
@@ -100,7 +101,7 @@ def test_read_your_writes_live(db: str, tmp_path: Path) -> None:
     errors: list[BaseException] = []
     stop = threading.Event()
     with Log(log_dir) as log:
-        connector = Connector(capture_config(db), log)
+        connector = Connector(capture_config(db, **HEARTBEAT), log)
         capturing = threading.Thread(target=connector.run, daemon=True)
         capturing.start()
         job = LiveFollower(VIEWS, "users", log_dir=log_dir, dsn=db)

@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from pyspark.sql import SparkSession
 from views_util import (
     ACCOUNTS_TOPIC,
+    HEARTBEAT,
     capture,
     capture_config,
     change_accounts,
@@ -120,7 +121,7 @@ def test_read_your_writes(spark: SparkSession, db: str, tmp_path: Path) -> None:
         handler.handle(USER, RegisterUser("first", "first_user"))
     capture(log_dir, db)
     with Log(log_dir) as log:
-        connector = Connector(capture_config(db), log)
+        connector = Connector(capture_config(db, **HEARTBEAT), log)
         capturing = threading.Thread(target=connector.run, daemon=True)
         capturing.start()
         stop = threading.Event()

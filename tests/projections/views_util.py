@@ -46,6 +46,16 @@ def drop_slots(dsn: str) -> None:
         )
 
 
+# A command's commit_lsn is the WAL insert position read after its COMMIT; when other WAL (a
+# checkpoint, a running-xacts record) lands in between, the captured position passes it only with
+# the next captured transaction. A running capture in a test emits one every half second, as
+# docs/operations.md tells operators of quiet sources (see projections.consistency, "Liveness").
+HEARTBEAT: dict[str, Any] = {
+    "heartbeat_query": "SELECT pg_logical_emit_message(false, 'tideline-heartbeat', now()::text)",
+    "heartbeat_interval_s": 0.5,
+}
+
+
 def capture_config(dsn: str, **kw: Any) -> CaptureConfig:
     return CaptureConfig(
         dsn=dsn,
