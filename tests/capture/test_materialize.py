@@ -195,6 +195,17 @@ def prefix_of(where: Path | Backend) -> str:
     return where.prefix if isinstance(where, Backend) else "cdc"
 
 
+def history(where: Path | Backend, topic: str, key: bytes) -> str:
+    """What the log holds for one key: (partition, op, commit_lsn, event_index, snapshot) per record."""
+    out = []
+    for p, k, v in topic_records(where, topic):
+        if k == key:
+            e = exact_json(v) if v is not None else None
+            src = (e or {}).get("source") or {}
+            out.append((p, e and e.get("op"), src.get("commit_lsn"), src.get("event_index"), src.get("snapshot")))
+    return f"records of {key!r}: {out}"
+
+
 def assert_log_equals_tables(log_dir: Path | Backend, dsn: str, when: str, value_format: str = "json") -> Counter[str]:
     expected_rows, logged_rows = keyless_state(dsn, log_dir, value_format)
     assert sum(expected_rows.values()) > 0 and expected_rows == logged_rows, (
@@ -210,7 +221,8 @@ def assert_log_equals_tables(log_dir: Path | Backend, dsn: str, when: str, value
         extra = actual.keys() - expected.keys()
         assert not missing and not extra, (
             f"{when}: {name}: keys in the table but not the log {sorted(missing)[:5]} ({len(missing)}), "
-            f"in the log but not the table {sorted(extra)[:5]} ({len(extra)})"
+            f"in the log but not the table {sorted(extra)[:5]} ({len(extra)}); "
+            + history(log_dir, table_topic(prefix_of(log_dir), table.schema, name), sorted(missing | extra)[0])
         )
         wrong = [k for k in expected if expected[k] != actual[k]]
         if wrong:
