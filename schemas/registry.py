@@ -10,9 +10,12 @@ custom properties). Registering a schema a subject already has returns that vers
 
 Storage: every change is one keyed record appended to a :class:`SchemaStore`; the log
 implementation (``eventstore.schema_store``) is the compacted topic ``__schemas`` (1
-partition). The state is a function of the last value of each key, so compaction never
+partition), the Kafka one (``eventstore.kafka.schema_store``) Kafka's ``_schemas``, as
+Confluent's registry keeps it (``schemas.rest`` serves a registry over Confluent's REST
+API). The state is a function of the last value of each key, so compaction never
 changes what a replay yields. Record layout (keys: JSON with sorted keys and no spaces,
-so equal keys are equal bytes; values: JSON)::
+so equal keys are equal bytes — the Kafka store writes Confluent's field order instead;
+values: JSON)::
 
     schema   key    {"keytype":"SCHEMA","magic":1,"subject":<str>,"version":<int ≥ 1>}
              value  {"deleted":false,"id":<int ≥ 1>,"schema":<schema JSON text>,

@@ -43,8 +43,9 @@ ADDS_REQUIRED = record({"name": "id", "type": "long"}, {"name": "total", "type":
 class Registry:
     """A served registry and how to count the records of its store (to see that nothing was written)."""
 
-    def __init__(self, served: Served, store_records: Callable[[], int]) -> None:
+    def __init__(self, served: Served, store_records: Callable[[], int], global_args: list[str]) -> None:
         self.served = served
+        self.global_args = global_args
         self.store_records = store_records
         self.http = httpx.Client(base_url=served.url, timeout=30)
 
@@ -74,7 +75,7 @@ def registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Registr
                 return log.partition(LOG_SCHEMAS_TOPIC, 0).log_end_offset()
 
         with serving("--data-dir", str(data_dir)) as served:
-            yield Registry(served, log_records)
+            yield Registry(served, log_records, ["--data-dir", str(data_dir)])
     else:
         kafka: LocalKafka = request.getfixturevalue("kafka")
 
@@ -83,7 +84,7 @@ def registry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Registr
                 return sum(1 for _ in reader.read_to_end(TopicPartition(SCHEMAS_TOPIC, 0)))
 
         with serving("--kafka", kafka.bootstrap_servers) as served:
-            yield Registry(served, kafka_records)
+            yield Registry(served, kafka_records, ["--kafka", kafka.bootstrap_servers])
 
 
 def test_the_confluent_rest_api(registry: Registry) -> None:
@@ -160,6 +161,12 @@ def test_the_confluent_rest_api(registry: Registry) -> None:
     not_json = registry.http.post(f"/subjects/{orders}/versions", content=b"{not json")
     assert not_json.status_code == 400 and not_json.json()["error_code"] == 400
     assert registry.store_records() == before + 5  # version 3 and four level changes; no rejected write
+
+    # the CLI reads the same registry
+    shown = CliRunner().invoke(app, [*registry.global_args, "schemas", "show", orders, "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.output) | {"schema": None} == {"subject": orders, "version": 3, "id": id3,
+        "compatibility": "BACKWARD", "schema": None, "versions": [1, 2, 3]}  # fmt: skip
 
     # one logfmt line per request; Ctrl-C stops cleanly
     assert any(f"method=POST path=/subjects/{orders}/versions status=409" in line for line in registry.served.lines)
