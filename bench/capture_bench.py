@@ -19,6 +19,11 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
      construction to return (connections and topic creation included); the log must then
      hold exactly ``changes`` change events.
 
+   * the same connector into Apache Kafka (a private single-broker KRaft cluster,
+     ``tideline.kafkaharness.LocalKafka``; ``capture.sinks.kafka.KafkaLogSink``: one
+     transactional producer, acks=all, one Kafka transaction per log batch with the
+     position record); the topic must then hold exactly ``changes`` committed records.
+
    Changes/s = row changes / seconds; best of ``runs``.
 
 2. **Latency** (DESIGN.md §3: p99 < 50 ms at 10k changes/s). The connector runs as its own
@@ -40,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,8 +56,11 @@ import psycopg
 from bench.report import Section, measured
 from capture.connector import CaptureConfig, Connector, SnapshotMode
 from capture.decoders.wal2json import SLOT_OPTIONS
+from capture.sinks.kafka import KafkaLogSink
 from eventstore.consumer import Consumer, TopicPartition
+from eventstore.kafka import KafkaAdmin, KafkaReader
 from eventstore.log import Log
+from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import DEFAULT_BIN_DIR, LocalPostgres
 
 if TYPE_CHECKING:
@@ -148,15 +157,27 @@ def run_recvlogical(dsn: str, slot: str, end_lsn: str) -> float:
     return seconds
 
 
-def run_connector(dsn: str, slot: str, log_dir: Path, series: list[tuple[float, int]] | None = None) -> float:
-    """Seconds to store the slot's WAL; ``series`` gets (seconds since start, events stored) every 50 ms."""
+def run_connector(
+    dsn: str,
+    slot: str,
+    log_dir: Path,
+    series: list[tuple[float, int]] | None = None,
+    *,
+    kafka: str | None = None,
+    prefix: str = PREFIX,
+) -> float:
+    """Seconds to store the slot's WAL; ``series`` gets (seconds since start, events stored) every 50 ms.
+    ``kafka``: into that cluster (``log_dir`` holds the key state) instead of the embedded log."""
     config = CaptureConfig(
-        dsn=dsn, slot=slot, topic_prefix=PREFIX, snapshot=SnapshotMode.NEVER, exit_when_caught_up=True
+        dsn=dsn, slot=slot, topic_prefix=prefix, snapshot=SnapshotMode.NEVER, exit_when_caught_up=True
     )
     start = time.perf_counter()
     done = threading.Event()
-    with Log(log_dir) as log:
-        connector = Connector(config, log)
+    with ExitStack() as stack:
+        if kafka is None:
+            connector = Connector(config, stack.enter_context(Log(log_dir)))
+        else:
+            connector = Connector(config, sink=KafkaLogSink(kafka, state_dir=log_dir))
 
         def sample() -> None:
             while not done.wait(0.05):
@@ -173,7 +194,22 @@ def run_connector(dsn: str, slot: str, log_dir: Path, series: list[tuple[float, 
     return time.perf_counter() - start
 
 
-def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> None:
+def count_kafka_records(bootstrap: str, topic: str) -> int:
+    """Committed records of a Kafka topic (waits until its last transaction's markers are written)."""
+    admin = KafkaAdmin(bootstrap)
+    deadline = time.monotonic() + 60
+    while True:
+        infos = admin.describe(topic)[1]
+        if all(i.last_stable_offset >= i.high_watermark for i in infos) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    with KafkaReader(bootstrap) as reader:
+        return sum(
+            len(chunk) for i in infos for chunk in reader.read_chunks_to_end(TopicPartition(topic, i.partition))
+        )
+
+
+def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka: str) -> None:
     n = sizes.changes
     execute(dsn, CREATE_TABLE)
     execute(dsn, "SELECT pg_create_logical_replication_slot('src', 'wal2json')")
@@ -184,9 +220,10 @@ def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> 
 
     recv_s: list[float] = []
     conn_s: list[float] = []
+    kafka_s: list[float] = []
     best_series: list[tuple[float, int]] = []
     for i in range(sizes.runs):
-        for consumer in ("recv", "tl"):
+        for consumer in ("recv", "tl", "kf"):
             execute(dsn, "SELECT pg_copy_logical_replication_slot('src', %s)", (f"{consumer}_{i}",))
         recv_s.append(run_recvlogical(dsn, f"recv_{i}", end_lsn))
         log_dir = ctx.workdir / f"log-{i}"
@@ -198,10 +235,15 @@ def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> 
         if stored != n:
             raise AssertionError(f"the connector stored {stored} change events, expected {n}")
         shutil.rmtree(log_dir)
-        for consumer in ("recv", "tl"):
+        kafka_s.append(run_connector(dsn, f"kf_{i}", ctx.workdir / f"kafka-state-{i}", kafka=kafka, prefix=f"kf{i}"))
+        stored = count_kafka_records(kafka, f"kf{i}.public.{TABLE}")
+        if stored != n:
+            raise AssertionError(f"the connector stored {stored} change events in Kafka, expected {n}")
+        for consumer in ("recv", "tl", "kf"):
             execute(dsn, "SELECT pg_drop_replication_slot(%s)", (f"{consumer}_{i}",))
         ctx.say(
             f"run {i + 1}: pg_recvlogical {n / recv_s[-1]:,.0f} changes/s, connector {n / conn_s[-1]:,.0f} changes/s"
+            f" into the embedded log, {n / kafka_s[-1]:,.0f} changes/s into Kafka"
         )
     execute(dsn, "SELECT pg_drop_replication_slot('src')")
     ratios = [r / c for r, c in zip(recv_s, conn_s, strict=True)]
@@ -223,6 +265,22 @@ def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> 
                 + ", pg_recvlogical "
                 + ", ".join(f"{n / s:,.0f}" for s in recv_s)
                 + f" changes/s; median of paired run ratios {statistics.median(ratios):.2f}×"
+            ),
+        )
+    )
+    section.results.append(
+        measured(
+            "capture throughput, WAL → Kafka (1 broker, exactly once)",
+            n / min(kafka_s),
+            "changes/s",
+            baseline_name="pg_recvlogical -f /dev/null, same WAL",
+            baseline_value=n / min(recv_s),
+            min_ratio=0.7,
+            note=(
+                "the same WAL into a local single-broker Kafka (KRaft, `tideline.kafkaharness`): transactional "
+                "producer, acks=all, one Kafka transaction per log batch with the position; "
+                + f"runs {', '.join(f'{n / s:,.0f}' for s in kafka_s)} changes/s = "
+                + f"{min(conn_s) / min(kafka_s):.2f}× the embedded log's best"
             ),
         )
     )
@@ -501,7 +559,8 @@ def run(ctx: Context, section: Section) -> None:
         server = pg.start()
         dsn = pg.create_database("capture_bench")
         ctx.say(f"PostgreSQL at {server}")
-        bench_throughput(ctx, section, sizes, dsn)
+        with LocalKafka(ctx.workdir / "kafka", brokers=1) as kafka:
+            bench_throughput(ctx, section, sizes, dsn, kafka.bootstrap_servers)
         bench_latency(ctx, section, sizes, dsn)
     finally:
         pg.stop()

@@ -53,6 +53,7 @@ from capture.errors import (
     RetriesExhaustedError,
     SlotLostError,
     is_connection_error,
+    is_sink_transient,
     is_slot_busy,
     permanent_reason,
 )
@@ -105,7 +106,10 @@ class Connector:
                 raise ConfigError("a connector needs a log (or a sink) to write to")
             sink = EmbeddedLogSink(log_)
         if config.value_format is ValueFormat.AVRO and log_ is None:
-            raise ConfigError("--value-format avro keeps its schema registry in the embedded log: give the log")
+            raise ConfigError(
+                f"--value-format avro registers schemas in the embedded log's registry; {sink.describe()} "
+                "has no registry for capture yet: use --value-format json"
+            )
         self.config = config
         self.sink = sink
         self.log = log_
@@ -156,9 +160,13 @@ class Connector:
         )
         backoff = FIRST_BACKOFF_S
         failing_since: float | None = None
+        reopen = False
         try:
             while not self._stop.is_set():
                 try:
+                    if reopen:  # a new producer: init_transactions aborts what the failed one left open
+                        self.sink.open(f"capture.{self.config.connector_id}")
+                        reopen = False
                     self._run_once(builder)
                     return self.stats
                 except SnapshotStopped:
@@ -169,6 +177,7 @@ class Connector:
                     if self._stop.is_set() and is_connection_error(e):
                         break
                     self._raise_unless_transient(e)
+                    reopen = reopen or is_sink_transient(e)
                     if self._streaming_ok:  # it worked since the last failure: start counting afresh
                         backoff, failing_since = FIRST_BACKOFF_S, None
                     self._streaming_ok = False
@@ -176,12 +185,14 @@ class Connector:
                     failing_since = failing_since or now
                     limit = self.config.max_retry_time_s
                     if limit and now - failing_since + backoff > limit:
+                        what = self.sink.describe() if reopen else "the source database"
                         raise RetriesExhaustedError(
-                            f"the source database has been unreachable for {now - failing_since:.0f} s "
+                            f"{what} has been unreachable for {now - failing_since:.0f} s "
                             f"(--max-retry-time {limit:g} s); last error: {_one_line(e)}"
                         ) from e
                     self.stats.reconnects += 1
-                    log.warning("capture: connection lost (%s); reconnecting in %.1f s", _one_line(e), backoff)
+                    lost = f"{self.sink.describe()} failed" if reopen else "connection lost"
+                    log.warning("capture: %s (%s); reconnecting in %.1f s", lost, _one_line(e), backoff)
                     self._stop.wait(backoff)
                     backoff = min(MAX_BACKOFF_S, backoff * 2)
             return self.stats
@@ -194,6 +205,8 @@ class Connector:
         """Permanent failures leave here as one clear error; transient ones return (they are retried)."""
         if isinstance(e, (PermanentCaptureError, ConfigError)) or not isinstance(e, Exception):
             raise e
+        if is_sink_transient(e):
+            return
         if is_slot_busy(e):
             now = time.monotonic()
             self._slot_busy_since = self._slot_busy_since or now

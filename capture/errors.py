@@ -27,7 +27,10 @@ retries for ``slot_busy_wait_s`` before calling the slot another process's.
 
 Everything else a connection can suffer — refused or reset connections, server restart
 (57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now), network errors
-(class 08) — is transient *after streaming has started once*. A first connection that
+(class 08) — is transient *after streaming has started once*. So are the log backend's
+transient failures (:func:`is_sink_transient`: a Kafka broker lost, Kafka out of reach):
+the batch is aborted, the sink opened again, and capture resumes from the stored position.
+A fenced producer (another connector with the same identity took over) is permanent. A first connection that
 fails is reported, not retried, unless the connector runs with ``retry_on_start``: a typo
 in a DSN should not look like a connector that is "reconnecting" forever.
 """
@@ -38,7 +41,8 @@ import re
 
 import psycopg
 
-from eventstore.errors import ConfigError, TidelineError
+from eventstore.errors import ConfigError, InvalidTxnStateError, RetriableError, TidelineError
+from eventstore.kafka.config import KafkaUnavailableError
 
 
 class CaptureError(TidelineError):
@@ -125,6 +129,14 @@ def is_slot_busy(error: BaseException) -> bool:
     return isinstance(error, psycopg.Error) and (
         getattr(error, "sqlstate", None) == "55006" or bool(SLOT_BUSY.search(str(error)))
     )
+
+
+def is_sink_transient(error: BaseException) -> bool:
+    """The log backend failed in a way a new producer may get past: Kafka out of reach, a broker
+    lost mid-transaction (librdkafka's abortable and retriable errors), acknowledgements late.
+    The connector aborts the batch, opens the sink again (``init_transactions``) and resumes from
+    the stored position, with backoff. Fencing (another instance took over) is not one of them."""
+    return isinstance(error, (RetriableError, InvalidTxnStateError, KafkaUnavailableError))
 
 
 def is_connection_error(error: BaseException) -> bool:

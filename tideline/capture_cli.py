@@ -7,13 +7,19 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tideline.cli_common import fail, one_line_errors
+
+if TYPE_CHECKING:
+    from capture.sinks import Sink
+    from eventstore.log import Log
 
 app = typer.Typer(help="Capture Postgres changes (logical replication, wal2json) into the log.", no_args_is_help=True)
 
@@ -57,6 +63,38 @@ def _key_columns(values: list[str] | None) -> dict[str, list[str]]:
             raise fail(f"--key-columns expects schema.table:col1,col2, not {v!r}")
         out[table.strip()] = [c.strip() for c in cols.split(",") if c.strip()]
     return out
+
+
+@contextmanager
+def _log_and_sink(
+    state_dir: Path | None,
+    *,
+    create: bool = True,
+    replication_factor: int | None = None,
+    min_insync_replicas: int | None = None,
+) -> Iterator[tuple[Log | None, Sink | None]]:
+    """The embedded log under ``--data-dir`` (sink: None, the connector's default), or with
+    ``--kafka`` no embedded log and the Kafka sink."""
+    from capture.sinks.kafka import KafkaLogSink
+    from eventstore.kafka import probe_bootstrap
+    from eventstore.log import Log
+    from tideline.cli import State
+
+    if State.kafka is None:
+        with Log(State.data_dir, create=create) as log:
+            yield log, None
+        return
+    probe_bootstrap(State.kafka)
+    sink = KafkaLogSink(
+        State.kafka,
+        state_dir=state_dir or State.data_dir / "_capture",
+        replication_factor=replication_factor,
+        min_insync_replicas=min_insync_replicas,
+    )
+    try:
+        yield None, sink
+    finally:
+        sink.close()
 
 
 @app.command()
@@ -141,13 +179,24 @@ def run(
     metrics_host: Annotated[str, typer.Option("--metrics-host", help="Address the metrics endpoint binds.")] = (
         "127.0.0.1"
     ),
+    replication_factor: Annotated[
+        int | None,
+        typer.Option("--replication-factor", min=1, help="With --kafka: replication factor of new topics."),
+    ] = None,
+    min_insync_replicas: Annotated[
+        int | None,
+        typer.Option("--min-insync-replicas", min=1, help="With --kafka: min.insync.replicas of new topics."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
 ) -> None:
-    """Run the connector until SIGINT/SIGTERM (or caught up): snapshot, then stream, exactly once."""
+    """Run the connector until SIGINT/SIGTERM (or caught up): snapshot, then stream, exactly once.
+
+    With ``tideline --kafka HOST:PORT capture run …`` the log is that Kafka cluster (one Kafka
+    transaction per batch, the position in ``__tideline_capture_offsets``); the key state stays
+    local (``--state-dir``, default ``<data dir>/_capture``)."""
     from capture.connector import CaptureConfig, Connector, KeylessPolicy, SnapshotMode, ValueFormat
     from capture.messages import Plugin
     from capture.tables import TableFilter
-    from eventstore.log import Log
     from tideline.cli import State
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
@@ -184,8 +233,12 @@ def run(
             outbox_table=outbox_table,
             outbox_topic_prefix=outbox_topic_prefix,
         )
-        with Log(State.data_dir) as log:
-            connector = Connector(config, log)
+        if (replication_factor is not None or min_insync_replicas is not None) and State.kafka is None:
+            raise fail("--replication-factor and --min-insync-replicas are Kafka topic settings: give --kafka")
+        with _log_and_sink(
+            state_dir, replication_factor=replication_factor, min_insync_replicas=min_insync_replicas
+        ) as (log, sink):
+            connector = Connector(config, log, sink=sink)
             if threading.current_thread() is threading.main_thread():
 
                 def _stop(signum: int, frame: FrameType | None) -> None:
@@ -231,17 +284,16 @@ def status(
     """The slot (confirmed LSN, retained WAL), the last stored position, the lag, and tables needing attention."""
     from capture.connector import CaptureConfig, Connector, KeylessPolicy, slot_status
     from capture.tables import KEYLESS_WARNING, TableCatalog, TableFilter
-    from eventstore.log import Log
     from schemas.position import parse_lsn
-    from tideline.cli import State
 
     with one_line_errors():
         info = slot_status(dsn, slot)
         policy = KeylessPolicy.parse(keyless_tables)
         catalog = TableCatalog(dsn, TableFilter(include=_split(tables), exclude=_split(exclude_tables)), policy)
         catalog.load()
-        with Log(State.data_dir, create=False) as log:
-            position = Connector(CaptureConfig(dsn=dsn, slot=slot, topic_prefix=topic_prefix), log).read_position()
+        with _log_and_sink(None, create=False) as (log, sink):
+            config = CaptureConfig(dsn=dsn, slot=slot, topic_prefix=topic_prefix)
+            position = Connector(config, log, sink=sink).read_position()
     warnings = [f"table {name} {KEYLESS_WARNING}" for name in catalog.keyless]
     warnings += [f"table {name} has no primary key and no replica identity: not captured" for name in catalog.skipped]
     out: dict[str, Any] = {

@@ -2,8 +2,9 @@
 
 A :class:`Sink` is one log backend seen from capture. The connector (capture.connector)
 and its sources only ever call these methods, so a backend is added by writing one
-class — the embedded log (:class:`capture.sinks.embedded.EmbeddedLogSink`) today, Kafka
-next — and running the sink contract tests (tests/capture/test_sinks.py) against it.
+class — the embedded log (:class:`capture.sinks.embedded.EmbeddedLogSink`) and Apache Kafka
+(:class:`capture.sinks.kafka.KafkaLogSink`) — and running the sink contract tests
+(tests/capture/test_sinks.py) against it.
 
 Contract (every implementation keeps it):
 
@@ -16,7 +17,10 @@ Contract (every implementation keeps it):
   is fenced (its next commit fails).
 * **Partitioning** is the backend's Kafka-compatible murmur2 of the key bytes; records
   without a key (keyless tables) go to one partition per batch, round-robin.
-* **Reads** (:meth:`Sink.read`, :meth:`Sink.read_last`) see committed data only.
+* **Reads** (:meth:`Sink.read`, :meth:`Sink.read_last`) see committed data only. With Kafka a
+  commit's markers are written just after ``commit`` returns, so other readers see the batch
+  moments later (never a part of it); a writer's own ``open`` waits for what its predecessor
+  left to be completed.
 
 Thread-safety: a sink is used by the connector thread only.
 """

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
@@ -209,6 +209,24 @@ class KafkaAdmin:
             ],
         }
 
+    def stable_offsets(self, name: str) -> dict[int, int]:
+        """Per partition of ``name``, where ``read_committed`` reading ends now: the last stable offset."""
+        topic_meta = self._topic_metadata(name)
+        tps = [KafkaTopicPartition(name, p) for p in sorted(topic_meta.partitions)]
+        return self._list_offsets(tps, OffsetSpec.latest(), IsolationLevel.READ_COMMITTED)  # type: ignore[no-untyped-call]
+
+    def topic_id(self, name: str) -> str | None:
+        """Kafka's id of topic ``name`` (a new one when the topic is deleted and created again); None if absent."""
+        if name not in self.topics():
+            return None
+
+        def describe_once() -> str:
+            (future,) = self._admin.describe_topics(TopicCollection([name]), request_timeout=self.timeout_s).values()
+            return str(future.result(timeout=self.timeout_s + 5).topic_id)
+
+        return self._retrying(describe_once, what=f"describing topic {name!r}", topic=name,
+                              also=frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART}))  # fmt: skip
+
     # -- internals -----------------------------------------------------------
 
     def _metadata(self, topic: str | None, *, what: str) -> Any:
@@ -235,8 +253,12 @@ class KafkaAdmin:
                                                request_timeout=self.timeout_s)  # fmt: skip
             return {tp.partition: future.result(timeout=self.timeout_s + 5).offset for tp, future in futures.items()}
 
-        return self._retrying(list_once, what="listing offsets", topic=tps[0].topic if tps else None,
-                              also=frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART}))  # callers checked it exists
+        return self._retrying(
+            list_once,
+            what="listing offsets",
+            topic=tps[0].topic if tps else None,
+            also=frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART}),
+        )  # callers checked it exists
 
     def _wait_for_leaders(self, name: str, partitions: int) -> None:
         """Return once every partition of a new topic has a leader (CreateTopics answers before that)."""

@@ -79,7 +79,9 @@ class KafkaUnavailableError(TidelineError):
 def client_config(bootstrap_servers: str, **settings: Any) -> dict[str, Any]:
     """librdkafka settings shared by every client of this package, plus ``settings``.
 
-    Keyword names use underscores for dots (``enable_idempotence=True``).
+    Keyword names use underscores for dots (``enable_idempotence=True``). A consumer's
+    settings (a ``group_id``) leave the partitioner out: librdkafka warns about a producer
+    setting given to a consumer.
     """
     if not bootstrap_servers.strip():
         raise ConfigError("Kafka bootstrap servers are empty: give HOST:PORT[,HOST:PORT…]")
@@ -90,6 +92,8 @@ def client_config(bootstrap_servers: str, **settings: Any) -> dict[str, Any]:
         "socket.connection.setup.timeout.ms": 5000,
     }
     config.update({key.replace("_", "."): value for key, value in settings.items()})
+    if "group.id" in config:
+        config.pop("partitioner")
     return config
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from eventstore.errors import ConfigError, InvalidTxnStateError, ProducerFencedError, TidelineError
+from eventstore.errors import ConfigError, InvalidTxnStateError, ProducerFencedError, RetriableError
 from eventstore.kafka.config import client_config, translate
 from eventstore.partitioner import partitions_for_keys
 
@@ -155,6 +155,37 @@ class KafkaProducer:
             translate(errors[0], what=f"sending to {topic!r}", bootstrap=self.bootstrap_servers, topic=topic)
         return {p: (min(offsets), len(offsets)) for p, offsets in sorted(results.items())}
 
+    def send_many(
+        self,
+        batches: Iterable[tuple[str, int, Sequence[bytes | None], Sequence[bytes | None], Sequence[Headers] | None]],
+    ) -> dict[tuple[str, int], tuple[int, int]]:
+        """Send ``(topic, partition, keys, values, headers)`` slices, then wait once for all acknowledgements;
+        ``{(topic, partition): (first offset, count)}``. What capture's sink uses: one flush per batch
+        of many topics and partitions instead of one per ``send_batch``."""
+        self._check_usable()
+        results: dict[tuple[str, int], list[int]] = {}
+        errors: list[tuple[KafkaError, str]] = []
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                errors.append((err, msg.topic() or ""))
+            else:
+                results.setdefault((msg.topic() or "", msg.partition() or 0), []).append(msg.offset() or 0)
+
+        for topic, partition, keys, values, headers in batches:
+            if len(keys) != len(values) or (headers is not None and len(headers) != len(values)):
+                raise ValueError(f"{topic}[{partition}]: keys, values and headers differ in length")
+            if not 0 <= partition < self._partition_count(topic):
+                raise ConfigError(f"topic {topic!r} has no partition {partition}")
+            for i in range(len(values)):
+                self._produce(topic, values[i], keys[i], partition, None,
+                              headers[i] if headers is not None else None, delivered)  # fmt: skip
+        self.flush()
+        if errors:
+            err, topic = errors[0]
+            self._translate(KafkaException(err), f"sending to {topic!r}", topic)
+        return {tp: (min(offsets), len(offsets)) for tp, offsets in sorted(results.items())}
+
     def flush(self) -> None:
         """Wait until every queued record is acknowledged (or failed)."""
         try:
@@ -169,7 +200,7 @@ class KafkaProducer:
                 raise
             self._translate(e.__cause__, "flushing")
         if left:
-            raise TidelineError(
+            raise RetriableError(
                 f"Kafka at {self.bootstrap_servers}: {left} record(s) still unacknowledged after {self.timeout_s:.0f}s"
             )
 

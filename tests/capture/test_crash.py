@@ -1,5 +1,8 @@
 """Crash acceptance test: kill -9 the connector at random moments; the log equals an uninterrupted run's.
 
+Run once per backend: the embedded log, and Kafka (three brokers, replication factor 3,
+min.insync.replicas 2; the reference always writes to an embedded log).
+
 Two connectors capture the same database, each into its own log directory with its own
 slot (both slots exist before the workload starts):
 
@@ -48,15 +51,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from backends import CHILD_SINK, Backend
 from capture_util import drop_slots, events, fresh_database, records, sql
 from workload import Workload, run_in_thread, soak
 
 from capture.connector import OFFSETS_TOPIC, CaptureConfig, Connector, Position, slot_status
 from capture.replication import parse_lsn
-from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
 from eventstore.partition_log import LOCK_FILE
 from eventstore.topic import TopicConfig
+from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,16 +69,15 @@ KILLED_BATCH_BYTES = 32 << 10  # runs that get killed: long transactions reach t
 FULL_BATCH_BYTES = 4 << 20  # uninterrupted runs (the connector's default)
 PARTITIONS = 3
 
-CHILD = r"""
+CHILD = CHILD_SINK + r"""
 import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
-from capture.connector import CaptureConfig, Connector, SnapshotMode
-from eventstore.log import Log
-log_dir, dsn, slot, until_caught_up, batch_bytes, partitions, snapshot = sys.argv[1:8]
-with Log(log_dir) as log:
-    stats = Connector(CaptureConfig(dsn=dsn, slot=slot, topic_prefix="cdc", exit_when_caught_up=until_caught_up == "1",
-                                    batch_bytes=int(batch_bytes), partitions=int(partitions),
-                                    snapshot=SnapshotMode(snapshot), transaction_metadata=True), log).run()
+from capture.connector import CaptureConfig, SnapshotMode
+dsn, slot, prefix, until_caught_up, batch_bytes, partitions, snapshot = sys.argv[1:8]
+config = CaptureConfig(dsn=dsn, slot=slot, topic_prefix=prefix, exit_when_caught_up=until_caught_up == "1",
+                       batch_bytes=int(batch_bytes), partitions=int(partitions), snapshot=SnapshotMode(snapshot),
+                       transaction_metadata=True)
+stats = connector_for(config, *sys.argv[8:13]).run()
 print("done", stats.events, stats.snapshot_rows, flush=True)
 """
 
@@ -90,6 +93,7 @@ class Sizes:
 
 
 CI = Sizes(bulk_rows=40_000, rows_per_table=200, snapshot_kills=3, stream_kills=8, max_sleep_s=3.0, pause_s=0.3)
+KAFKA_CI = Sizes(bulk_rows=40_000, rows_per_table=200, snapshot_kills=2, stream_kills=6, max_sleep_s=3.0, pause_s=0.3)
 SOAK = Sizes(
     bulk_rows=300_000, rows_per_table=2_000, snapshot_kills=20, stream_kills=200, max_sleep_s=4.0, pause_s=0.03
 )
@@ -125,7 +129,7 @@ class Run:
         self,
         tmp: Path,
         name: str,
-        log_dir: Path,
+        backend: Backend | Path,
         dsn: str,
         slot: str,
         *,
@@ -136,8 +140,9 @@ class Run:
         self.stderr_path = tmp / f"{name}.stderr"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         batch_bytes = FULL_BATCH_BYTES if caught_up else KILLED_BATCH_BYTES
-        argv = [sys.executable, "-c", CHILD, str(log_dir), dsn, slot, "1" if caught_up else "0", str(batch_bytes),
-                str(partitions), snapshot]  # fmt: skip
+        backend = backend if isinstance(backend, Backend) else Backend.embedded(backend, PREFIX)
+        argv = [sys.executable, "-c", CHILD, dsn, slot, backend.prefix, "1" if caught_up else "0", str(batch_bytes),
+                str(partitions), snapshot, *backend.argv()]  # fmt: skip
         self.started = time.monotonic()
         self.wall_started = time.time()
         with open(self.stderr_path, "wb") as err:
@@ -179,9 +184,11 @@ class Run:
 # ---------------------------------------------------------------------------- log reading
 
 
-def stored_position(log_dir: Path, dsn: str, slot: str) -> Position | None:
+def stored_position(where: Backend | Path, dsn: str, slot: str) -> Position | None:
     """The crashed connector's stored position (opens only the offsets topic's partition)."""
-    with Log(log_dir) as log:
+    if isinstance(where, Backend):
+        return where.position(dsn, slot)
+    with Log(where) as log:
         return Connector(CaptureConfig(dsn=dsn, slot=slot, topic_prefix=PREFIX), log).read_position()
 
 
@@ -207,7 +214,10 @@ def normalize(value: bytes | None) -> Any:
     return v
 
 
-def visible(log_dir: Path, isolation: str = "read_committed") -> dict[tuple[str, int], list[tuple[bytes | None, Any]]]:
+Visible = dict[tuple[str, int], list[tuple[bytes | None, Any]]]
+
+
+def visible(backend: Backend, isolation: str = "read_committed") -> Visible:
     """(topic, partition) → [(key, normalized value)] of every non-internal topic, in offset order.
 
     A keyless table's topic (null keys) places each batch on a partition round-robin from a
@@ -216,51 +226,31 @@ def visible(log_dir: Path, isolation: str = "read_committed") -> dict[tuple[str,
     equal sorted lists still mean nothing lost and nothing twice).
     """
     out: dict[tuple[str, int], list[tuple[bytes | None, Any]]] = {}
-    with Log(log_dir) as log:
-        for topic in sorted(t for t in log.topics() if not t.startswith("__")):
-            per_partition: dict[tuple[str, int], list[tuple[bytes | None, Any]]] = {}
-            for p in range(log.topic(topic).partitions):
-                rows: list[tuple[bytes | None, Any]] = []
-                with Consumer(log, isolation_level=isolation, enable_auto_commit=False) as consumer:
-                    consumer.assign([TopicPartition(topic, p)])
-                    consumer.seek_to_beginning()
-                    while batch := consumer.poll(timeout_ms=0):
-                        rows += [(r.key, normalize(r.value)) for r in batch]
-                per_partition[(topic, p)] = rows
-            everything = [row for rows in per_partition.values() for row in rows]
-            if everything and all(key is None for key, _ in everything):  # a keyless table's topic
-                out[(topic, -1)] = sorted(everything, key=lambda row: json.dumps(row[1], sort_keys=True))
-            else:
-                out.update(per_partition)
+    for topic in backend.topics():
+        per_partition: dict[tuple[str, int], list[tuple[bytes | None, Any]]] = {}
+        for p in range(backend.partitions(topic)):
+            per_partition[(topic, p)] = [(k, normalize(v)) for k, v in backend.partition_records(topic, p, isolation)]
+        everything = [row for rows in per_partition.values() for row in rows]
+        if everything and all(key is None for key, _ in everything):  # a keyless table's topic
+            out[(topic, -1)] = sorted(everything, key=lambda row: json.dumps(row[1], sort_keys=True))
+        else:
+            out.update(per_partition)
     return out
 
 
-def count(log_dir: Path, isolation: str) -> int:
+def count(backend: Backend, isolation: str) -> int:
     """Records of every non-internal topic visible under ``isolation``."""
-    n = 0
-    with Log(log_dir) as log:
-        for topic in (t for t in log.topics() if not t.startswith("__")):
-            with Consumer(log, isolation_level=isolation, enable_auto_commit=False) as consumer:
-                consumer.assign([TopicPartition(topic, p) for p in range(log.topic(topic).partitions)])
-                consumer.seek_to_beginning()
-                while batch := consumer.poll(timeout_ms=0):
-                    n += len(batch)
-    return n
+    return sum(len(backend.records(topic, isolation)) for topic in backend.topics())
 
 
-def reference_commits(log_dir: Path) -> list[int]:
+def reference_commits(backend: Backend) -> list[int]:
     """Commit LSNs of every transaction (END event) of the reference run."""
     commits = []
-    topic = f"{PREFIX}.transaction"
-    with Log(log_dir) as log, Consumer(log, enable_auto_commit=False) as consumer:
-        consumer.assign([TopicPartition(topic, p) for p in range(log.topic(topic).partitions)])
-        consumer.seek_to_beginning()
-        while batch := consumer.poll(timeout_ms=0):
-            for r in batch:
-                assert r.value is not None
-                v = json.loads(r.value)
-                if v["status"] == "END":
-                    commits.append(int(v["id"].split(":")[1]))
+    for _, _, value in backend.records(f"{backend.prefix}.transaction"):
+        assert value is not None
+        v = json.loads(value)
+        if v["status"] == "END":
+            commits.append(int(v["id"].split(":")[1]))
     return commits
 
 
@@ -305,11 +295,14 @@ class Outcome:
     kills: list[Kill]
     commits: list[int]  # commit LSNs of the reference run's transactions
     summary: str
+    prefix: str  # the topic prefix of both runs
 
 
-def crash_scenario(dsn: str, tmp: Path, sizes: Sizes) -> Outcome:
+def crash_scenario(dsn: str, tmp: Path, sizes: Sizes, crashed_dir: Backend) -> Outcome:
+    """``crashed_dir``: where the crashed connector writes (the embedded log, or Kafka); the reference
+    always writes to an embedded log, under the same topic prefix."""
     rng = random.Random(99)
-    crashed_dir, ref_dir = tmp / "crashed", tmp / "reference"
+    ref_dir = Backend.embedded(tmp / "reference", crashed_dir.prefix)
     runs = tmp / "runs"
     runs.mkdir()
     timings: dict[str, float] = {}
@@ -340,7 +333,7 @@ def crash_scenario(dsn: str, tmp: Path, sizes: Sizes) -> Outcome:
     ref = Run(runs, "ref-snapshot", ref_dir, dsn, "ref", caught_up=True)
     snapshot_s = ref.finish()
     # When, in a connector's life, its snapshot runs: from the first table topic it creates to streaming.
-    began = ref.seconds_to(f"created topic {PREFIX}.public.") or 0.4 * snapshot_s
+    began = ref.seconds_to(f"created topic {ref_dir.prefix}.public.") or 0.4 * snapshot_s
     ended = ref.seconds_to("streaming slot") or snapshot_s
     lap("reference snapshot")
     kills: list[Kill] = []
@@ -410,15 +403,26 @@ def crash_scenario(dsn: str, tmp: Path, sizes: Sizes) -> Outcome:
         + ", ".join(f"{k} {v:.1f}" for k, v in timings.items())
     )  # fmt: skip
     print(summary)
-    return Outcome(crashed, reference, hidden, kills, commits, summary)
+    return Outcome(crashed, reference, hidden, kills, commits, summary, crashed_dir.prefix)
 
 
-@pytest.fixture(scope="module")
-def outcome(postgres: LocalPostgres, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
+@pytest.fixture(scope="module", params=["embedded", "kafka"])
+def outcome(
+    request: pytest.FixtureRequest, postgres: LocalPostgres, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Outcome]:
+    """The scenario once per backend: the embedded log, and Kafka on three brokers (replication factor 3,
+    min.insync.replicas 2)."""
     dsn = fresh_database(postgres, "crash")
+    tmp = tmp_path_factory.mktemp("crash")
+    if request.param == "kafka":
+        cluster: LocalKafka = request.getfixturevalue("kafka3")
+        crashed = Backend.kafka(cluster.bootstrap_servers, tmp / "crashed-state", brokers=3)
+        sizes = SOAK if soak() else KAFKA_CI
+    else:
+        crashed, sizes = Backend.embedded(tmp / "crashed", PREFIX), SOAK if soak() else CI
     try:
         try:
-            result = crash_scenario(dsn, tmp_path_factory.mktemp("crash"), SOAK if soak() else CI)
+            result = crash_scenario(dsn, tmp, sizes, crashed)
         finally:
             reap_runs()
         yield result
@@ -465,9 +469,9 @@ def test_kill9_covers_keyless_mapped_names_and_key_change_images(outcome: Outcom
     """The database has a keyless table and a table whose name needs mapping; key changes' deletes carry the
     old image (at least the key columns), in the crashed log as in the reference."""
     crashed = outcome.crashed
-    keyless = crashed.get((f"{PREFIX}.public.wl_audit", -1), [])
+    keyless = crashed.get((f"{outcome.prefix}.public.wl_audit", -1), [])
     assert keyless and all(key is None for key, _ in keyless), "the keyless table's topic is missing or keyed"
-    odd = [row for (topic, _), rows in crashed.items() if topic == f"{PREFIX}.public.wl_Odd_N_me" for row in rows]
+    odd = [r for (topic, _), rows in crashed.items() if topic == f"{outcome.prefix}.public.wl_Odd_N_me" for r in rows]
     assert odd, f"no topic for the table named 'wl Odd Näme': {sorted(t for t, _ in crashed)}"
     deletes = 0
     for (topic, _), rows in crashed.items():
@@ -495,7 +499,7 @@ def test_slot_never_confirmed_past_the_log(outcome: Outcome) -> None:
 def test_kills_landed_in_the_snapshot_and_mid_stream(outcome: Outcome) -> None:
     """The scenario did what it claims (timing-dependent, so only loosely)."""
     landed = Counter(k.landed for k in outcome.kills)
-    sizes = SOAK if soak() else CI
+    sizes = SOAK if soak() else KAFKA_CI if outcome.prefix != PREFIX else CI
     assert landed["during the snapshot"] >= 1, outcome.summary
     assert sum(c for where, c in landed.items() if where.startswith("streaming")) >= sizes.stream_kills // 4, (
         outcome.summary

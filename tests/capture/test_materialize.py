@@ -28,15 +28,16 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
+from backends import Backend
 from capture_util import capture, drop_slots, fresh_database
 from workload import KEYLESS, TABLES, Workload, soak
 
-from capture.connector import ValueFormat
+from capture.connector import CaptureConfig, ValueFormat
 from capture.events import UNAVAILABLE, table_topic
 from capture.pgtypes import SESSION_OPTIONS, dumps, text_converter
 from capture.tables import TableCatalog, TableFilter, TableInfo
 from eventstore.cleaner import compact_partition
-from eventstore.consumer import Consumer, TopicPartition
+from eventstore.kafka import KafkaAdmin
 from eventstore.log import Log
 from eventstore.schema_store import LogSchemaStore
 from eventstore.topic import now_ms
@@ -44,6 +45,7 @@ from schemas.pgavro import PgColumn
 from schemas.pgvalues import RowCodec
 from schemas.registry import SchemaRegistry
 from schemas.wire import AvroWire
+from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
 
 PARTITIONS = 3
@@ -117,24 +119,13 @@ def avro_as_json(log_dir: Path, table: TableInfo, records: list[Any]) -> list[An
     return out
 
 
-def topic_records(log_dir: Path, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
+def topic_records(where: Path | Backend, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
     """(partition, key, value) of every record, read_committed, partition by partition."""
-    out: list[tuple[int, bytes | None, bytes | None]] = []
-    with Log(log_dir) as log:
-        if topic not in log.topics():
-            return out
-        partitions = log.topic(topic).partitions
-        for p in range(partitions):
-            with Consumer(log, enable_auto_commit=False) as consumer:
-                consumer.assign([TopicPartition(topic, p)])
-                consumer.seek_to_beginning()
-                while batch := consumer.poll(timeout_ms=0):
-                    out += [(p, r.key, r.value) for r in batch]
-    return out
+    return (where if isinstance(where, Backend) else Backend.embedded(where)).records(topic)
 
 
 def log_state(
-    log_dir: Path, topic: str, ops: Counter[str] | None = None, avro_table: TableInfo | None = None
+    log_dir: Path | Backend, topic: str, ops: Counter[str] | None = None, avro_table: TableInfo | None = None
 ) -> dict[bytes, Any]:
     """key → latest ``after`` (exact JSON form); tombstones, deletes and truncates remove the key.
 
@@ -143,6 +134,7 @@ def log_state(
     state: dict[bytes, Any] = {}
     records = topic_records(log_dir, topic)
     if avro_table is not None:
+        assert isinstance(log_dir, Path)
         records = avro_as_json(log_dir, avro_table, records)
     for _, key, value in records:
         assert key is not None, f"keyless record in {topic}"
@@ -164,14 +156,15 @@ def log_state(
     return state
 
 
-def keyless_state(dsn: str, log_dir: Path, value_format: str) -> tuple[Counter[str], Counter[str]]:
+def keyless_state(dsn: str, log_dir: Path | Backend, value_format: str) -> tuple[Counter[str], Counter[str]]:
     """The keyless table (insert only) as multisets of rows: in the table, and the ``after`` of its log events."""
     [table] = [t for t in TableCatalog(dsn, TableFilter()).load() if t.name == KEYLESS]
     assert table.keyless
     expected = Counter(json.dumps(row, sort_keys=True) for row in table_state_rows(dsn, table))
     actual: Counter[str] = Counter()
-    records = topic_records(log_dir, table_topic("cdc", "public", KEYLESS))
+    records = topic_records(log_dir, table_topic(prefix_of(log_dir), "public", KEYLESS))
     if value_format == "avro":
+        assert isinstance(log_dir, Path)
         records = avro_as_json(log_dir, table, records)
     for _, key, value in records:
         assert key is None and value is not None, "a keyless topic holds null keys and no tombstones"
@@ -198,7 +191,11 @@ def table_state_rows(dsn: str, table: TableInfo) -> list[Any]:
     return rows
 
 
-def assert_log_equals_tables(log_dir: Path, dsn: str, when: str, value_format: str = "json") -> Counter[str]:
+def prefix_of(where: Path | Backend) -> str:
+    return where.prefix if isinstance(where, Backend) else "cdc"
+
+
+def assert_log_equals_tables(log_dir: Path | Backend, dsn: str, when: str, value_format: str = "json") -> Counter[str]:
     expected_rows, logged_rows = keyless_state(dsn, log_dir, value_format)
     assert sum(expected_rows.values()) > 0 and expected_rows == logged_rows, (
         f"{when}: keyless {KEYLESS}: rows only in the table {list((expected_rows - logged_rows).items())[:3]}, "
@@ -208,7 +205,7 @@ def assert_log_equals_tables(log_dir: Path, dsn: str, when: str, value_format: s
     for name, table in tables(dsn).items():
         expected = table_state(dsn, table)
         avro = table if value_format == "avro" else None
-        actual = log_state(log_dir, table_topic("cdc", table.schema, name), ops, avro)
+        actual = log_state(log_dir, table_topic(prefix_of(log_dir), table.schema, name), ops, avro)
         missing = expected.keys() - actual.keys()
         extra = actual.keys() - expected.keys()
         assert not missing and not extra, (
@@ -342,3 +339,44 @@ def test_unchanged_toasted_jsonb_filled_from_the_log_is_exact(
     table = tables_named(db, "docs")
     avro = table if fmt is ValueFormat.AVRO else None
     assert log_state(log_dir, "cdc.public.docs", avro_table=avro) == table_state(db, table)
+
+
+def test_log_in_kafka_equals_tables(db: str, tmp_path: Path, kafka3: LocalKafka) -> None:
+    """The same workload into Kafka (three brokers, replication factor 3, min.insync.replicas 2): after
+    the snapshot (taken while the workload writes) and after streaming, the latest value per key of
+    each topic read ``read_committed`` equals ``SELECT *``; the keyless table's inserts are all there.
+    (Compaction on Kafka is the brokers' log cleaner, on its own schedule: not forced here.)"""
+    initial_rows, during_snapshot, round1, _ = SIZES["soak" if soak() else "ci"]
+    kafka = Backend.kafka(kafka3.bootstrap_servers, tmp_path / "state", brokers=3)
+    workload = Workload(db, seed=20261124)
+    workload.create_schema()
+    workload.populate(initial_rows)
+
+    def run() -> None:
+        kafka.run(CaptureConfig(dsn=db, slot="t", topic_prefix=kafka.prefix, partitions=PARTITIONS,
+                                exit_when_caught_up=True))  # fmt: skip
+
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            workload.run(during_snapshot, stop=threading.Event(), pause_s=0.01)
+        except BaseException as e:
+            errors.append(e)
+
+    writer = threading.Thread(target=write, name="workload")
+    writer.start()
+    try:
+        run()
+    finally:
+        writer.join()
+    assert not errors, errors
+    run()
+    assert_log_equals_tables(kafka, db, "Kafka: after the snapshot and the first restart")
+    workload.run(round1)
+    run()
+    ops = assert_log_equals_tables(kafka, db, "Kafka: after streaming")
+    assert {"r", "c", "u", "d", "t"} <= set(ops), ops
+    described = KafkaAdmin(kafka3.bootstrap_servers).describe_json(table_topic(kafka.prefix, "public", TABLES[0]))
+    assert described["replication_factor"] == 3 and described["min_insync_replicas"] == 2, described
+    assert described["config"]["cleanup_policy"] == "compact", described

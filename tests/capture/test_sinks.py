@@ -4,22 +4,27 @@ Every backend capture writes to must keep it: atomic and durable commits of even
 position record, aborted transactions invisible, one writer per identity (a zombie is
 fenced), Kafka's murmur2 placement of keys (shared/testdata/kafka_murmur2.json), keyless
 batches on one partition each, topics whose configuration contradicts what capture writes
-refused, and committed reads by offset range. Add a backend: add a fixture to ``SINKS``.
+refused, and committed reads by offset range. Add a backend: add it to ``SINKS`` and ``factory``
+(Kafka: the session's single-broker cluster, each test's topics under a prefix of its own).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
 
-from capture.sinks import Sink, TopicRecords, TopicSpec
+from capture.sinks import ReadBatch, Sink, TopicRecords, TopicSpec
 from capture.sinks.embedded import EmbeddedLogSink
+from capture.sinks.kafka import KafkaLogSink
 from eventstore.errors import ConfigError, TidelineError
 from eventstore.log import Log
+from tideline.kafkaharness import LocalKafka
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT.parent / "shared" / "testdata" / "kafka_murmur2.json"
@@ -38,12 +43,77 @@ def embedded(path: Path) -> Iterator[Sink]:
             sink.close()
 
 
-SINKS: dict[str, SinkFactory] = {"embedded": embedded}
+class Namespaced:
+    """A sink whose topics and identity carry a per-test prefix: tests share one Kafka cluster."""
+
+    def __init__(self, inner: Sink, namespace: str) -> None:
+        self.inner, self.ns = inner, namespace
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def open(self, transactional_id: str) -> None:
+        self.inner.open(self.ns + transactional_id)
+
+    def ensure_topic(self, topic: str, spec: TopicSpec) -> int:
+        return self.inner.ensure_topic(self.ns + topic, spec)
+
+    def topic_incarnation(self, topic: str) -> str | None:
+        return self.inner.topic_incarnation(self.ns + topic)
+
+    def begin(self) -> None:
+        self.inner.begin()
+
+    def append(
+        self, batch: Mapping[str, TopicRecords], *, also: Iterable[tuple[str, int]] = ()
+    ) -> dict[tuple[str, int], int]:
+        renamed = {self.ns + t: r for t, r in batch.items()}
+        written = self.inner.append(renamed, also=[(self.ns + t, p) for t, p in also])
+        return {(t.removeprefix(self.ns), p): o for (t, p), o in written.items()}
+
+    def commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> None:
+        self.inner.commit(self.ns + position_topic, key, value)
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+    def read_last(self, topic: str, partition: int, key: bytes) -> bytes | None:
+        return self.inner.read_last(self.ns + topic, partition, key)
+
+    def end_offsets(self, topic: str) -> dict[int, int]:
+        return self.inner.end_offsets(self.ns + topic)
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[ReadBatch]:
+        return self.inner.read(self.ns + topic, partition, start, end)
+
+    def default_state_dir(self) -> Path:
+        return self.inner.default_state_dir()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
-@pytest.fixture(params=sorted(SINKS))
+def kafka_factory(bootstrap: str) -> SinkFactory:
+    @contextmanager
+    def make(path: Path) -> Iterator[Sink]:
+        sink = KafkaLogSink(bootstrap, state_dir=path / "state")
+        try:
+            yield Namespaced(sink, f"s{zlib.crc32(str(path).encode()):08x}.")
+        finally:
+            sink.close()
+
+    return make
+
+
+SINKS = ["embedded", "kafka"]
+
+
+@pytest.fixture(params=SINKS)
 def factory(request: pytest.FixtureRequest) -> SinkFactory:
-    return SINKS[request.param]
+    if request.param == "kafka":
+        cluster: LocalKafka = request.getfixturevalue("kafka")
+        return kafka_factory(cluster.bootstrap_servers)
+    return embedded
 
 
 def opened(sink: Sink, identity: str = "capture.test") -> Sink:
@@ -52,13 +122,27 @@ def opened(sink: Sink, identity: str = "capture.test") -> Sink:
     return sink
 
 
-def committed(sink: Sink, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
-    """(partition, key, value) of every committed record, partition by partition."""
-    out = []
-    for p, end in sorted(sink.end_offsets(topic).items()):
-        for batch in sink.read(topic, p, 0, end):
-            out += [(p, k, v) for k, v in zip(batch.keys, batch.values, strict=True)]
-    return out
+def committed(sink: Sink, topic: str, count: int | None = None) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(partition, key, value) of every committed record, partition by partition; with ``count``, once
+    that many are visible (Kafka writes a commit's markers after the commit returns: visibility follows
+    within moments), failing after 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        out = []
+        for p, end in sorted(sink.end_offsets(topic).items()):
+            for batch in sink.read(topic, p, 0, end):
+                out += [(p, k, v) for k, v in zip(batch.keys, batch.values, strict=True)]
+        if count is None or len(out) >= count or time.monotonic() > deadline:
+            return out
+        time.sleep(0.05)
+
+
+def last_value(sink: Sink, key: bytes, expected: bytes) -> bytes | None:
+    """The position record of ``key``, once it reads ``expected`` (at most 30 s: see ``committed``)."""
+    deadline = time.monotonic() + 30
+    while (found := sink.read_last(POSITIONS, 0, key)) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
 
 
 def test_commit_is_atomic_with_the_position(factory: SinkFactory, tmp_path: Path) -> None:
@@ -70,8 +154,8 @@ def test_commit_is_atomic_with_the_position(factory: SinkFactory, tmp_path: Path
         assert committed(sink, "t") == []  # appended, not visible before the commit
         assert sink.read_last(POSITIONS, 0, b"me") is None
         sink.commit(POSITIONS, b"me", b"pos-1")
-        assert sorted((k, v) for _, k, v in committed(sink, "t")) == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
-        assert sink.read_last(POSITIONS, 0, b"me") == b"pos-1"
+        assert sorted((k, v) for _, k, v in committed(sink, "t", 3)) == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
+        assert last_value(sink, b"me", b"pos-1") == b"pos-1"
         ends = sink.end_offsets("t")
         assert all(ends[p] >= offset for (_, p), offset in written.items())
 
@@ -86,7 +170,7 @@ def test_abort_leaves_nothing_visible(factory: SinkFactory, tmp_path: Path) -> N
         sink.begin()
         sink.append({"t": TopicRecords([b"a"], [b"kept"])})
         sink.commit(POSITIONS, b"me", b"pos")
-        assert [(k, v) for _, k, v in committed(sink, "t")] == [(b"a", b"kept")]
+        assert [(k, v) for _, k, v in committed(sink, "t", 1)] == [(b"a", b"kept")]
 
 
 def test_an_open_transaction_of_a_dead_writer_is_aborted_by_the_next(factory: SinkFactory, tmp_path: Path) -> None:
@@ -101,10 +185,10 @@ def test_an_open_transaction_of_a_dead_writer_is_aborted_by_the_next(factory: Si
             second.begin()
             second.append({"t": TopicRecords([b"b"], [b"committed"])})
             second.commit(POSITIONS, b"me", b"pos")
-            assert [(k, v) for _, k, v in committed(second, "t")] == [(b"b", b"committed")]
+            assert [(k, v) for _, k, v in committed(second, "t", 1)] == [(b"b", b"committed")]
             with pytest.raises(TidelineError):  # the zombie is fenced
                 first.commit(POSITIONS, b"me", b"zombie")
-            assert second.read_last(POSITIONS, 0, b"me") == b"pos"
+            assert last_value(second, b"me", b"pos") == b"pos"
 
 
 def test_keys_are_placed_by_kafka_murmur2(factory: SinkFactory, tmp_path: Path) -> None:
@@ -116,7 +200,7 @@ def test_keys_are_placed_by_kafka_murmur2(factory: SinkFactory, tmp_path: Path) 
         sink.begin()
         sink.append({"t12": TopicRecords(list(keys), [b"v"] * len(keys))})
         sink.commit(POSITIONS, None, None)
-        placed = {k: p for p, k, _ in committed(sink, "t12")}
+        placed = {k: p for p, k, _ in committed(sink, "t12", len(keys))}
     assert len(vectors) >= 3
     for v in vectors:
         assert placed[v["key"].encode()] == v["partition_of_12"], v
@@ -131,7 +215,7 @@ def test_keyless_batches_take_one_partition_each_in_turn(factory: SinkFactory, t
             sink.append({"audit": TopicRecords([None, None], [b"%d-a" % i, b"%d-b" % i])})
             sink.commit(POSITIONS, None, None)
         by_batch: dict[bytes, set[int]] = {}
-        for p, _, v in committed(sink, "audit"):
+        for p, _, v in committed(sink, "audit", 12):
             assert v is not None
             by_batch.setdefault(v.split(b"-")[0], set()).add(p)
         assert all(len(ps) == 1 for ps in by_batch.values())  # a batch stays together
@@ -144,7 +228,7 @@ def test_contradicting_topic_configuration_is_refused(factory: SinkFactory, tmp_
         sink.ensure_topic("cdc.public.t", TopicSpec(compact=False, partitions=1))  # made by someone, not compacted
     with factory(tmp_path / "log") as sink:
         opened(sink)
-        with pytest.raises(ConfigError, match=r"cleanup_policy=delete.*needs compaction"):
+        with pytest.raises(ConfigError, match=r"cleanup[._]policy=delete.*needs compaction"):
             sink.ensure_topic("cdc.public.t", TopicSpec(compact=True, partitions=1))
         sink.ensure_topic("cdc.public.audit", TopicSpec(compact=True, partitions=1))
     with factory(tmp_path / "log") as sink:
@@ -161,6 +245,7 @@ def test_reads_by_offset_range_see_committed_records_only(factory: SinkFactory, 
             sink.begin()
             sink.append({"t": TopicRecords([b"k%d" % i], [b"v%d" % i])})
             sink.commit(POSITIONS, None, None)
+        assert len(committed(sink, "t", 5)) == 5
         end = sink.end_offsets("t")[0]
         everything = [v for b in sink.read("t", 0, 0, end) for v in b.values]
         assert everything == [b"v%d" % i for i in range(5)]

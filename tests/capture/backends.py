@@ -1,0 +1,175 @@
+"""The log a capture test writes to: the embedded log in a directory, or a real Kafka cluster.
+
+The acceptance suites (materialization, kill -9) run once per backend with the same checks:
+a :class:`Backend` makes the connector's sink and reads topics back ``read_committed`` (or
+``read_uncommitted``, to count records of aborted transactions). On Kafka each backend
+instance has a topic prefix of its own (tests share a session cluster); the embedded log
+has a directory of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import KafkaError
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from capture.connector import CaptureConfig, Connector, Stats
+from capture.sinks import Sink
+from capture.sinks.kafka import KafkaLogSink
+from eventstore.consumer import Consumer, TopicPartition
+from eventstore.kafka import KafkaAdmin, client_config
+from eventstore.log import Log
+from schemas.position import SourcePosition
+
+Record = tuple[int, bytes | None, bytes | None]  # partition, key, value
+_prefixes = itertools.count()
+
+
+@dataclass
+class Backend:
+    """Where a connector writes: ``kind`` "embedded" (``path`` is the log) or "kafka" (``bootstrap``)."""
+
+    kind: str
+    path: Path  # the embedded log, or (Kafka) the connector's local key state
+    prefix: str  # the connector's topic prefix
+    bootstrap: str | None = None
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
+
+    @classmethod
+    def embedded(cls, path: Path, prefix: str = "cdc") -> Backend:
+        return cls("embedded", path, prefix)
+
+    @classmethod
+    def kafka(cls, bootstrap: str, path: Path, *, brokers: int = 1) -> Backend:
+        replicated = brokers >= 3
+        return cls("kafka", path, f"k{next(_prefixes)}x{abs(hash(path)) % 10**6}", bootstrap,
+                   3 if replicated else None, 2 if replicated else None)  # fmt: skip
+
+    # ------------------------------------------------------------------ writing
+
+    @contextmanager
+    def sink(self) -> Iterator[tuple[Log | None, Sink | None]]:
+        """What a Connector takes: ``(log, None)`` for the embedded log, ``(None, sink)`` for Kafka."""
+        if self.bootstrap is None:
+            with Log(self.path) as log:
+                yield log, None
+            return
+        sink = KafkaLogSink(self.bootstrap, state_dir=self.path, replication_factor=self.replication_factor,
+                            min_insync_replicas=self.min_insync_replicas)  # fmt: skip
+        try:
+            yield None, sink
+        finally:
+            sink.close()
+
+    def run(self, config: CaptureConfig) -> Stats:
+        with self.sink() as (log, sink):
+            return Connector(config, log, sink=sink).run()
+
+    def position(self, dsn: str, slot: str) -> SourcePosition | None:
+        with self.sink() as (log, sink):
+            config = CaptureConfig(dsn=dsn, slot=slot, topic_prefix=self.prefix)
+            return Connector(config, log, sink=sink).read_position()
+
+    def argv(self) -> list[str]:
+        """The backend for a child process (see ``connector_for`` below)."""
+        return [self.kind, str(self.path), self.bootstrap or "", str(self.replication_factor or ""),
+                str(self.min_insync_replicas or "")]  # fmt: skip
+
+    # ------------------------------------------------------------------ reading
+
+    def topics(self) -> list[str]:
+        """The connector's topics (internal ones left out)."""
+        if self.bootstrap is None:
+            with Log(self.path) as log:
+                return sorted(t for t in log.topics() if not t.startswith("_"))
+        return sorted(t for t in KafkaAdmin(self.bootstrap).topics() if t.startswith(self.prefix + "."))
+
+    def partitions(self, topic: str) -> int:
+        if self.bootstrap is None:
+            with Log(self.path) as log:
+                return log.topic(topic).partitions if topic in log.topics() else 0
+        admin = KafkaAdmin(self.bootstrap)
+        return admin.topic(topic).partitions if topic in admin.topics() else 0
+
+    def records(self, topic: str, isolation: str = "read_committed") -> list[Record]:
+        """(partition, key, value) of every record of ``topic``, partition by partition, in offset order."""
+        out: list[Record] = []
+        for p in range(self.partitions(topic)):
+            out += [(p, k, v) for k, v in self.partition_records(topic, p, isolation)]
+        return out
+
+    def partition_records(self, topic: str, partition: int, isolation: str) -> list[tuple[bytes | None, bytes | None]]:
+        if self.bootstrap is None:
+            rows: list[tuple[bytes | None, bytes | None]] = []
+            with Log(self.path) as log, Consumer(log, isolation_level=isolation, enable_auto_commit=False) as c:
+                c.assign([TopicPartition(topic, partition)])
+                c.seek_to_beginning()
+                while batch := c.poll(timeout_ms=0):
+                    rows += [(r.key, r.value) for r in batch]
+            return rows
+        return kafka_partition(self.bootstrap, topic, partition, isolation)
+
+
+Pair = tuple[bytes | None, bytes | None]  # key, value
+
+
+def kafka_partition(bootstrap: str, topic: str, partition: int, isolation: str) -> list[Pair]:
+    """Every record of one Kafka partition under ``isolation``, to its end (the LSO for read_committed)."""
+    if isolation == "read_committed":
+        settled(bootstrap, topic, partition)
+    consumer = KafkaConsumer(client_config(bootstrap, group_id="capture-tests", enable_auto_commit=False,
+                                           isolation_level=isolation, enable_partition_eof=True,
+                                           auto_offset_reset="earliest"))  # fmt: skip
+    rows: list[Pair] = []
+    try:
+        consumer.assign([KafkaTopicPartition(topic, partition, 0)])
+        while True:
+            msg = consumer.poll(30)
+            if msg is None:
+                raise AssertionError(f"no end of {topic}[{partition}] from Kafka within 30 s")
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    return rows
+                raise AssertionError(f"reading {topic}[{partition}]: {err}")
+            rows.append((msg.key(), msg.value()))
+    finally:
+        consumer.close()
+
+
+def settled(bootstrap: str, topic: str, partition: int, timeout_s: float = 30.0) -> None:
+    """Wait until no transaction is open on the partition (last stable offset = high watermark): Kafka
+    writes a commit's markers just after the commit returns, so a reader right after a connector
+    finished could otherwise miss its last batch. A partition held open longer fails the test."""
+    admin = KafkaAdmin(bootstrap)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = admin.describe(topic)[1][partition]
+        if info.last_stable_offset >= info.high_watermark:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic}[{partition}]: a transaction stayed open for {timeout_s:.0f} s: {info}")
+        time.sleep(0.05)
+
+
+CHILD_SINK = r"""
+def connector_for(config, kind, path, bootstrap, rf, isr):
+    from capture.connector import Connector
+    if kind == "embedded":
+        from eventstore.log import Log
+        log = Log(path)
+        return Connector(config, log)
+    from pathlib import Path
+    from capture.sinks.kafka import KafkaLogSink
+    sink = KafkaLogSink(bootstrap, state_dir=Path(path), replication_factor=int(rf) if rf else None,
+                        min_insync_replicas=int(isr) if isr else None)
+    return Connector(config, sink=sink)
+"""

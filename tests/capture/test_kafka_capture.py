@@ -1,0 +1,224 @@
+"""Capture into a real Kafka cluster: the CLI, zombie fencing, a broker killed mid-capture.
+
+The acceptance suites that run on both backends (materialization, kill -9 of the
+connector) are test_materialize.py and test_crash.py; these are Kafka's own cases:
+
+- ``tideline --kafka B capture run|status``: topics created with the replication settings
+  asked for, the position stored in ``__tideline_capture_offsets`` on Kafka;
+- **zombie fencing**: a second connector with the same identity fences the first, which
+  stops with "another instance took over"; the second carries on; nothing is duplicated;
+- **broker failure**: one of three brokers SIGKILLed while capture streams and restarted
+  later: ``read_committed`` readers see every change once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from backends import Backend
+from capture_util import drop_slots, fresh_database, sql
+
+from capture.connector import CaptureConfig, Connector
+from eventstore.kafka import KafkaAdmin
+from schemas.position import POSITIONS_TOPIC
+from tideline.kafkaharness import LocalKafka
+from tideline.pgharness import LocalPostgres
+
+TIDELINE = str(Path(sys.executable).parent / "tideline")
+
+
+@pytest.fixture
+def db(postgres: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
+    dsn = fresh_database(postgres, request.node.name[:16].lower().replace("[", "_").replace("]", ""))
+    yield dsn
+    drop_slots(dsn)
+
+
+def tideline(kafka: str, data_dir: Path, *args: str) -> list[str]:
+    return [TIDELINE, "--data-dir", str(data_dir), "--kafka", kafka, *args]
+
+
+def insert_rows(dsn: str, first: int, count: int, pause_s: float = 0.0) -> None:
+    """One transaction per row: an insert, then an update of the row before it."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for i in range(first, first + count):
+            c.execute("INSERT INTO t VALUES (%s, 0)", (i,))
+            if i > first:
+                c.execute("UPDATE t SET v = v + 1 WHERE id = %s", (i - 1,))
+            if pause_s:
+                time.sleep(pause_s)
+
+
+def assert_each_change_once(backend: Backend, dsn: str) -> int:
+    """Every row's insert exactly once in the topic, and the latest value per key equals the table."""
+    topic = f"{backend.prefix}.public.t"
+    inserts: dict[int, int] = {}
+    latest: dict[int, dict[str, int]] = {}
+    for _, key, value in backend.records(topic):
+        assert key is not None
+        k = json.loads(key)["id"]
+        if value is None:
+            continue
+        change = json.loads(value)
+        if change["op"] in ("c", "r"):
+            inserts[k] = inserts.get(k, 0) + 1
+        latest[k] = change["after"]
+    with psycopg.connect(dsn) as c:
+        table = {row[0]: {"id": row[0], "v": row[1]} for row in c.execute("SELECT id, v FROM t")}
+    twice = {k: n for k, n in inserts.items() if n > 1}
+    assert not twice, f"inserts stored more than once: {list(twice.items())[:5]}"
+    assert latest == table, f"{len(set(table) - set(latest))} rows missing, {len(set(latest) - set(table))} extra"
+    return len(table)
+
+
+def test_cli_captures_into_kafka_with_replication_settings(db: str, kafka3: LocalKafka, tmp_path: Path) -> None:
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    insert_rows(db, 1, 20)
+    backend = Backend.kafka(kafka3.bootstrap_servers, tmp_path / "state", brokers=3)
+    argv = tideline(kafka3.bootstrap_servers, tmp_path, "capture", "run", "--dsn", db, "--slot", "cli",
+                    "--topic-prefix", backend.prefix, "--partitions", "2", "--replication-factor", "3",
+                    "--min-insync-replicas", "2", "--state-dir", str(backend.path), "--exit-when-caught-up",
+                    "--json")  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["snapshot_rows"] == 20
+    assert assert_each_change_once(backend, db) == 20
+    admin = KafkaAdmin(kafka3.bootstrap_servers)
+    described = admin.describe_json(f"{backend.prefix}.public.t")
+    assert (described["partitions"], described["replication_factor"], described["min_insync_replicas"]) == (2, 3, 2)
+    assert admin.topic(POSITIONS_TOPIC).config.cleanup_policy.compacts
+    assert not (tmp_path / "__tideline_capture_offsets-0").exists(), "the embedded log was written"
+    status_argv = ["capture", "status", "--dsn", db, "--slot", "cli", "--topic-prefix", backend.prefix, "--json"]
+    status = subprocess.run(
+        tideline(kafka3.bootstrap_servers, tmp_path, *status_argv), capture_output=True, text=True, timeout=120
+    )
+    assert status.returncode == 0, status.stderr
+    stored = json.loads(status.stdout)["stored_position"]
+    assert stored is not None and stored["complete"] and stored["snapshot_done"]
+
+
+def test_bad_kafka_input_is_one_line_and_writes_nothing(db: str, kafka: LocalKafka, tmp_path: Path) -> None:
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    base = ["capture", "run", "--dsn", db, "--slot", "bad", "--exit-when-caught-up"]
+    unreachable = subprocess.run(tideline("127.0.0.1:1", tmp_path, *base), capture_output=True, text=True, timeout=60)
+    assert unreachable.returncode != 0 and "cannot reach Kafka at 127.0.0.1:1" in unreachable.stderr
+    # a CDC topic someone created with cleanup.policy=delete: refused, naming the topic and the fix
+    prefix = f"bad{os.getpid()}"
+    KafkaAdmin(kafka.bootstrap_servers).create_topic(f"{prefix}.public.t", 1)
+    refused = subprocess.run(tideline(kafka.bootstrap_servers, tmp_path, *base, "--topic-prefix", prefix),
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert refused.returncode == 1, refused.stderr
+    last = refused.stderr.strip().splitlines()[-1]
+    assert f"{prefix}.public.t exists with cleanup.policy=delete" in last and "needs compaction" in last, last
+    assert Backend.kafka(kafka.bootstrap_servers, tmp_path, brokers=1).partition_records(
+        f"{prefix}.public.t", 0, "read_uncommitted"
+    ) == []
+    no_rf = subprocess.run([TIDELINE, "--data-dir", str(tmp_path), *base, "--replication-factor", "3"],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert no_rf.returncode != 0 and "give --kafka" in no_rf.stderr
+
+
+def test_second_connector_fences_the_first(db: str, kafka: LocalKafka, tmp_path: Path) -> None:
+    """Two instances with one identity (slot and prefix): the second's init_transactions fences the first,
+    which stops with "another instance took over"; the second (waiting for the slot the first held)
+    carries on; every change once."""
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    backend = Backend.kafka(kafka.bootstrap_servers, tmp_path / "state")
+    argv = tideline(kafka.bootstrap_servers, tmp_path, "capture", "run", "--dsn", db, "--slot", "twin",
+                    "--topic-prefix", backend.prefix, "--state-dir", str(backend.path))  # fmt: skip
+    first_err, second_err = tmp_path / "first.err", tmp_path / "second.err"
+    writer = threading.Thread(target=insert_rows, args=(db, 1, 400, 0.01))
+    with first_err.open("wb") as e1:
+        first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=e1)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        deadline = time.monotonic() + 120
+        while "streaming slot twin" not in first_err.read_text():
+            assert first.poll() is None and time.monotonic() < deadline, first_err.read_text()[-2000:]
+            time.sleep(0.05)
+        writer.start()
+        time.sleep(1.0)  # the first stores some of the workload
+        with second_err.open("wb") as e2:
+            second = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=e2)
+        assert first.wait(timeout=120) == 1, first_err.read_text()[-2000:]
+        writer.join()
+        stored_equal(backend, db, second, 120)
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()  # SIGTERM by PID: the connector commits and stops
+                proc.wait(timeout=60)
+    last = first_err.read_text().strip().splitlines()[-1]
+    assert "another instance took over" in last, last
+    assert assert_each_change_once(backend, db) == 400
+
+
+def stored_equal(backend: Backend, dsn: str, alive: subprocess.Popen[bytes] | threading.Thread, timeout: float) -> None:
+    """Wait until the topic holds the table (latest value per key), while ``alive`` captures."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            assert_each_change_once(backend, dsn)
+            return
+        except AssertionError as e:
+            running = alive.poll() is None if isinstance(alive, subprocess.Popen) else alive.is_alive()
+            if not running or time.monotonic() > deadline:
+                raise AssertionError(f"capture stopped or did not catch up: {e}") from e
+            time.sleep(0.5)
+
+
+def test_broker_killed_during_capture_loses_and_duplicates_nothing(
+    db: str, kafka3: LocalKafka, tmp_path: Path
+) -> None:
+    """kill -9 one of three brokers (replication factor 3, min.insync.replicas 2) while capture streams;
+    restart it later. Capture goes on (or reconnects: a broker lost mid-transaction aborts the batch and
+    the connector resumes from its stored position); read_committed sees every change once."""
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    backend = Backend.kafka(kafka3.bootstrap_servers, tmp_path / "state", brokers=3)
+    config = CaptureConfig(dsn=db, slot="brokers", topic_prefix=backend.prefix, partitions=3)
+    errors: list[BaseException] = []
+    with backend.sink() as (_, sink):
+        connector = Connector(config, sink=sink)
+
+        def capture() -> None:
+            try:
+                connector.run()
+            except BaseException as e:
+                errors.append(e)
+
+        runner = threading.Thread(target=capture)
+        runner.start()
+        writer = threading.Thread(target=insert_rows, args=(db, 1, 600, 0.01))
+        killed: int | None = None
+        try:
+            deadline = time.monotonic() + 120
+            while backend.position(db, "brokers") is None:
+                assert not errors and time.monotonic() < deadline, errors
+                time.sleep(0.1)
+            writer.start()
+            time.sleep(1.5)
+            killed = KafkaAdmin(kafka3.bootstrap_servers).describe(f"{backend.prefix}.public.t")[1][0].leader
+            kafka3.stop_node(killed, kill=True)
+            time.sleep(3.0)  # capture goes on with two brokers (min.insync.replicas 2)
+            kafka3.start_node(killed)
+            killed = None
+            writer.join()
+            stored_equal(backend, db, runner, 180)
+        finally:
+            if killed is not None:
+                kafka3.start_node(killed)
+            if writer.is_alive():
+                writer.join()
+            connector.stop()
+            runner.join(timeout=120)
+    assert not errors, errors
+    assert assert_each_change_once(backend, db) == 600
