@@ -6,8 +6,11 @@ is written. One class per format, chosen once by :func:`converter_for`:
 
 * :class:`JsonConverter` — the default: keys ``{col: value}``, the envelope as JSON text
   (DESIGN.md §2; capture.pgtypes has the value mapping).
-* :class:`AvroConverter` — Confluent-framed Avro through the schema registry
-  (capture.avro has the schemas and their evolution).
+* :class:`AvroConverter` — Confluent-framed Avro through a schema registry
+  (capture.avro has the schemas and their evolution): the registry in the embedded
+  log's ``__schemas`` by default, or any :class:`~schemas.registry.SchemaRegistry`
+  given (in Kafka mode: ``SchemaRegistry(KafkaSchemaStore(bootstrap))``, topic
+  ``_schemas``, what ``tideline --kafka … schemas serve`` serves).
 
 A converter also reads back what it wrote (:meth:`ValueConverter.read_change`): the key
 state is rebuilt from stored events (capture.keystate), and a TOAST fill needs the
@@ -104,7 +107,7 @@ class JsonConverter:
 
 
 class AvroConverter:
-    """Confluent-framed Avro keys and envelopes, schemas in the log's registry (capture.avro)."""
+    """Confluent-framed Avro keys and envelopes, schemas in a schema registry (capture.avro)."""
 
     types_matter = True
 
@@ -133,11 +136,23 @@ class AvroConverter:
 
 
 def converter_for(
-    value_format: ValueFormat, log: Log | None, topic_prefix: str, table_filter: TableFilter
+    value_format: ValueFormat,
+    log: Log | None,
+    topic_prefix: str,
+    table_filter: TableFilter,
+    *,
+    registry: SchemaRegistry | None = None,
 ) -> ValueConverter:
-    """The converter of a value format (the schema registry of Avro lives in ``log``'s ``__schemas``)."""
+    """The converter of a value format.
+
+    Avro registers its schemas in ``registry``; without one, in the registry of ``log``
+    (its ``__schemas`` topic). A Kafka sink passes ``log=None`` and
+    ``registry=SchemaRegistry(KafkaSchemaStore(bootstrap))``.
+    """
     if value_format is ValueFormat.AVRO:
-        if log is None:
-            raise ConfigError("--value-format avro keeps its schema registry in the embedded log: give the log")
-        return AvroConverter(AvroEncoder(SchemaRegistry(LogSchemaStore(log)), topic_prefix, table_filter))
+        if registry is None:
+            if log is None:
+                raise ConfigError("--value-format avro needs a schema registry: give the embedded log or a registry")
+            registry = SchemaRegistry(LogSchemaStore(log))
+        return AvroConverter(AvroEncoder(registry, topic_prefix, table_filter))
     return JsonConverter()

@@ -20,8 +20,9 @@ around refresh + check + append so registrations in several processes are serial
 Readers take no lock.
 
 :class:`FramedDecoder` turns Confluent-framed Avro keys and values of any topic back into
-JSON through this registry (what ``tideline log tail`` shows, and what any consumer can
-use: ``json_bytes, schema_id = FramedDecoder(log, print).decode(record.value)``).
+JSON through this registry, or any other (what ``tideline log tail`` shows, and what any
+consumer can use: ``json_bytes, schema_id = FramedDecoder(log, print).decode(record.value)``;
+on Kafka: ``FramedDecoder(SchemaRegistry(KafkaSchemaStore(bootstrap)), print)``).
 
 Thread-safety: LogSchemaStore is thread-safe; a FramedDecoder belongs to one reader.
 """
@@ -137,7 +138,7 @@ class LogSchemaStore:
 
 
 class FramedDecoder:
-    """Confluent-framed Avro values → JSON text, through the schema registry of ``log``.
+    """Confluent-framed Avro values → JSON text, through the schema registry of ``log`` (or ``registry``).
 
     :meth:`decode` returns ``(json_bytes, schema_id)`` for a value it decoded and
     ``(data, None)`` — the value untouched — for anything else: not framed, an id the
@@ -145,8 +146,8 @@ class FramedDecoder:
     once per schema id with an explanation. Not thread-safe (one per reader).
     """
 
-    def __init__(self, log: Log, note: Callable[[str], None]) -> None:
-        self.registry = SchemaRegistry(LogSchemaStore(log))
+    def __init__(self, source: Log | SchemaRegistry, note: Callable[[str], None]) -> None:
+        self.registry = source if isinstance(source, SchemaRegistry) else SchemaRegistry(LogSchemaStore(source))
         self.wire = AvroWire(self.registry.schema_by_id, logical_types=False)
         self.note = note
         self._forms: dict[int, JsonForm] = {}
@@ -167,15 +168,25 @@ class FramedDecoder:
             return orjson.dumps(form.convert(self.wire.decode(data))), schema_id
         except UnknownSchemaError:
             self._missing.add(schema_id)
-            self._note_once(schema_id, f"schema id {schema_id} is not in the registry of {self.registry_path}")
+            self._note_once(schema_id, f"schema id {schema_id} is not in the registry of {self.registry_location}")
         except (SchemaError, ValueError, TypeError, KeyError, AttributeError) as e:
             self._note_once(schema_id, f"a value framed with schema id {schema_id} does not decode ({e})")
         return data, None
 
     @property
     def registry_path(self) -> Path:
+        """The log directory of the registry (``?`` for a registry kept elsewhere)."""
         store = self.registry.store
         return store.log.path if isinstance(store, LogSchemaStore) else Path("?")
+
+    @property
+    def registry_location(self) -> str:
+        """Where the registry lives, for notes: the log directory, or the store's description."""
+        store = self.registry.store
+        if isinstance(store, LogSchemaStore):
+            return str(store.log.path)
+        bootstrap, topic = getattr(store, "bootstrap_servers", None), getattr(store, "topic", None)
+        return f"{topic} on Kafka at {bootstrap}" if bootstrap and topic else type(store).__name__
 
     def _form(self, schema_id: int) -> JsonForm:
         form = self._forms.get(schema_id)

@@ -113,18 +113,21 @@ def check_resolution(reader: Any, writer: Any) -> list[Incompatibility]:
     return checker.check(r, w, "")
 
 
-def check_compatibility(level: CompatibilityLevel, new: Any, previous: Sequence[Any]) -> list[Incompatibility]:
+def check_compatibility(
+    level: CompatibilityLevel, new: Any, previous: Sequence[Any], *, first_version: int = 1
+) -> list[Incompatibility]:
     """Why ``new`` may not follow ``previous`` (oldest first) under ``level``; empty: it may.
 
     Messages are prefixed with the direction and the version they fail against, e.g.
-    ``"BACKWARD (new reads version 2): field 'x' added without a default"``.
+    ``"BACKWARD (new reads version 2): field 'x' added without a default"``; ``previous[0]``
+    is version ``first_version``.
     """
     if level is CompatibilityLevel.NONE or not previous:
         return []
     first = 0 if level.transitive else len(previous) - 1
     out: list[Incompatibility] = []
     for index in range(len(previous) - 1, first - 1, -1):
-        old, version = previous[index], index + 1
+        old, version = previous[index], index + first_version
         if level.backward:
             out += _prefixed(check_resolution(new, old), f"BACKWARD (new schema reads data of version {version})")
         if level.forward:

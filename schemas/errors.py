@@ -35,6 +35,15 @@ class IncompatibleSchemaError(SchemaError):
         super().__init__(f"schema is not {level} compatible with subject {subject!r}: {lines}")
 
 
+class SchemaStoreConflictError(SchemaError):
+    """Another registry writer took the store over during a write: nothing was written, redo the write.
+
+    Raised by a :class:`~schemas.registry.SchemaStore` whose exclusion is optimistic (the
+    Kafka store: a newer writer fences the older); :class:`~schemas.registry.SchemaRegistry`
+    retries the whole refresh → check → append a few times before letting it through.
+    """
+
+
 class WireFormatError(SchemaError, ValueError):
     """A framed value is malformed: wrong magic byte, truncated, or undecodable by its schema."""
 

@@ -10,18 +10,24 @@ custom properties). Registering a schema a subject already has returns that vers
 
 Storage: every change is one keyed record appended to a :class:`SchemaStore`; the log
 implementation (``eventstore.schema_store``) is the compacted topic ``__schemas`` (1
-partition). The state is a function of the last value of each key, so compaction never
+partition), the Kafka one (``eventstore.kafka.schema_store``) Kafka's ``_schemas``, as
+Confluent's registry keeps it (``schemas.rest`` serves a registry over Confluent's REST
+API). The state is a function of the last value of each key, so compaction never
 changes what a replay yields. Record layout (keys: JSON with sorted keys and no spaces,
-so equal keys are equal bytes; values: JSON)::
+so equal keys are equal bytes — the Kafka store writes Confluent's field order instead;
+values: JSON)::
 
     schema   key    {"keytype":"SCHEMA","magic":1,"subject":<str>,"version":<int ≥ 1>}
              value  {"deleted":false,"id":<int ≥ 1>,"schema":<schema JSON text>,
                      "subject":<str>,"version":<int>}
-    config   key    {"keytype":"CONFIG","magic":0,"subject":<str>}
+    config   key    {"keytype":"CONFIG","magic":0,"subject":<str> | null}
              value  {"compatibilityLevel":"BACKWARD|…|NONE"}
-             null   (tombstone) the subject is back to the default level
+             null   (tombstone) the subject is back to the registry's level
+             (subject null: the registry's own level, which defaults to ``default_level``)
 
-A key of another ``keytype`` or ``magic`` (a newer writer) is skipped with a warning.
+These are Confluent Schema Registry's ``_schemas`` records (its NOOP records, which
+its leader writes to find the end of the topic, are skipped silently); a key of another
+``keytype`` or ``magic`` (a newer writer) is skipped with a warning.
 Invariants a replay checks: one id ↔ one identity form (a second schema claiming a used
 id is ignored with an error log; it cannot happen under the lock below), and versions of
 a subject are dense from 1.
@@ -34,41 +40,51 @@ Nothing is written for a rejected (incompatible or invalid) schema.
 Concurrency: the state is rebuilt by replaying the store on open, and refreshed (the
 records appended since) before every lookup that misses and before every write. Writes
 — refresh, check, pick the next id and version, append — run under ``store.locked()``
-(the log store: ``fcntl.flock`` on ``<log>/__schemas.lock``), so registries in several
-processes over one log directory never hand out one id twice and agree on every
-subject. :class:`SchemaRegistry` is thread-safe: ``_lock`` (an RLock) guards the state.
+(the log store: ``fcntl.flock`` on ``<log>/__schemas.lock``; the Kafka store: a
+transactional producer that a newer writer fences, see ``eventstore.kafka.schema_store``),
+so registries in several processes over one store never hand out one id twice and agree
+on every subject. A store whose exclusion is optimistic raises
+:class:`~schemas.errors.SchemaStoreConflictError` from ``append`` when another writer
+took over meanwhile (nothing written); the write is then redone from the refresh, at
+most ``WRITE_ATTEMPTS`` times. :class:`SchemaRegistry` is thread-safe: ``_lock`` (an RLock) guards the state.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
 from schemas.canonical import identity_form, parse, schema_json
 from schemas.compat import CompatibilityLevel, Incompatibility, check_compatibility
-from schemas.errors import IncompatibleSchemaError, UnknownSchemaError
+from schemas.errors import IncompatibleSchemaError, SchemaStoreConflictError, UnknownSchemaError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SCHEMA_KEYTYPE = "SCHEMA"
 CONFIG_KEYTYPE = "CONFIG"
+NOOP_KEYTYPE = "NOOP"  # Confluent's leader writes these to find the end of the topic: no state
 SCHEMA_KEY_MAGIC = 1
 CONFIG_KEY_MAGIC = 0
 DEFAULT_LEVEL = CompatibilityLevel.BACKWARD
+WRITE_ATTEMPTS = 5  # a write redone after SchemaStoreConflictError (another writer took the store over)
 
 
 class SchemaStore(Protocol):
     """Where the registry keeps its records: an append-only, ordered, keyed sequence.
 
-    ``append`` returns only once the record is durable. ``read_from(position)`` returns
-    the records from ``position`` on, in append order, and the position after them
-    (start with 0). ``locked()`` is an exclusive lock across every process sharing the store.
+    ``append`` returns only once the record is durable (and readable by ``read_from``).
+    ``read_from(position)`` returns the records from ``position`` on, in append order,
+    and the position after them (start with 0). ``locked()`` is an exclusive section
+    across every process sharing the store: a lock, or (optimistically) a claim that
+    ``append`` checks, raising SchemaStoreConflictError with nothing written when another
+    process has claimed the store since.
     """
 
     def append(self, key: bytes, value: bytes | None) -> None: ...
@@ -127,6 +143,7 @@ class _State:
     id_by_identity: dict[str, int] = field(default_factory=dict)
     versions: dict[str, dict[int, RegisteredSchema]] = field(default_factory=dict)
     levels: dict[str, CompatibilityLevel] = field(default_factory=dict)
+    registry_level: CompatibilityLevel | None = None  # the persisted registry-wide level, if set
 
 
 def schema_key(subject: str, version: int) -> bytes:
@@ -136,7 +153,8 @@ def schema_key(subject: str, version: int) -> bytes:
     )
 
 
-def config_key(subject: str) -> bytes:
+def config_key(subject: str | None) -> bytes:
+    """The key of a subject's level; ``None``: of the registry-wide level."""
     return orjson.dumps(
         {"keytype": CONFIG_KEYTYPE, "magic": CONFIG_KEY_MAGIC, "subject": subject}, option=orjson.OPT_SORT_KEYS
     )
@@ -179,7 +197,10 @@ class SchemaRegistry:
             if keytype == SCHEMA_KEYTYPE and k.get("magic") == SCHEMA_KEY_MAGIC:
                 self._apply_schema(str(k["subject"]), int(k["version"]), value)
             elif keytype == CONFIG_KEYTYPE and k.get("magic") == CONFIG_KEY_MAGIC:
-                self._apply_config(str(k["subject"]), value)
+                subject = k.get("subject")
+                self._apply_config(None if subject is None else str(subject), value)
+            elif keytype == NOOP_KEYTYPE:
+                return
             else:
                 log.warning("skipping schema-store record of unknown kind: key %r", key[:120])
         except (ValueError, KeyError, TypeError) as e:
@@ -207,11 +228,14 @@ class SchemaRegistry:
             subject, version, schema_id, state.by_id[schema_id]
         )
 
-    def _apply_config(self, subject: str, value: bytes | None) -> None:
-        if value is None:
+    def _apply_config(self, subject: str | None, value: bytes | None) -> None:
+        level = None if value is None else CompatibilityLevel.parse(str(orjson.loads(value)["compatibilityLevel"]))
+        if subject is None:
+            self._state.registry_level = level
+        elif level is None:
             self._state.levels.pop(subject, None)
         else:
-            self._state.levels[subject] = CompatibilityLevel.parse(str(orjson.loads(value)["compatibilityLevel"]))
+            self._state.levels[subject] = level
 
     # ------------------------------------------------------------------ reads
 
@@ -271,11 +295,22 @@ class SchemaRegistry:
                 return registered
         return None
 
-    def compatibility(self, subject: str) -> CompatibilityLevel:
-        """The subject's level (its own setting, else the registry default)."""
+    def compatibility(self, subject: str | None) -> CompatibilityLevel:
+        """The level in force for ``subject`` (its own setting, else the registry's); None: the registry's."""
         self.refresh()
         with self._lock:
-            return self._state.levels.get(subject, self.default_level)
+            return self._level(subject)
+
+    def configured_compatibility(self, subject: str | None) -> CompatibilityLevel | None:
+        """``subject``'s own setting (None: the registry-wide setting), or None where nothing is set."""
+        self.refresh()
+        with self._lock:
+            return self._state.registry_level if subject is None else self._state.levels.get(subject)
+
+    def _level(self, subject: str | None) -> CompatibilityLevel:
+        state = self._state
+        registry_level = state.registry_level or self.default_level
+        return registry_level if subject is None else state.levels.get(subject, registry_level)
 
     def check(self, subject: str, schema: str | dict[str, Any]) -> CompatibilityReport:
         """Would ``schema`` be accepted as the next version of ``subject``? Writes nothing."""
@@ -285,7 +320,7 @@ class SchemaRegistry:
             return self._report(subject, schema, identity)
 
     def _report(self, subject: str, schema: str | dict[str, Any], identity: str) -> CompatibilityReport:
-        level = self._state.levels.get(subject, self.default_level)
+        level = self._level(subject)
         existing = self._find(subject, identity)
         if existing is not None:
             return CompatibilityReport(subject, level, True, [], existing.version)
@@ -304,7 +339,8 @@ class SchemaRegistry:
         """
         text = _schema_text(schema)
         identity = identity_form(text)
-        with self._lock, self.store.locked():
+
+        def write() -> RegisteredSchema:
             self.refresh()
             report = self._report(subject, text, identity)
             if report.existing_version is not None:
@@ -320,12 +356,33 @@ class SchemaRegistry:
             self.refresh()
             return self._state.versions[subject][version]
 
-    def set_compatibility(self, subject: str, level: CompatibilityLevel | None) -> None:
-        """Set ``subject``'s level (persisted); None returns it to the registry default."""
-        with self._lock, self.store.locked():
-            value = None if level is None else orjson.dumps({"compatibilityLevel": level.value})
+        return self._exclusively(write)
+
+    def set_compatibility(self, subject: str | None, level: CompatibilityLevel | None) -> None:
+        """Set ``subject``'s level (persisted); None returns it to the registry's level.
+
+        ``subject`` None sets the registry-wide level (what subjects without their own
+        setting use); ``level`` None then returns it to ``default_level``.
+        """
+        value = None if level is None else orjson.dumps({"compatibilityLevel": level.value})
+
+        def write() -> None:
             self.store.append(config_key(subject), value)
             self.refresh()
+
+        self._exclusively(write)
+
+    def _exclusively(self, write: Callable[[], T]) -> T:
+        """Run ``write`` inside the store's exclusive section; redo it when another writer took the store over."""
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                with self._lock, self.store.locked():
+                    return write()
+            except SchemaStoreConflictError as e:
+                if attempt == WRITE_ATTEMPTS:
+                    raise
+                log.info("schema registry: another writer took the store over (%s); writing again", e)
+        raise AssertionError("unreachable")
 
 
 def _schema_text(schema: str | dict[str, Any]) -> str:

@@ -1,9 +1,12 @@
-"""``tideline schemas``: the schema registry kept in the log directory (topic ``__schemas``).
+"""``tideline schemas``: the schema registry, in the log directory (topic ``__schemas``) or in Kafka (``_schemas``).
 
 Commands: ``list``, ``show SUBJECT [--version N]``, ``check SUBJECT FILE`` (would this
-``.avsc`` be accepted as the next version? registers nothing) and ``compatibility
-SUBJECT [LEVEL | --reset]``. The data behind list/show/check comes from
-:mod:`schemas.cli_api`.
+``.avsc`` be accepted as the next version? registers nothing), ``compatibility
+SUBJECT [LEVEL | --reset]`` and ``serve --port P`` (the Confluent Schema Registry REST
+API, :mod:`schemas.rest`, until Ctrl-C). The data behind list/show/check comes from
+:mod:`schemas.cli_api`. With ``--kafka`` / ``TIDELINE_KAFKA_BOOTSTRAP`` every command
+uses the registry in the Kafka cluster's ``_schemas`` topic
+(:mod:`eventstore.kafka.schema_store`) instead of the log directory's.
 
 ``tideline log tail`` shows Confluent-framed Avro keys and values as JSON through
 :class:`eventstore.schema_store.FramedDecoder` (any consumer can use it the same way).
@@ -11,9 +14,14 @@ SUBJECT [LEVEL | --reset]``. The data behind list/show/check comes from
 
 from __future__ import annotations
 
+import logging
+import signal
+import socket
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any
 
 import orjson
@@ -31,9 +39,11 @@ from schemas.registry import SchemaRegistry
 from tideline.cli_common import fail
 
 app = typer.Typer(
-    help="The schema registry of the log: subjects, versions, compatibility checks.",
+    help="The schema registry of the log (or of Kafka with --kafka): subjects, versions, compatibility checks, "
+    "the Confluent REST API.",
     no_args_is_help=True,
 )
+log = logging.getLogger("tideline.schemas")
 
 EXIT_INCOMPATIBLE = 1
 EXIT_BAD_INPUT = 2
@@ -48,12 +58,35 @@ def _data_dir() -> Path:
     return State.data_dir
 
 
+def _kafka() -> str | None:
+    from tideline.cli import State
+
+    return State.kafka
+
+
+def _where() -> str:
+    """Where the registry lives, for messages: the log directory, or Kafka's topic."""
+    from eventstore.kafka.schema_store import SCHEMAS_TOPIC
+
+    kafka = _kafka()
+    return f"{SCHEMAS_TOPIC} on Kafka at {kafka}" if kafka else str(_data_dir())
+
+
 @contextmanager
 def _registry(*, error_code: int = 1) -> Iterator[SchemaRegistry]:
-    """The registry of the log at ``--data-dir``; errors become one line and exit ``error_code``."""
+    """The registry of the log at ``--data-dir`` or of ``--kafka``; errors become one line and exit ``error_code``."""
     try:
-        with Log(_data_dir(), create=False) as log:
-            yield SchemaRegistry(LogSchemaStore(log))
+        kafka = _kafka()
+        if kafka is not None:
+            from eventstore.kafka import probe_bootstrap
+            from eventstore.kafka.schema_store import KafkaSchemaStore
+
+            probe_bootstrap(kafka)  # one line at once for an address nobody listens on
+            with KafkaSchemaStore(kafka) as store:
+                yield SchemaRegistry(store)
+        else:
+            with Log(_data_dir(), create=False) as log:
+                yield SchemaRegistry(LogSchemaStore(log))
     except (TidelineError, SchemaError, ValueError) as e:
         raise fail(str(e), error_code) from None
     except OSError as e:
@@ -76,9 +109,9 @@ def list_command(json_output: JsonOption = False) -> None:
         _echo_json(rows)
         return
     if not rows:
-        typer.echo(f"no subjects in {_data_dir()}")
+        typer.echo(f"no subjects in {_where()}")
         return
-    table = Table(title=f"schema registry of {_data_dir()}")
+    table = Table(title=f"schema registry of {_where()}")
     table.add_column("subject")
     for column in ("versions", "latest", "id"):
         table.add_column(column, justify="right")
@@ -200,7 +233,7 @@ def compatibility(
         if new is not None or reset:
             registry.set_compatibility(subject, new)
         after = registry.compatibility(subject)
-        default = registry.default_level
+        default = registry.compatibility(None)
     if json_output:
         _echo_json({"subject": subject, "compatibility": after.value, "default": default.value})
     elif new is None and not reset:
@@ -208,3 +241,76 @@ def compatibility(
     else:
         typer.echo(f"{subject}: {after.value} (was {before.value})")
 
+
+# ---------------------------------------------------------------------------- serve
+
+
+@app.command()
+def serve(
+    port: Annotated[int, typer.Option("--port", help="TCP port to listen on (0: any free port).", show_default=False)],
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+) -> None:
+    """Serve the Confluent Schema Registry REST API from this registry until Ctrl-C (or SIGTERM).
+
+    Confluent's clients (SchemaRegistryClient, AvroSerializer/AvroDeserializer, Kafka
+    Connect) work against it unchanged: subjects, versions, schema ids, compatibility
+    levels and checks; registrations are stored durably before they are answered. With
+    --kafka the registry is the Kafka cluster's `_schemas` topic. Logs one line per
+    request (logfmt) on stderr.
+    """
+    from schemas.rest import create_app
+
+    if not 0 <= port <= 65535:
+        raise fail(f"--port must be within 0 … 65535, got {port}", EXIT_BAD_INPUT)
+    with _registry() as registry:
+        listener = _listen(host, port)
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+        bound_host, bound_port = listener.getsockname()[:2]
+        where = _where()
+        server = _server(create_app(registry, description=where.replace(" ", "_")))
+        log.info("schemas serve listening=http://%s:%d registry=%r subjects=%d", bound_host, bound_port, where,
+                 len(registry.subjects()))  # fmt: skip
+        try:
+            server.run(sockets=[listener])
+        finally:
+            listener.close()
+        stopped_by = signal.Signals(server.stopped_by).name if server.stopped_by else "shutdown"
+        log.info("schemas serve stopped by=%s", stopped_by)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket, bound now so that a taken port is a one-line error (uvicorn would log a traceback)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}", EXIT_BAD_INPUT) from None
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(128)
+    except OSError as e:
+        listener.close()
+        raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}", EXIT_BAD_INPUT) from None
+    return listener
+
+
+def _server(app: Any) -> Any:
+    """A uvicorn server that shuts down gracefully on SIGINT/SIGTERM and then returns.
+
+    (uvicorn's own re-raises the signal after its shutdown: SIGTERM would end the process
+    before the store is closed, and Ctrl-C would end in a KeyboardInterrupt.)
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        stopped_by: int | None = None
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C: stop without waiting for open requests
+            self.stopped_by = sig
+            self.should_exit = True
+
+    return Server(uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="off"))

@@ -192,6 +192,13 @@ class KafkaProducer:
             left = self._producer.flush(self.timeout_s)
         except KafkaException as e:
             self._translate(e, "flushing")
+        except SystemError as e:
+            # confluent-kafka 2.16 raises a fatal error met during flush (fencing: "This instance has
+            # been fenced by a newer instance") while it runs a delivery callback, which Python then
+            # reports as a SystemError caused by the KafkaException.
+            if not isinstance(e.__cause__, KafkaException):
+                raise
+            self._translate(e.__cause__, "flushing")
         if left:
             raise RetriableError(
                 f"Kafka at {self.bootstrap_servers}: {left} record(s) still unacknowledged after {self.timeout_s:.0f}s"

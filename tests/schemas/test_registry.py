@@ -6,6 +6,7 @@ Contract tests run against both stores (in memory and the log); the rest use the
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +110,29 @@ def test_compatibility_level_per_subject(store: SchemaStore) -> None:
     assert registry.register("orders-value", rec(("id", "string"))).version == 3
     registry.set_compatibility("orders-value", None)
     assert registry.compatibility("orders-value") is CompatibilityLevel.BACKWARD
+
+
+def test_the_registry_wide_level_is_persisted_and_subjects_inherit_it(store: SchemaStore) -> None:
+    registry = SchemaRegistry(store)
+    registry.set_compatibility("orders-value", CompatibilityLevel.FULL)
+    registry.set_compatibility(None, CompatibilityLevel.NONE)  # Confluent's CONFIG key with subject null
+    reopened = SchemaRegistry(store)
+    assert reopened.compatibility(None) is CompatibilityLevel.NONE
+    assert reopened.compatibility("other-value") is CompatibilityLevel.NONE
+    assert reopened.configured_compatibility("other-value") is None
+    assert reopened.compatibility("orders-value") is CompatibilityLevel.FULL  # its own setting wins
+    reopened.register("other-value", V1)
+    assert reopened.register("other-value", rec(("id", "string"))).version == 2  # NONE: anything goes
+    reopened.set_compatibility(None, None)
+    assert SchemaRegistry(store).compatibility("other-value") is CompatibilityLevel.BACKWARD
+
+
+def test_confluent_noop_records_are_skipped_silently(caplog: pytest.LogCaptureFixture) -> None:
+    store = MemorySchemaStore()
+    store.append(b'{"keytype":"NOOP","magic":0}', None)  # what Confluent's leader writes into _schemas
+    registry = SchemaRegistry(store)
+    assert registry.register("orders-value", V1).id == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_check_reports_without_registering(store: SchemaStore) -> None:

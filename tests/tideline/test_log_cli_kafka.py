@@ -120,7 +120,7 @@ def test_commands_without_kafka_support_refuse_it_instead_of_using_the_embedded_
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(KAFKA_BOOTSTRAP_ENV, "127.0.0.1:9")
-    result = CliRunner().invoke(app, ["--data-dir", str(tmp_path / "log"), "schemas", "list"])
+    result = CliRunner().invoke(app, ["--data-dir", str(tmp_path / "log"), "demo"])
     assert result.exit_code == 1
-    assert result.output.startswith("error: `tideline schemas` does not support Kafka yet")
+    assert result.output.startswith("error: `tideline demo` does not support Kafka yet")
     assert not (tmp_path / "log").exists()  # nothing was written to the embedded log

@@ -92,6 +92,24 @@ def test_a_second_instance_fences_the_first(kafka: LocalKafka) -> None:
     assert _values(bootstrap, topic) == [b"from-the-successor"]
 
 
+def test_a_fenced_instance_that_sends_gets_producer_fenced_error(kafka: LocalKafka) -> None:
+    """Regression: confluent-kafka 2.16 raised the fencing met inside flush as a SystemError."""
+    bootstrap = kafka.bootstrap_servers
+    topic = unique_topic("fence-send")
+    KafkaAdmin(bootstrap).create_topic(topic)
+    transactional_id = unique_topic("fenced-sender")
+    zombie = KafkaProducer(bootstrap, transactional_id=transactional_id, timeout_s=20)
+    zombie.init_transactions()
+    successor = KafkaProducer(bootstrap, transactional_id=transactional_id, timeout_s=20)
+    successor.init_transactions()
+    zombie.begin_transaction()
+    with pytest.raises(ProducerFencedError, match="another instance took over"):
+        zombie.send_batch(topic, [b"from-the-zombie"])
+    zombie.close()
+    successor.close()
+    assert _values(bootstrap, topic) == []
+
+
 def test_init_transactions_aborts_what_a_killed_predecessor_left_open(kafka: LocalKafka) -> None:
     """A crashed connector's open transaction would hold read_committed readers back until it timed out."""
     bootstrap = kafka.bootstrap_servers
