@@ -73,6 +73,7 @@ from capture.writer import LogWriter
 from eventstore.errors import ConfigError
 from eventstore.log import Log
 from schemas.position import POSITIONS_TOPIC, SourcePosition, connector_key, format_lsn
+from schemas.registry import SchemaRegistry
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +106,6 @@ class Connector:
             if log_ is None:
                 raise ConfigError("a connector needs a log (or a sink) to write to")
             sink = EmbeddedLogSink(log_)
-        if config.value_format is ValueFormat.AVRO and log_ is None:
-            raise ConfigError(
-                f"--value-format avro registers schemas in the embedded log's registry; {sink.describe()} "
-                "has no registry for capture yet: use --value-format json"
-            )
         self.config = config
         self.sink = sink
         self.log = log_
@@ -145,7 +141,9 @@ class Connector:
         self.sink.open(f"capture.{self.config.connector_id}")
         self.keystate = KeyState(self.state_path(), cache_bytes=self.config.key_state_cache_bytes)
         config = self.config
-        converter = converter_for(config.value_format, self.log, config.topic_prefix, config.table_filter)
+        registry = SchemaRegistry(self.sink.schema_store()) if config.value_format is ValueFormat.AVRO else None
+        converter = converter_for(config.value_format, self.log, config.topic_prefix, config.table_filter,
+                                  registry=registry)  # fmt: skip
         self.writer = LogWriter(self.config, self.sink, self.keystate, converter)
         self.writer.ensure_positions_topic()
         db = psycopg.conninfo.conninfo_to_dict(self.config.dsn).get("dbname") or "postgres"

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from schemas.registry import SchemaStore
+
 Headers = list[tuple[str, bytes | None]]
 
 
@@ -117,6 +119,10 @@ class Sink(Protocol):
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[ReadBatch]:
         """Committed records of one partition with offsets in ``[start, end)``, in batches."""
+        ...
+
+    def schema_store(self) -> SchemaStore:
+        """Where ``--value-format avro`` registers its schemas: the backend's own registry topic."""
         ...
 
     def default_state_dir(self) -> Path:

@@ -36,7 +36,9 @@ from eventstore.isolation import IsolationLevel, end_offset
 from eventstore.log import Log
 from eventstore.partitioner import partitions_for_keys
 from eventstore.producer import Producer
+from eventstore.schema_store import LogSchemaStore
 from eventstore.topic import TopicConfig
+from schemas.registry import SchemaStore
 
 STATE_DIR = "_capture"
 
@@ -208,6 +210,9 @@ class EmbeddedLogSink:
                     if len(hits):
                         found = hits[len(hits) - 1].as_py()
         return found
+
+    def schema_store(self) -> SchemaStore:
+        return LogSchemaStore(self.log)  # the log's __schemas topic
 
     def default_state_dir(self) -> Path:
         return self.log.path / STATE_DIR

@@ -49,9 +49,11 @@ import pyarrow as pa
 from capture.sinks import Headers, ReadBatch, TopicRecords, TopicSpec
 from eventstore.errors import ConfigError, TopicExistsError, UnknownTopicError
 from eventstore.kafka import KafkaAdmin, KafkaProducer, KafkaReader
+from eventstore.kafka.schema_store import KafkaSchemaStore
 from eventstore.offsets import TopicPartition
 from eventstore.partitioner import partitions_for_keys
 from eventstore.topic import TopicConfig, TopicMetadata
+from schemas.registry import SchemaStore
 
 log = logging.getLogger("capture.sink")
 
@@ -86,6 +88,7 @@ class KafkaLogSink:
         self.admin = KafkaAdmin(bootstrap_servers, timeout_s=timeout_s)
         self.producer: KafkaProducer | None = None
         self._reader: KafkaReader | None = None
+        self._schemas: KafkaSchemaStore | None = None
         self._partitions: dict[str, int] = {}
         self._round_robin: dict[str, int] = {}
 
@@ -256,10 +259,19 @@ class KafkaLogSink:
                     found = v
         return found
 
+    def schema_store(self) -> SchemaStore:
+        """The cluster's ``_schemas`` topic (Confluent's layout: ``tideline schemas serve --kafka`` serves it)."""
+        if self._schemas is None:
+            self._schemas = KafkaSchemaStore(self.bootstrap_servers, timeout_s=self.timeout_s)
+        return self._schemas
+
     def default_state_dir(self) -> Path:
         return self.state_dir
 
     def close(self) -> None:
+        if self._schemas is not None:
+            self._schemas.close()
+            self._schemas = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None

@@ -27,10 +27,17 @@ import psycopg
 import pytest
 from backends import Backend
 from capture_util import drop_slots, fresh_database, sql
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from schemas_serve_util import serving
+from test_avro_interop import by_key, json_form
 
-from capture.connector import CaptureConfig, Connector
+from capture.connector import CaptureConfig, Connector, ValueFormat
 from eventstore.kafka import KafkaAdmin
+from eventstore.kafka.schema_store import KafkaSchemaStore
 from schemas.position import POSITIONS_TOPIC
+from schemas.registry import SchemaRegistry
 from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
 
@@ -245,3 +252,40 @@ def test_key_state_lost_is_rebuilt_from_kafka(db: str, kafka: LocalKafka, tmp_pa
     assert tombstoned == set(range(1, 31))
     docs = [json.loads(v) for _, _, v in backend.records(f"{backend.prefix}.public.docs") if v is not None]
     assert [d["after"]["n"] for d in docs] == [0, 1] and docs[-1]["after"]["body"] == big
+
+
+def test_avro_capture_into_kafka_reads_with_confluents_deserializer(
+    db: str, kafka: LocalKafka, tmp_path: Path
+) -> None:
+    """``--value-format avro`` into Kafka registers in Kafka's ``_schemas``; a confluent-kafka Consumer with
+    ``AvroDeserializer`` and a ``SchemaRegistryClient`` pointed at ``tideline --kafka … schemas serve``
+    decodes every record, each key's events equal to a JSON capture of the same WAL."""
+    sql(db, "CREATE TABLE t (id bigint PRIMARY KEY, name text, amount numeric(12,2), at timestamptz, tags text[])",
+        "INSERT INTO t SELECT g, 'n' || g, g * 1.5, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 hour', "
+        "ARRAY['a', 'b' || g] FROM generate_series(1, 20) g")  # fmt: skip
+    avro, plain = (Backend.kafka(kafka.bootstrap_servers, tmp_path / name) for name in ("avro", "json"))
+    configs = [(avro, "avro", ValueFormat.AVRO), (plain, "json", ValueFormat.JSON)]
+    for backend, slot, fmt in configs:
+        backend.run(CaptureConfig(dsn=db, slot=slot, topic_prefix=backend.prefix, partitions=2, value_format=fmt,
+                                  exit_when_caught_up=True))  # fmt: skip
+    sql(db, "UPDATE t SET name = 'renamed' WHERE id <= 5", "DELETE FROM t WHERE id = 6",
+        "UPDATE t SET id = 600 WHERE id = 7")  # fmt: skip
+    for backend, slot, fmt in configs:
+        backend.run(CaptureConfig(dsn=db, slot=slot, topic_prefix=backend.prefix, partitions=2, value_format=fmt,
+                                  exit_when_caught_up=True))  # fmt: skip
+    topic = f"{avro.prefix}.public.t"
+    records = [(k, v) for _, k, v in avro.records(topic)]
+    assert records and all(k is not None and k[:1] == b"\x00" for k, _ in records)
+    with serving("--kafka", kafka.bootstrap_servers) as served, KafkaSchemaStore(kafka.bootstrap_servers) as store:
+        client = SchemaRegistryClient({"url": served.url})
+        keys, values = AvroDeserializer(client), AvroDeserializer(client)
+        registry = SchemaRegistry(store)
+        decoded = []
+        for k, v in records:
+            assert k is not None
+            key = json_form(registry, k, keys(k, SerializationContext(topic, MessageField.KEY)))
+            context = SerializationContext(topic, MessageField.VALUE)
+            value = None if v is None else json_form(registry, v, values(v, context))
+            decoded.append((key, value))
+    expected = [(k, v) for _, k, v in plain.records(f"{plain.prefix}.public.t") if k is not None]
+    assert by_key(decoded) == by_key(expected)

@@ -24,6 +24,7 @@ from capture.sinks.embedded import EmbeddedLogSink
 from capture.sinks.kafka import KafkaLogSink
 from eventstore.errors import ConfigError, TidelineError
 from eventstore.log import Log
+from schemas.registry import SchemaStore
 from tideline.kafkaharness import LocalKafka
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +86,9 @@ class Namespaced:
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[ReadBatch]:
         return self.inner.read(self.ns + topic, partition, start, end)
+
+    def schema_store(self) -> SchemaStore:
+        return self.inner.schema_store()
 
     def default_state_dir(self) -> Path:
         return self.inner.default_state_dir()
