@@ -1131,3 +1131,10 @@ def _run_until_signalled(service: LogCleaner) -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
         service.stop()
+
+
+# ---------------------------------------------------------------------------- mirror
+
+from tideline.log_mirror import mirror  # noqa: E402  (a module of its own: this one is long enough)
+
+app.command("mirror")(mirror)

@@ -31,6 +31,7 @@ from confluent_kafka.cimpl import NewTopic
 from eventstore.errors import ConfigError, TopicExistsError, UnknownTopicError
 from eventstore.kafka.config import (
     MIN_INSYNC_REPLICAS,
+    KafkaUnavailableError,
     client_config,
     topic_config_from_kafka,
     topic_configs,
@@ -116,11 +117,14 @@ class KafkaAdmin:
         if replication_factor is not None and replication_factor < 1:
             raise ConfigError(f"replication factor must be ≥ 1, got {replication_factor}")
         cfg = (config or TopicConfig()).with_overrides(overrides or {})
-        if min_insync_replicas is not None and min_insync_replicas > (replication_factor or min_insync_replicas):
-            raise ConfigError(
-                f"min.insync.replicas {min_insync_replicas} exceeds replication factor {replication_factor}: "
-                "no write with acks=all could ever succeed"
-            )
+        if min_insync_replicas is not None:
+            replicas = replication_factor or self._default_replication_factor()
+            source = "" if replication_factor else " (the brokers' default.replication.factor)"
+            if min_insync_replicas > replicas:
+                raise ConfigError(
+                    f"min.insync.replicas {min_insync_replicas} exceeds replication factor {replicas}{source}: "
+                    "no write with acks=all could ever succeed"
+                )
         new_topic = NewTopic(
             name,
             partitions,
@@ -228,6 +232,20 @@ class KafkaAdmin:
                               also=frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART}))  # fmt: skip
 
     # -- internals -----------------------------------------------------------
+
+    def _default_replication_factor(self) -> int:
+        """The brokers' ``default.replication.factor``: what a topic created without one gets."""
+        brokers = sorted(self._metadata(None, what="listing brokers").brokers)
+        if not brokers:
+            raise KafkaUnavailableError(f"Kafka at {self.bootstrap_servers} reports no broker")
+        resource = ConfigResource(ConfigResource.Type.BROKER, str(brokers[0]))
+
+        def describe_once() -> int:
+            (future,) = self._admin.describe_configs([resource], request_timeout=self.timeout_s).values()
+            entry = future.result(timeout=self.timeout_s + 5).get("default.replication.factor")
+            return int(entry.value) if entry is not None and entry.value is not None else 1
+
+        return self._retrying(describe_once, what="reading the brokers' default replication factor", topic=None)
 
     def _metadata(self, topic: str | None, *, what: str) -> Any:
         try:

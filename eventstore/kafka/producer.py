@@ -122,11 +122,14 @@ class KafkaProducer:
         *,
         partition: int | None = None,
         timestamp: int | None = None,
+        timestamps: Sequence[int] | None = None,
         headers: Sequence[Headers] | None = None,
     ) -> dict[int, tuple[int, int]]:
         """Send records and wait until all are acknowledged; ``{partition: (first offset, count)}``.
 
         ``values``/``keys``: ``bytes | None`` per record (a None value is a tombstone).
+        ``timestamp``: one for every record, or ``timestamps``: one per record (ms since the
+        epoch; default: now — librdkafka reads 0 as "now" too).
         ``headers``: None, or per record a list of ``(str, bytes | None)`` or None.
         """
         self._check_usable()
@@ -135,6 +138,8 @@ class KafkaProducer:
             raise ValueError(f"{len(keys)} keys for {n} values")
         if headers is not None and len(headers) != n:
             raise ValueError(f"{len(headers)} headers for {n} values")
+        if timestamps is not None and (timestamp is not None or len(timestamps) != n):
+            raise ValueError(f"give timestamp or one of timestamps per record ({n}), not both")
         if n == 0:
             return {}
         targets = self._targets(topic, keys, n, partition)
@@ -148,7 +153,8 @@ class KafkaProducer:
                 results.setdefault(msg.partition() or 0, []).append(msg.offset() or 0)
 
         for i in range(n):
-            self._produce(topic, values[i], keys[i] if keys is not None else None, targets[i], timestamp,
+            self._produce(topic, values[i], keys[i] if keys is not None else None, targets[i],
+                          timestamps[i] if timestamps is not None else timestamp,
                           headers[i] if headers is not None else None, delivered)  # fmt: skip
         self.flush()
         if errors:

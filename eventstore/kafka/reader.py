@@ -19,7 +19,7 @@ released by ``close()``; one ``read_to_end`` at a time (it reassigns the consume
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +89,7 @@ class KafkaReader:
         for chunk in self.read_chunks_to_end(tp, start):
             yield from chunk.records()
 
-    def read_chunks_to_end(self, tp: TopicPartition, start: int | None = None) -> Iterator[PartitionChunk]:
+    def read_chunks_to_end(self, tp: TopicPartition, start: int | None = None) -> Generator[PartitionChunk, None, None]:
         """``read_to_end`` column by column: one :class:`PartitionChunk` per fetch (no object per record)."""
         consumer = self._consumer()
         low, high = self._watermarks(consumer, tp)
@@ -185,4 +185,3 @@ def _headers(raw: Any) -> list[tuple[str, bytes | None]]:
     """librdkafka's headers (a list of pairs from a consumer) as ``(str, bytes | None)`` pairs."""
     pairs = raw.items() if isinstance(raw, dict) else (raw or [])
     return [(key, value.encode() if isinstance(value, str) else value) for key, value in pairs]
-

@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner, Result
 
-from eventstore.kafka import KafkaAdmin
+from eventstore.kafka import KafkaAdmin, KafkaProducer
 from eventstore.partitioner import partition_for_key
+from eventstore.topic import CleanupPolicy, TopicConfig
 from tideline.cli import app
 from tideline.config import KAFKA_BOOTSTRAP_ENV
 from tideline.kafkaharness import LocalKafka
@@ -114,6 +115,55 @@ def test_kafka_bad_input_is_a_one_line_error(tk: Run, monkeypatch: pytest.Monkey
     malformed = CliRunner().invoke(app, ["--kafka", "127.0.0.1", "log", "topics"])
     assert malformed.exit_code == 1
     assert malformed.output == "error: Kafka bootstrap server '127.0.0.1' is not HOST:PORT\n"
+
+
+def _nobody() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+# (args with {existing} / {new} / {nobody} filled in, stdin, the error line's start). The existing topic
+# is compacted, has 2 partitions and 3 records; {new} does not exist; {nobody} is a closed port.
+BAD_INPUT = {
+    "unreachable-create": (("--kafka", "{nobody}", "log", "create", "{new}"), "", "error: cannot reach Kafka at"),
+    "unreachable-describe": (("--kafka", "{nobody}", "log", "describe", "{existing}"), "", "error: cannot reach Kafka"),
+    "unreachable-produce": (("--kafka", "{nobody}", "log", "produce", "{existing}"), "k\tv\n", "error: cannot reach"),
+    "unreachable-tail": (("--kafka", "{nobody}", "log", "tail", "{existing}"), "", "error: cannot reach Kafka at"),
+    "unreachable-groups": (("--kafka", "{nobody}", "log", "groups"), "", "error: cannot reach Kafka at"),
+    "create-existing-with-other-settings": (("log", "create", "{existing}", "-p", "3"), "", "error: topic '{existing}' "
+                                            "already exists"),
+    "min-insync-above-replication": (("log", "create", "{new}", "--min-insync-replicas", "2"), "",
+                                     "error: min.insync.replicas 2 exceeds replication factor 1 (the brokers'"),
+    "bad-setting-value": (("log", "create", "{new}", "--config", "retention_ms=soon"), "",
+                          "error: topic setting retention_ms must be an integer, got 'soon'"),
+    "compact-contradicts-policy": (("log", "create", "{new}", "--compact", "--config", "cleanup.policy=delete"), "",
+                                   "error: --compact contradicts --config cleanup.policy=delete"),
+    "keyless-record-for-compacted-topic": (("log", "produce", "{existing}"), "no key\n",
+                                           "error: line 1 has no key but topic '{existing}' is compacted"),
+    "produce-to-missing-partition": (("log", "produce", "{existing}", "--partition", "2"), "k\tv\n",
+                                     "error: topic '{existing}' has no partition 2 (it has 2)"),
+    "tail-missing-partition": (("log", "tail", "{existing}", "--partition", "5"), "",
+                               "error: topic '{existing}' has no partition 5 (it has 2)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_is_one_line_exit_1_and_writes_nothing(case: str, kafka: LocalKafka) -> None:
+    bootstrap = kafka.bootstrap_servers
+    existing, new = _topic("existing"), _topic("new")
+    admin = KafkaAdmin(bootstrap)
+    admin.create_topic(existing, 2, TopicConfig(cleanup_policy=CleanupPolicy.COMPACT))
+    KafkaProducer(bootstrap).send_batch(existing, [b"1", None, b"3"], [b"a", b"b", b"c"])
+    before = admin.describe_json(existing)
+    args, stdin, error = BAD_INPUT[case]
+    names = {"existing": existing, "new": new, "nobody": _nobody()}
+    argv = [a.format(**names) for a in args]
+    result = CliRunner().invoke(app, argv if argv[0] == "--kafka" else ["--kafka", bootstrap, *argv], input=stdin)
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(error.format(**names)) and result.output.count("\n") == 1, result.output
+    assert admin.describe_json(existing) == before  # same partitions, settings and offsets
+    assert new not in admin.topics()
 
 
 def test_commands_without_kafka_support_refuse_it_instead_of_using_the_embedded_log(

@@ -1,0 +1,475 @@
+"""Copy topics of the embedded log to Apache Kafka: record for record, same partitions, exactly once, resumable.
+
+    with Log(data_dir, create=False) as log, LogMirror(log, "kafka:9092", name=str(data_dir)) as mirror:
+        plan = mirror.plan(default_topics(log))     # checks both sides; writes nothing
+        mirror.start(plan)                          # fences a predecessor, reads progress, creates missing topics
+        while not mirror.caught_up():
+            mirror.step()                           # one Kafka transaction; a failed one closes the mirror
+
+What is copied: every committed record (``read_committed``: aborted and open
+transactions never) of each source partition, to the same partition of the Kafka topic
+of the same name, in offset order, with its key, value (None stays a tombstone), headers
+and timestamp. A missing Kafka topic is created with the source's partition count and
+settings (``config.topic_configs``; ``segment_bytes`` is raised to Kafka's minimum,
+:data:`KAFKA_MIN_SEGMENT_BYTES`); an existing one must have the same partition count
+(a key must land where murmur2 puts it on Kafka too) and cleanup policy, else
+:meth:`LogMirror.plan` raises ConfigError and nothing is written.
+
+Offsets: the mapping is record for record, in order — not offset for offset. Kafka's
+offsets are dense and count commit markers; the source's have gaps where compaction
+removed records and where control batches sit. :class:`MirrorProgress` keeps, per
+partition, the next source offset and the Kafka offset after the last record copied.
+
+Exactly once: a transactional producer (``transactional.id`` = ``tideline-mirror-<name>``)
+writes each step's records *and* the new progress of every partition it advanced to
+:data:`MIRROR_OFFSETS_TOPIC` in one transaction. ``start`` first calls
+``init_transactions`` (fencing a running predecessor and aborting what a killed one left
+open), then reads the progress ``read_committed``: the records before each stored
+source offset are on Kafka exactly once, the rest are not, whatever point a kill -9 hit.
+
+Progress record (compacted topic ``__tideline_mirror_offsets``, partition 0):
+
+* key: JSON ``{"mirror": <name>, "topic": <topic>, "partition": <n>}`` (:func:`mirror_progress_key`)
+* value: JSON ``{"next_source_offset": S, "next_target_offset": T}`` (:class:`MirrorProgress`)
+
+Refusals (ConfigError, nothing written): progress older than the source's log start
+(records were deleted before they were copied) or beyond its end (another log), a Kafka
+topic shorter than the progress says (deleted or truncated since), or a non-empty Kafka
+topic this mirror has no progress for (another writer, or another ``name``).
+
+Memory: one source poll (``max_poll_bytes``, at most ``batch_records`` records) and the
+progress of the mirrored partitions.
+
+Thread safety: not thread-safe; one thread drives a ``LogMirror``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import orjson
+
+from eventstore.consumer import Consumer, Headers
+from eventstore.errors import ConfigError, ProducerFencedError, TidelineError
+from eventstore.isolation import IsolationLevel
+from eventstore.kafka.admin import KafkaAdmin
+from eventstore.kafka.producer import DEFAULT_TRANSACTION_TIMEOUT_MS, KafkaProducer
+from eventstore.kafka.reader import KafkaReader
+from eventstore.log import Log
+from eventstore.offsets import OFFSETS_TOPIC, TopicPartition
+from eventstore.schema_store import SCHEMAS_TOPIC
+from eventstore.topic import CleanupPolicy, TopicConfig
+from schemas.position import POSITIONS_TOPIC
+
+MIRROR_OFFSETS_TOPIC = "__tideline_mirror_offsets"
+TRANSACTIONAL_ID_PREFIX = "tideline-mirror-"
+DEFAULT_BATCH_RECORDS = 20_000  # records per transaction, at most
+MAX_POLL_BYTES = 8 << 20  # source bytes per transaction, at most
+KAFKA_MIN_SEGMENT_BYTES = 1 << 20  # Kafka 4 refuses a smaller segment.bytes
+STABLE_WAIT_S = DEFAULT_TRANSACTION_TIMEOUT_MS / 1000 + 10  # another mirror's open transaction ends by then
+# Internal topics that carry what a move to Kafka needs: the connector's position (capture
+# resumes without a new snapshot) and the schema registry (schema ids in framed values stay valid).
+MIRRORED_INTERNAL_TOPICS = frozenset({POSITIONS_TOPIC, SCHEMAS_TOPIC})
+NOT_MIRRORABLE = {
+    OFFSETS_TOPIC: "it holds the embedded log's consumer group offsets, which mean nothing on Kafka "
+    "(Kafka keeps its own groups in its internal topic of that name)",
+    MIRROR_OFFSETS_TOPIC: "it is the mirror's own progress topic",
+}
+
+
+def mirror_progress_key(name: str, tp: TopicPartition) -> bytes:
+    """The progress record's key for partition ``tp`` of mirror ``name``."""
+    return orjson.dumps({"mirror": name, "topic": tp.topic, "partition": tp.partition})
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorProgress:
+    """How far one source partition is copied."""
+
+    next_source_offset: int  # every committed source record before this offset is on Kafka, exactly once
+    next_target_offset: int  # the Kafka offset after the last record copied (the mirror being its only writer)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {"next_source_offset": self.next_source_offset, "next_target_offset": self.next_target_offset}
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> MirrorProgress:
+        data = orjson.loads(raw)
+        return cls(int(data["next_source_offset"]), int(data["next_target_offset"]))
+
+
+def read_mirror_progress(bootstrap: str, name: str, *, timeout_s: float = 30.0) -> dict[TopicPartition, MirrorProgress]:
+    """The committed progress of mirror ``name`` (empty if the progress topic does not exist).
+
+    Reads ``read_committed`` to the last stable offset: a transaction a killed mirror left
+    open is not counted (nor waited for; :meth:`LogMirror.start` ends it first).
+    """
+    if MIRROR_OFFSETS_TOPIC not in KafkaAdmin(bootstrap, timeout_s=timeout_s).topics():
+        return {}
+    out: dict[TopicPartition, MirrorProgress] = {}
+    with KafkaReader(bootstrap, timeout_s=timeout_s) as reader:
+        for chunk in reader.read_chunks_to_end(TopicPartition(MIRROR_OFFSETS_TOPIC, 0)):
+            for key, value in zip(chunk.keys, chunk.values, strict=True):
+                owner = orjson.loads(key) if key else None
+                if not isinstance(owner, dict) or owner.get("mirror") != name:
+                    continue
+                tp = TopicPartition(str(owner["topic"]), int(owner["partition"]))
+                if value is None:
+                    out.pop(tp, None)
+                else:
+                    out[tp] = MirrorProgress.from_json(value)
+    return out
+
+
+def default_topics(log: Log) -> list[str]:
+    """What a mirror copies unless told: every topic but internal ones (``__…``), except
+    those in :data:`MIRRORED_INTERNAL_TOPICS` (as MirrorMaker 2 skips ``__.*`` by default)."""
+    return [t for t in log.topics() if not t.startswith("__") or t in MIRRORED_INTERNAL_TOPICS]
+
+
+def kafka_topic_config(source: TopicConfig) -> TopicConfig:
+    """The settings a Kafka topic mirroring a source topic with ``source`` is created with."""
+    return dataclasses.replace(source, segment_bytes=max(source.segment_bytes, KAFKA_MIN_SEGMENT_BYTES))
+
+
+def mirror_offsets_topic_config() -> TopicConfig:
+    # Compacted: the latest progress per partition is all that counts. Short segments, so
+    # the cleaner keeps what a restart reads small.
+    return TopicConfig(cleanup_policy=CleanupPolicy.COMPACT, segment_bytes=16 << 20, segment_ms=3_600_000)
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorTopic:
+    """One topic to mirror: its source shape and whether Kafka has it already."""
+
+    name: str
+    partitions: int
+    config: TopicConfig  # the Kafka topic's settings when the mirror creates it
+    exists_on_kafka: bool
+
+    def partition_list(self) -> list[TopicPartition]:
+        return [TopicPartition(self.name, p) for p in range(self.partitions)]
+
+
+@dataclass(slots=True)
+class MirrorStats:
+    """What a mirror copied since it started."""
+
+    records: int = 0
+    tombstones: int = 0
+    transactions: int = 0
+    per_topic: dict[str, int] = field(default_factory=dict)
+    created_topics: list[str] = field(default_factory=list)
+
+
+class LogMirror:
+    """Copies topics of ``log`` to the Kafka cluster at ``bootstrap``; ``name`` identifies the mirror there.
+
+    ``name`` keys the progress and derives the ``transactional.id``: run again with the same
+    name to resume. ``replication_factor`` / ``min_insync_replicas`` apply to the topics it
+    creates (None: the brokers' defaults).
+    """
+
+    def __init__(
+        self,
+        log: Log,
+        bootstrap: str,
+        *,
+        name: str,
+        batch_records: int = DEFAULT_BATCH_RECORDS,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        if not name.strip():
+            raise ConfigError("the mirror's name must not be empty")
+        if batch_records < 1:
+            raise ConfigError(f"records per transaction must be ≥ 1, got {batch_records}")
+        self.log = log
+        self.bootstrap = bootstrap
+        self.name = name
+        self.batch_records = batch_records
+        self.replication_factor = replication_factor
+        self.min_insync_replicas = min_insync_replicas
+        self.timeout_s = timeout_s
+        self.stats = MirrorStats()
+        self._admin = KafkaAdmin(bootstrap, timeout_s=timeout_s)
+        self._producer: KafkaProducer | None = None
+        self._consumer = Consumer(log, isolation_level=IsolationLevel.READ_COMMITTED, enable_auto_commit=False,
+                                  auto_offset_reset="none", max_poll_bytes=MAX_POLL_BYTES)  # fmt: skip
+        self._stored: dict[TopicPartition, MirrorProgress] = {}  # committed progress of every partition known
+        self._topics: list[MirrorTopic] = []
+
+    @property
+    def transactional_id(self) -> str:
+        return TRANSACTIONAL_ID_PREFIX + self.name
+
+    @property
+    def topics(self) -> list[str]:
+        return [t.name for t in self._topics]
+
+    # -- planning: reads only --------------------------------------------------
+
+    def plan(self, names: Iterable[str]) -> list[MirrorTopic]:
+        """Check that each topic can be mirrored (source exists; Kafka's, if any, agrees); write nothing."""
+        source_topics = self.log.topics()
+        on_kafka = set(self._admin.topics())
+        out = []
+        for name in dict.fromkeys(names):
+            if name in NOT_MIRRORABLE:
+                raise ConfigError(f"topic {name!r} cannot be mirrored: {NOT_MIRRORABLE[name]}")
+            if name not in source_topics:
+                known = ", ".join(source_topics) or "none"
+                raise ConfigError(f"no topic {name!r} in the embedded log at {self.log.path} (its topics: {known})")
+            meta = self.log.topic(name)
+            if name in on_kafka:
+                self._check_existing(name, meta.partitions, meta.config.cleanup_policy)
+            out.append(MirrorTopic(name, meta.partitions, kafka_topic_config(meta.config), name in on_kafka))
+        progress_topic = self._admin.topic(MIRROR_OFFSETS_TOPIC) if MIRROR_OFFSETS_TOPIC in on_kafka else None
+        if progress_topic is not None and not progress_topic.config.cleanup_policy.compacts:
+            raise ConfigError(
+                f"Kafka topic {MIRROR_OFFSETS_TOPIC!r} is not compacted: the mirror's progress would "
+                "expire; recreate it with cleanup.policy=compact"
+            )
+        return out
+
+    def _check_existing(self, name: str, partitions: int, policy: CleanupPolicy) -> None:
+        have = self._admin.topic(name)
+        if have.partitions != partitions:
+            raise ConfigError(
+                f"Kafka topic {name!r} has {have.partitions} partitions, the embedded log's has {partitions}: "
+                "records keep their partition, and keys must land where murmur2 puts them on Kafka too; "
+                f"delete it or create it with {partitions} partitions"
+            )
+        if have.config.cleanup_policy is not policy:
+            raise ConfigError(
+                f"Kafka topic {name!r} has cleanup.policy={have.config.cleanup_policy.value}, the embedded log's "
+                f"is {policy.value}: the copy would not keep what the source keeps; delete it or change its policy"
+            )
+
+    # -- starting ------------------------------------------------------------
+
+    def start(self, plan: Sequence[MirrorTopic]) -> None:
+        """Fence a predecessor, read the committed progress, check it, create missing topics, position the reader."""
+        self._producer = KafkaProducer(self.bootstrap, transactional_id=self.transactional_id, timeout_s=self.timeout_s)
+        self._producer.init_transactions()
+        if MIRROR_OFFSETS_TOPIC in self._admin.topics():
+            self._wait_until_stable()
+        self._stored = read_mirror_progress(self.bootstrap, self.name, timeout_s=self.timeout_s)
+        self.add(plan)
+
+    def add(self, plan: Sequence[MirrorTopic]) -> None:
+        """Start mirroring more topics (after :meth:`start`): checked first, then created on Kafka if missing."""
+        plan = [t for t in plan if t.name not in self.topics]
+        starts: dict[TopicPartition, int] = {}
+        for topic in plan:
+            starts.update(self._check_resumable(topic))
+        on_kafka = set(self._admin.topics())
+        missing = [t for t in plan if not t.exists_on_kafka and t.name not in on_kafka]
+        if MIRROR_OFFSETS_TOPIC not in on_kafka:
+            self._create(MIRROR_OFFSETS_TOPIC, 1, mirror_offsets_topic_config())
+        for topic in missing:
+            self._create(topic.name, topic.partitions, topic.config)
+            self.stats.created_topics.append(topic.name)
+        positions = {tp: self._consumer.position(tp) for tp in self._consumer.assignment()}
+        positions.update(starts)
+        self._consumer.assign(positions)
+        for tp, offset in positions.items():
+            self._consumer.seek(tp, offset)
+        self._topics.extend(plan)
+
+    def _create(self, name: str, partitions: int, config: TopicConfig) -> None:
+        self._admin.ensure_topic(name, partitions, config, replication_factor=self.replication_factor,
+                                 min_insync_replicas=self.min_insync_replicas)  # fmt: skip
+
+    def _check_resumable(self, topic: MirrorTopic) -> dict[TopicPartition, int]:
+        """Where each partition of ``topic`` resumes; ConfigError if the stored progress cannot be trusted."""
+        starts = {}
+        targets = {}
+        if topic.exists_on_kafka:
+            _, infos = self._admin.describe(topic.name)
+            targets = {i.partition: i.high_watermark for i in infos}
+        for tp in topic.partition_list():
+            plog = self.log.partition(tp.topic, tp.partition)
+            stored = self._stored.get(tp)
+            if stored is None:
+                starts[tp] = plog.log_start_offset()
+                continue
+            where = f"{tp.topic}-{tp.partition}"
+            if stored.next_source_offset < plog.log_start_offset():
+                raise ConfigError(
+                    f"the embedded log's {where} starts at offset {plog.log_start_offset()} but mirror {self.name!r} "
+                    f"copied only up to {stored.next_source_offset}: retention deleted records before they were copied"
+                )
+            if stored.next_source_offset > plog.log_end_offset():
+                raise ConfigError(
+                    f"mirror {self.name!r} copied {where} up to offset {stored.next_source_offset}, beyond the end of "
+                    f"the embedded log at {self.log.path} ({plog.log_end_offset()}): it is not the log that was "
+                    "mirrored; give another --name"
+                )
+            if targets.get(tp.partition, 0) < stored.next_target_offset:
+                raise ConfigError(
+                    f"Kafka's {where} ends before the records mirror {self.name!r} copied there (offset "
+                    f"{stored.next_target_offset}): the topic was deleted or truncated since; give another --name "
+                    "to copy it again from the start"
+                )
+            starts[tp] = stored.next_source_offset
+        if topic.exists_on_kafka and not any(tp in self._stored for tp in topic.partition_list()):
+            self._refuse_if_not_empty(topic)
+        return starts
+
+    def _refuse_if_not_empty(self, topic: MirrorTopic) -> None:
+        with KafkaReader(self.bootstrap, timeout_s=self.timeout_s) as reader:
+            for tp in topic.partition_list():
+                chunks = reader.read_chunks_to_end(tp)
+                first = next(chunks, None)
+                chunks.close()
+                if first is not None:
+                    raise ConfigError(
+                        f"Kafka topic {topic.name!r} already has records and mirror {self.name!r} copied none of "
+                        "them: another writer, or a mirror of another name; delete the topic or give that --name"
+                    )
+
+    def _wait_until_stable(self) -> None:
+        """Wait until no transaction (another mirror's) holds back the progress read_committed readers see."""
+        target, stable = self._progress_offsets()
+        deadline = time.monotonic() + STABLE_WAIT_S
+        while stable < target:
+            if time.monotonic() > deadline:
+                raise TidelineError(
+                    f"Kafka topic {MIRROR_OFFSETS_TOPIC!r} has a transaction open for over {STABLE_WAIT_S:.0f}s "
+                    f"(at offset {stable}): another mirror is stuck; stop it and retry"
+                )
+            time.sleep(0.1)
+            stable = self._progress_offsets()[1]
+
+    def _progress_offsets(self) -> tuple[int, int]:
+        """(high watermark, last stable offset) of the progress partition."""
+        _, infos = self._admin.describe(MIRROR_OFFSETS_TOPIC)
+        return infos[0].high_watermark, infos[0].last_stable_offset
+
+    # -- copying -------------------------------------------------------------
+
+    def positions(self) -> dict[TopicPartition, int]:
+        """Per mirrored partition, the next source offset to copy."""
+        return {tp: self._consumer.position(tp) for tp in self._consumer.assignment()}
+
+    def end_offsets(self) -> dict[TopicPartition, int]:
+        """Per mirrored partition, the source's last stable offset: where copying is caught up."""
+        return self._consumer.end_offsets(self._consumer.assignment())
+
+    def caught_up(self, end_offsets: dict[TopicPartition, int] | None = None) -> bool:
+        """True when every mirrored partition is copied up to ``end_offsets`` (default: the current ends)."""
+        ends = self.end_offsets() if end_offsets is None else end_offsets
+        return all(pos >= ends.get(tp, 0) for tp, pos in self.positions().items())
+
+    def step(self, timeout_ms: int = 0) -> int:
+        """Copy one poll of the source (waiting up to ``timeout_ms`` for one) in one transaction; records copied."""
+        producer = self._require_started()
+        polled = self._consumer.poll(timeout_ms, max_records=self.batch_records)
+        moved = {tp: pos for tp in self._consumer.assignment()
+                 if (pos := self._consumer.position(tp)) != self._next_source(tp)}  # fmt: skip
+        if not moved:
+            return 0
+        columns: dict[TopicPartition, _Columns] = {}
+        for record in polled:
+            columns.setdefault(TopicPartition(record.topic, record.partition), _Columns()).add(
+                record.key, record.value, record.timestamp, record.headers
+            )
+        producer.begin_transaction()
+        try:
+            progress = self._send(producer, columns, moved)
+            producer.send_batch(
+                MIRROR_OFFSETS_TOPIC,
+                [p.to_json() for p in progress.values()],
+                [mirror_progress_key(self.name, tp) for tp in progress],
+                partition=0,
+            )
+            producer.commit_transaction()
+        except BaseException:
+            self._fail(producer)
+            raise
+        self._stored.update(progress)
+        self._count(columns)
+        return sum(len(c.values) for c in columns.values())
+
+    def _send(self, producer: KafkaProducer, columns: dict[TopicPartition, _Columns],
+              moved: dict[TopicPartition, int]) -> dict[TopicPartition, MirrorProgress]:  # fmt: skip
+        progress = {}
+        for tp, next_source in moved.items():
+            next_target = self._stored[tp].next_target_offset if tp in self._stored else 0
+            cols = columns.get(tp)
+            if cols is not None:
+                sent = producer.send_batch(tp.topic, cols.values, cols.keys, partition=tp.partition,
+                                           timestamps=cols.timestamps, headers=cols.headers)  # fmt: skip
+                first, count = sent[tp.partition]
+                next_target = first + count
+            progress[tp] = MirrorProgress(next_source, next_target)
+        return progress
+
+    def _fail(self, producer: KafkaProducer) -> None:
+        """After a failed step: abort its transaction if possible, and close.
+
+        Closed, not rewound: a commit that timed out may have happened, and only the
+        progress read by a new mirror's ``start`` says which.
+        """
+        with contextlib.suppress(TidelineError):  # fenced or unreachable: the successor's init_transactions aborts it
+            producer.abort_transaction()
+        self.close()
+
+    def _next_source(self, tp: TopicPartition) -> int:
+        stored = self._stored.get(tp)
+        return stored.next_source_offset if stored is not None else self.log.partition(
+            tp.topic, tp.partition).log_start_offset()  # fmt: skip
+
+    def _count(self, columns: dict[TopicPartition, _Columns]) -> None:
+        self.stats.transactions += 1
+        for tp, cols in columns.items():
+            self.stats.records += len(cols.values)
+            self.stats.tombstones += cols.values.count(None)
+            self.stats.per_topic[tp.topic] = self.stats.per_topic.get(tp.topic, 0) + len(cols.values)
+
+    def _require_started(self) -> KafkaProducer:
+        if self._producer is None:
+            raise TidelineError("the mirror is not running: start it (a failed step closes it; a new one resumes)")
+        return self._producer
+
+    # -- closing -------------------------------------------------------------
+
+    def close(self) -> None:
+        self._consumer.close()
+        if self._producer is not None:
+            with contextlib.suppress(ProducerFencedError):
+                self._producer.close()
+            self._producer = None
+
+    def __enter__(self) -> LogMirror:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+@dataclass(slots=True)
+class _Columns:
+    """One partition's records of one step, column by column, in offset order."""
+
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    headers: list[Headers] = field(default_factory=list)
+
+    def add(self, key: bytes | None, value: bytes | None, timestamp: int, headers: Headers) -> None:
+        self.keys.append(key)
+        self.values.append(value)
+        self.timestamps.append(timestamp)
+        self.headers.append(headers)
