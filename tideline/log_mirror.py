@@ -3,12 +3,13 @@
 Reads the log at ``--data-dir`` / ``TIDELINE_DATA_DIR``; ``--to-kafka`` defaults to
 ``--kafka`` / ``TIDELINE_KAFKA_BOOTSTRAP``. Without ``--follow`` it copies up to the
 source's last stable offsets seen when it started and exits; with ``--follow`` it keeps
-copying (and picks up new topics) until Ctrl-C or SIGTERM, which end it between two
+copying (and, without ``--topics``, picks up new topics) until Ctrl-C or SIGTERM, which end it between two
 transactions. A progress bar on stderr, a summary on stdout (``--json``: one object).
 """
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -27,7 +28,6 @@ from eventstore.log import Log
 from tideline.cli_common import fail, one_line_errors
 
 POLL_TIMEOUT_MS = 500  # one step's wait for new source records (--follow); Ctrl-C is seen within this
-TOPIC_REFRESH_S = 10.0  # --follow without --topics: how often new source topics are looked for
 
 
 def mirror(
@@ -109,31 +109,26 @@ def mirror(
         with Log(State.data_dir, create=False) as log, LogMirror(
             log, bootstrap, name=name or str(State.data_dir.resolve()), batch_records=batch_records,
             replication_factor=replication_factor, min_insync_replicas=min_insync_replicas,
+            discover=functools.partial(default_topics, log) if follow and named is None else None,
         ) as engine:  # fmt: skip
             engine.start(engine.plan(named if named is not None else default_topics(log)))
             with _stop_on_signals() as stop:
-                interrupted = _run(engine, log, stop, follow=follow, refresh=named is None)
+                interrupted = _run(engine, stop, follow=follow)
             summary = _summary(engine, bootstrap, time.monotonic() - began, interrupted)
     typer.echo(orjson.dumps(summary).decode() if json_output else _summary_line(summary))
     if interrupted and not follow:
         raise typer.Exit(130)
 
 
-def _run(engine: LogMirror, log: Log, stop: threading.Event, *, follow: bool, refresh: bool) -> bool:
+def _run(engine: LogMirror, stop: threading.Event, *, follow: bool) -> bool:
     """Copy until caught up (or, with ``follow``, until ``stop``); True if stopped before caught up."""
     ends = None if follow else engine.end_offsets()
-    refreshed = time.monotonic()
     with _progress_bar(engine) as update:
         while not stop.is_set():
             if ends is not None and engine.caught_up(ends):
                 return False
             engine.step(POLL_TIMEOUT_MS)
             update()
-            if follow and refresh and time.monotonic() - refreshed > TOPIC_REFRESH_S:
-                refreshed = time.monotonic()
-                new = [t for t in default_topics(log) if t not in engine.topics]
-                if new:
-                    engine.add(engine.plan(new))
     return not follow
 
 
@@ -190,8 +185,9 @@ def _summary_line(s: dict[str, Any]) -> str:
     rate = s["records"] / s["seconds"] if s["seconds"] > 0 else 0.0
     created = f"; created {', '.join(s['created_topics'])}" if s["created_topics"] else ""
     ending = "" if s["caught_up"] else " — interrupted: run it again to resume"
+    topics = f"{len(s['topics'])} topic{'' if len(s['topics']) == 1 else 's'}"
     return (
-        f"mirrored {s['records']:,} records ({s['tombstones']:,} tombstones) of {len(s['topics'])} topics from "
-        f"{s['source']} to Kafka at {s['kafka']} in {s['seconds']:.2f} s ({rate:,.0f}/s, {s['transactions']} "
-        f"transactions){created}{ending}"
+        f"mirrored {s['records']:,} records ({s['tombstones']:,} tombstones) of {topics} from {s['source']} to "
+        f"Kafka at {s['kafka']} in {s['seconds']:.2f} s ({rate:,.0f}/s, {s['transactions']} transactions)"
+        f"{created}{ending}"
     )

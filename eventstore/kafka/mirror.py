@@ -1,10 +1,10 @@
 """Copy topics of the embedded log to Apache Kafka: record for record, same partitions, exactly once, resumable.
 
     with Log(data_dir, create=False) as log, LogMirror(log, "kafka:9092", name=str(data_dir)) as mirror:
-        plan = mirror.plan(default_topics(log))     # checks both sides; writes nothing
-        mirror.start(plan)                          # fences a predecessor, reads progress, creates missing topics
-        while not mirror.caught_up():
-            mirror.step()                           # one Kafka transaction; a failed one closes the mirror
+        mirror.start(mirror.plan(default_topics(log)))  # plan checks both sides and writes nothing
+        ends = mirror.end_offsets()
+        while not mirror.caught_up(ends):
+            mirror.step()                               # one Kafka transaction; a failed one closes the mirror
 
 What is copied: every committed record (``read_committed``: aborted and open
 transactions never) of each source partition, to the same partition of the Kafka topic
@@ -15,30 +15,31 @@ settings (``config.topic_configs``; ``segment_bytes`` is raised to Kafka's minim
 (a key must land where murmur2 puts it on Kafka too) and cleanup policy, else
 :meth:`LogMirror.plan` raises ConfigError and nothing is written.
 
-Offsets: the mapping is record for record, in order — not offset for offset. Kafka's
-offsets are dense and count commit markers; the source's have gaps where compaction
-removed records and where control batches sit. :class:`MirrorProgress` keeps, per
-partition, the next source offset and the Kafka offset after the last record copied.
+Offsets: the mapping is record for record, in order — not offset for offset (see
+:mod:`eventstore.kafka.mirror_progress`).
 
 Exactly once: a transactional producer (``transactional.id`` = ``tideline-mirror-<name>``)
-writes each step's records *and* the new progress of every partition it advanced to
-:data:`MIRROR_OFFSETS_TOPIC` in one transaction. ``start`` first calls
-``init_transactions`` (fencing a running predecessor and aborting what a killed one left
-open), then reads the progress ``read_committed``: the records before each stored
-source offset are on Kafka exactly once, the rest are not, whatever point a kill -9 hit.
+writes each step's records *and* the new progress of every partition it advanced
+(:class:`~eventstore.kafka.mirror_progress.MirrorProgress`) in one transaction. ``start``
+first calls ``init_transactions`` (fencing a running predecessor and aborting what a
+killed one left open), then reads the progress ``read_committed``: the records before each
+stored source offset are on Kafka exactly once, the rest are not, whatever point a kill -9
+hit. Refused at start (ConfigError, nothing written): progress older than the source's log
+start (records were deleted before they were copied) or beyond its end (another log), a
+Kafka topic shorter than the progress says (deleted or truncated since), or a non-empty
+Kafka topic this mirror has no progress for (another writer, or another ``name``).
 
-Progress record (compacted topic ``__tideline_mirror_offsets``, partition 0):
+Order across topics: the connector's position (``__tideline_capture_offsets``) is stored
+in the same atomic append as the events it covers, so a position must never be on Kafka
+before those events. The mirror copies the partitions of such topics (``copied_after``,
+default :data:`COPIED_AFTER_THE_OTHERS`) in rounds: it notes their end offsets, then the
+other partitions' end offsets, and copies the former up to the noted ends only once every
+other partition is copied up to its noted end. With ``discover`` (the topics to mirror,
+asked again at every round) a topic created on the source meanwhile is mirrored before
+the positions that may cover it.
 
-* key: JSON ``{"mirror": <name>, "topic": <topic>, "partition": <n>}`` (:func:`mirror_progress_key`)
-* value: JSON ``{"next_source_offset": S, "next_target_offset": T}`` (:class:`MirrorProgress`)
-
-Refusals (ConfigError, nothing written): progress older than the source's log start
-(records were deleted before they were copied) or beyond its end (another log), a Kafka
-topic shorter than the progress says (deleted or truncated since), or a non-empty Kafka
-topic this mirror has no progress for (another writer, or another ``name``).
-
-Memory: one source poll (``max_poll_bytes``, at most ``batch_records`` records) and the
-progress of the mirrored partitions.
+Memory: one source poll (``MAX_POLL_BYTES``, at most ``batch_records`` records) and a few
+offsets per mirrored partition.
 
 Thread safety: not thread-safe; one thread drives a ``LogMirror``.
 """
@@ -48,16 +49,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
-import orjson
-
-from eventstore.consumer import Consumer, Headers
+from eventstore.consumer import Consumer, ConsumerRecords, Headers
 from eventstore.errors import ConfigError, ProducerFencedError, TidelineError
 from eventstore.isolation import IsolationLevel
 from eventstore.kafka.admin import KafkaAdmin
+from eventstore.kafka.mirror_progress import (
+    MIRROR_OFFSETS_TOPIC,
+    MirrorProgress,
+    mirror_offsets_topic_config,
+    mirror_progress_key,
+    read_mirror_progress,
+)
 from eventstore.kafka.producer import DEFAULT_TRANSACTION_TIMEOUT_MS, KafkaProducer
 from eventstore.kafka.reader import KafkaReader
 from eventstore.log import Log
@@ -66,7 +72,6 @@ from eventstore.schema_store import SCHEMAS_TOPIC
 from eventstore.topic import CleanupPolicy, TopicConfig
 from schemas.position import POSITIONS_TOPIC
 
-MIRROR_OFFSETS_TOPIC = "__tideline_mirror_offsets"
 TRANSACTIONAL_ID_PREFIX = "tideline-mirror-"
 DEFAULT_BATCH_RECORDS = 20_000  # records per transaction, at most
 MAX_POLL_BYTES = 8 << 20  # source bytes per transaction, at most
@@ -75,57 +80,13 @@ STABLE_WAIT_S = DEFAULT_TRANSACTION_TIMEOUT_MS / 1000 + 10  # another mirror's o
 # Internal topics that carry what a move to Kafka needs: the connector's position (capture
 # resumes without a new snapshot) and the schema registry (schema ids in framed values stay valid).
 MIRRORED_INTERNAL_TOPICS = frozenset({POSITIONS_TOPIC, SCHEMAS_TOPIC})
+# Topics whose records say how far the others are: copied only up to what the others are copied to.
+COPIED_AFTER_THE_OTHERS = frozenset({POSITIONS_TOPIC})
 NOT_MIRRORABLE = {
     OFFSETS_TOPIC: "it holds the embedded log's consumer group offsets, which mean nothing on Kafka "
     "(Kafka keeps its own groups in its internal topic of that name)",
     MIRROR_OFFSETS_TOPIC: "it is the mirror's own progress topic",
 }
-
-
-def mirror_progress_key(name: str, tp: TopicPartition) -> bytes:
-    """The progress record's key for partition ``tp`` of mirror ``name``."""
-    return orjson.dumps({"mirror": name, "topic": tp.topic, "partition": tp.partition})
-
-
-@dataclass(frozen=True, slots=True)
-class MirrorProgress:
-    """How far one source partition is copied."""
-
-    next_source_offset: int  # every committed source record before this offset is on Kafka, exactly once
-    next_target_offset: int  # the Kafka offset after the last record copied (the mirror being its only writer)
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(
-            {"next_source_offset": self.next_source_offset, "next_target_offset": self.next_target_offset}
-        )
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> MirrorProgress:
-        data = orjson.loads(raw)
-        return cls(int(data["next_source_offset"]), int(data["next_target_offset"]))
-
-
-def read_mirror_progress(bootstrap: str, name: str, *, timeout_s: float = 30.0) -> dict[TopicPartition, MirrorProgress]:
-    """The committed progress of mirror ``name`` (empty if the progress topic does not exist).
-
-    Reads ``read_committed`` to the last stable offset: a transaction a killed mirror left
-    open is not counted (nor waited for; :meth:`LogMirror.start` ends it first).
-    """
-    if MIRROR_OFFSETS_TOPIC not in KafkaAdmin(bootstrap, timeout_s=timeout_s).topics():
-        return {}
-    out: dict[TopicPartition, MirrorProgress] = {}
-    with KafkaReader(bootstrap, timeout_s=timeout_s) as reader:
-        for chunk in reader.read_chunks_to_end(TopicPartition(MIRROR_OFFSETS_TOPIC, 0)):
-            for key, value in zip(chunk.keys, chunk.values, strict=True):
-                owner = orjson.loads(key) if key else None
-                if not isinstance(owner, dict) or owner.get("mirror") != name:
-                    continue
-                tp = TopicPartition(str(owner["topic"]), int(owner["partition"]))
-                if value is None:
-                    out.pop(tp, None)
-                else:
-                    out[tp] = MirrorProgress.from_json(value)
-    return out
 
 
 def default_topics(log: Log) -> list[str]:
@@ -137,12 +98,6 @@ def default_topics(log: Log) -> list[str]:
 def kafka_topic_config(source: TopicConfig) -> TopicConfig:
     """The settings a Kafka topic mirroring a source topic with ``source`` is created with."""
     return dataclasses.replace(source, segment_bytes=max(source.segment_bytes, KAFKA_MIN_SEGMENT_BYTES))
-
-
-def mirror_offsets_topic_config() -> TopicConfig:
-    # Compacted: the latest progress per partition is all that counts. Short segments, so
-    # the cleaner keeps what a restart reads small.
-    return TopicConfig(cleanup_policy=CleanupPolicy.COMPACT, segment_bytes=16 << 20, segment_ms=3_600_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +129,8 @@ class LogMirror:
 
     ``name`` keys the progress and derives the ``transactional.id``: run again with the same
     name to resume. ``replication_factor`` / ``min_insync_replicas`` apply to the topics it
-    creates (None: the brokers' defaults).
+    creates (None: the brokers' defaults). ``discover``: the topics to mirror, asked again
+    at every round of ``copied_after`` (new ones are planned and added).
     """
 
     def __init__(
@@ -186,6 +142,8 @@ class LogMirror:
         batch_records: int = DEFAULT_BATCH_RECORDS,
         replication_factor: int | None = None,
         min_insync_replicas: int | None = None,
+        discover: Callable[[], Iterable[str]] | None = None,
+        copied_after: frozenset[str] = COPIED_AFTER_THE_OTHERS,
         timeout_s: float = 30.0,
     ) -> None:
         if not name.strip():
@@ -198,6 +156,8 @@ class LogMirror:
         self.batch_records = batch_records
         self.replication_factor = replication_factor
         self.min_insync_replicas = min_insync_replicas
+        self.discover = discover
+        self.copied_after = copied_after
         self.timeout_s = timeout_s
         self.stats = MirrorStats()
         self._admin = KafkaAdmin(bootstrap, timeout_s=timeout_s)
@@ -205,7 +165,10 @@ class LogMirror:
         self._consumer = Consumer(log, isolation_level=IsolationLevel.READ_COMMITTED, enable_auto_commit=False,
                                   auto_offset_reset="none", max_poll_bytes=MAX_POLL_BYTES)  # fmt: skip
         self._stored: dict[TopicPartition, MirrorProgress] = {}  # committed progress of every partition known
+        self._next: dict[TopicPartition, int] = {}  # per mirrored partition: the next source offset to copy
         self._topics: list[MirrorTopic] = []
+        self._released: dict[TopicPartition, int] = {}  # held partition → offset it may be copied up to
+        self._round: _Round | None = None
 
     @property
     def transactional_id(self) -> str:
@@ -278,11 +241,7 @@ class LogMirror:
         for topic in missing:
             self._create(topic.name, topic.partitions, topic.config)
             self.stats.created_topics.append(topic.name)
-        positions = {tp: self._consumer.position(tp) for tp in self._consumer.assignment()}
-        positions.update(starts)
-        self._consumer.assign(positions)
-        for tp, offset in positions.items():
-            self._consumer.seek(tp, offset)
+        self._next.update(starts)
         self._topics.extend(plan)
 
     def _create(self, name: str, partitions: int, config: TopicConfig) -> None:
@@ -358,31 +317,33 @@ class LogMirror:
     # -- copying -------------------------------------------------------------
 
     def positions(self) -> dict[TopicPartition, int]:
-        """Per mirrored partition, the next source offset to copy."""
-        return {tp: self._consumer.position(tp) for tp in self._consumer.assignment()}
+        """Per mirrored partition, the next source offset to copy (everything before it is on Kafka)."""
+        return dict(self._next)
 
     def end_offsets(self) -> dict[TopicPartition, int]:
         """Per mirrored partition, the source's last stable offset: where copying is caught up."""
-        return self._consumer.end_offsets(self._consumer.assignment())
+        return self._consumer.end_offsets(self._next)
 
     def caught_up(self, end_offsets: dict[TopicPartition, int] | None = None) -> bool:
         """True when every mirrored partition is copied up to ``end_offsets`` (default: the current ends)."""
         ends = self.end_offsets() if end_offsets is None else end_offsets
-        return all(pos >= ends.get(tp, 0) for tp, pos in self.positions().items())
+        return all(self._next[tp] >= end for tp, end in ends.items() if tp in self._next)
 
     def step(self, timeout_ms: int = 0) -> int:
         """Copy one poll of the source (waiting up to ``timeout_ms`` for one) in one transaction; records copied."""
         producer = self._require_started()
+        self._next_round()
+        limits = self._assign_copyable()
         polled = self._consumer.poll(timeout_ms, max_records=self.batch_records)
-        moved = {tp: pos for tp in self._consumer.assignment()
-                 if (pos := self._consumer.position(tp)) != self._next_source(tp)}  # fmt: skip
+        columns = _columns(polled, limits)
+        for tp, limit in limits.items():  # read past what may be copied yet: read it again later
+            if self._consumer.position(tp) > limit:
+                self._consumer.seek(tp, limit)
+        moved = {
+            tp: pos for tp in self._consumer.assignment() if (pos := self._consumer.position(tp)) != self._next[tp]
+        }
         if not moved:
             return 0
-        columns: dict[TopicPartition, _Columns] = {}
-        for record in polled:
-            columns.setdefault(TopicPartition(record.topic, record.partition), _Columns()).add(
-                record.key, record.value, record.timestamp, record.headers
-            )
         producer.begin_transaction()
         try:
             progress = self._send(producer, columns, moved)
@@ -397,8 +358,36 @@ class LogMirror:
             self._fail(producer)
             raise
         self._stored.update(progress)
+        self._next.update(moved)
         self._count(columns)
         return sum(len(c.values) for c in columns.values())
+
+    def _held(self) -> list[TopicPartition]:
+        return [tp for tp in self._next if tp.topic in self.copied_after]
+
+    def _next_round(self) -> None:
+        """Release the held partitions up to their noted ends once the others reached theirs (module docstring)."""
+        if self._round is None:
+            held_ends = self._consumer.end_offsets(self._held())  # first the held partitions' ends …
+            if self.discover is not None:  # … then every topic that existed then, and its end
+                new = [t for t in self.discover() if t not in self.topics]
+                if new:
+                    self.add(self.plan(new))
+            others = [tp for tp in self._next if tp.topic not in self.copied_after]
+            self._round = _Round(held_ends, self._consumer.end_offsets(others))
+        if all(self._next[tp] >= end for tp, end in self._round.others_ends.items()):
+            self._released.update(self._round.held_ends)
+            self._round = None
+
+    def _assign_copyable(self) -> dict[TopicPartition, int]:
+        """Read the partitions that have something to copy now; the held ones' limits."""
+        limits = {tp: max(self._released.get(tp, 0), self._next[tp]) for tp in self._held()}
+        wanted = [tp for tp in self._next if tp not in limits or limits[tp] > self._next[tp]]
+        if set(wanted) != set(self._consumer.assignment()):
+            self._consumer.assign(wanted)
+            for tp in wanted:
+                self._consumer.seek(tp, self._next[tp])
+        return {tp: limit for tp, limit in limits.items() if tp in wanted}
 
     def _send(self, producer: KafkaProducer, columns: dict[TopicPartition, _Columns],
               moved: dict[TopicPartition, int]) -> dict[TopicPartition, MirrorProgress]:  # fmt: skip
@@ -423,11 +412,6 @@ class LogMirror:
         with contextlib.suppress(TidelineError):  # fenced or unreachable: the successor's init_transactions aborts it
             producer.abort_transaction()
         self.close()
-
-    def _next_source(self, tp: TopicPartition) -> int:
-        stored = self._stored.get(tp)
-        return stored.next_source_offset if stored is not None else self.log.partition(
-            tp.topic, tp.partition).log_start_offset()  # fmt: skip
 
     def _count(self, columns: dict[TopicPartition, _Columns]) -> None:
         self.stats.transactions += 1
@@ -459,6 +443,14 @@ class LogMirror:
         self.close()
 
 
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """End offsets noted for one round of the held partitions (see the module docstring)."""
+
+    held_ends: dict[TopicPartition, int]
+    others_ends: dict[TopicPartition, int]
+
+
 @dataclass(slots=True)
 class _Columns:
     """One partition's records of one step, column by column, in offset order."""
@@ -468,8 +460,19 @@ class _Columns:
     timestamps: list[int] = field(default_factory=list)
     headers: list[Headers] = field(default_factory=list)
 
-    def add(self, key: bytes | None, value: bytes | None, timestamp: int, headers: Headers) -> None:
-        self.keys.append(key)
-        self.values.append(value)
-        self.timestamps.append(timestamp)
-        self.headers.append(headers)
+
+def _columns(polled: ConsumerRecords, limits: dict[TopicPartition, int]) -> dict[TopicPartition, _Columns]:
+    """The polled records per partition, without those at or past a held partition's limit."""
+    out: dict[TopicPartition, _Columns] = {}
+    for record in polled:
+        tp = TopicPartition(record.topic, record.partition)
+        if tp in limits and record.offset >= limits[tp]:
+            continue
+        cols = out.get(tp)
+        if cols is None:
+            cols = out[tp] = _Columns()
+        cols.keys.append(record.key)
+        cols.values.append(record.value)
+        cols.timestamps.append(record.timestamp)
+        cols.headers.append(record.headers)
+    return out

@@ -30,7 +30,8 @@ from typer.testing import CliRunner, Result
 from eventstore.cleaner import compact_partition
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.kafka import KafkaAdmin, KafkaReader
-from eventstore.kafka.mirror import default_topics, read_mirror_progress
+from eventstore.kafka.mirror import LogMirror, default_topics
+from eventstore.kafka.mirror_progress import read_mirror_progress
 from eventstore.log import Log
 from eventstore.offsets import OFFSETS_TOPIC, OffsetAndMetadata, OffsetStore
 from eventstore.producer import Producer
@@ -160,6 +161,33 @@ def test_default_topics_skip_internal_ones_but_the_positions_and_schemas(tmp_pat
         OffsetStore(log).commit("readers", {TopicPartition("shop.public.orders", 0): OffsetAndMetadata(0)})
         assert OFFSETS_TOPIC in log.topics()
         assert default_topics(log) == sorted(["shop.public.orders", POSITIONS_TOPIC, "__schemas"])
+
+
+def test_positions_reach_kafka_only_after_the_events_they_cover(kafka: LocalKafka, tmp_path: Path) -> None:
+    """As the connector's position topic: each record says "events up to here are stored" (written atomically)."""
+    bootstrap = kafka.bootstrap_servers
+    events, positions = _topic("events"), _topic("positions")
+    with Log(tmp_path / "log") as log:
+        log.create_topic(events, 2)
+        log.create_topic(positions, 1, TopicConfig().with_overrides({"cleanup_policy": "compact"}))
+        with Producer(log, transactional_id="capture-like") as capture:
+            capture.init_transactions()
+            for batch in range(2):
+                capture.begin_transaction()
+                for i in range(3):
+                    capture.send(events, f"{batch}-{i}".encode(), f"key-{i}".encode())
+                capture.send(positions, str(3 * (batch + 1)).encode(), b"connector")  # events stored so far
+                capture.commit_transaction()
+        with LogMirror(log, bootstrap, name=str(tmp_path), batch_records=1, copied_after=frozenset({positions})) as m:
+            m.start(m.plan([events, positions]))
+            ends = m.end_offsets()
+            steps = 0
+            while not m.caught_up(ends):
+                steps += m.step()
+                copied = sum(len(part) for part in _kafka(bootstrap, events)[0].values())
+                claimed = [int(row[1] or b"0") for row in _kafka(bootstrap, positions)[0][0]]
+                assert all(n <= copied for n in claimed), (claimed, copied)  # never ahead of the events
+    assert steps == 8 and claimed == [3, 6] and copied == 6
 
 
 def _wait_for_progress(bootstrap: str, name: str, above: int) -> int:
