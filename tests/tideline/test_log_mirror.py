@@ -181,22 +181,23 @@ def test_positions_reach_kafka_only_after_the_events_they_cover(kafka: LocalKafk
         with LogMirror(log, bootstrap, name=str(tmp_path), batch_records=1, copied_after=frozenset({positions})) as m:
             m.start(m.plan([events, positions]))
             ends = m.end_offsets()
-            steps = 0
+            records = 0
             while not m.caught_up(ends):
-                steps += m.step()
+                records += m.step()  # one record per step and transaction
                 copied = sum(len(part) for part in _kafka(bootstrap, events)[0].values())
                 claimed = [int(row[1] or b"0") for row in _kafka(bootstrap, positions)[0][0]]
                 assert all(n <= copied for n in claimed), (claimed, copied)  # never ahead of the events
-    assert steps == 8 and claimed == [3, 6] and copied == 6
+    assert records == 8 and claimed == [3, 6] and copied == 6
 
 
-def _wait_for_progress(bootstrap: str, name: str, above: int) -> int:
+def _wait_for_progress(bootstrap: str, name: str, above: int, proc: subprocess.Popen[bytes], err: Path) -> int:
     """Poll the committed progress of mirror ``name`` until its source offsets sum above ``above``."""
     deadline = time.monotonic() + TIMEOUT_S
     while time.monotonic() < deadline:
         done = sum(p.next_source_offset for p in read_mirror_progress(bootstrap, name).values())
         if done > above:
             return done
+        assert proc.poll() is None, f"the mirror exited by itself ({proc.returncode}): {err.read_text()}"
         time.sleep(0.05)
     raise AssertionError(f"mirror {name} did not get past {above} source offsets within {TIMEOUT_S:.0f}s")
 
@@ -205,7 +206,7 @@ def test_kill_9_mid_copy_then_restart_loses_and_duplicates_nothing(kafka: LocalK
     bootstrap = kafka.bootstrap_servers
     data_dir = tmp_path / "log"
     topic = _topic("big")
-    total = 12_000
+    total = 24_000
     with Log(data_dir) as log, Producer(log) as producer:
         log.create_topic(topic, 3)
         for start in range(0, total, 1000):
@@ -218,14 +219,15 @@ def test_kill_9_mid_copy_then_restart_loses_and_duplicates_nothing(kafka: LocalK
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = 0
     for _ in range(2):
-        with (tmp_path / "mirror.err").open("wb") as stderr:
+        err = tmp_path / "mirror.err"
+        with err.open("wb") as stderr:
             proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
             try:
-                done = _wait_for_progress(bootstrap, name, done)
+                done = _wait_for_progress(bootstrap, name, done, proc, err)
             finally:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
-        assert proc.returncode == -signal.SIGKILL, (tmp_path / "mirror.err").read_text()
+        assert proc.returncode == -signal.SIGKILL, err.read_text()
     partial = sum(p.next_source_offset for p in read_mirror_progress(bootstrap, name).values())
     assert 0 < partial < total  # the kills hit a copy under way
 
