@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from eventstore.errors import ConfigError
-from eventstore.kafka.mirror import DEFAULT_BATCH_RECORDS, LogMirror, default_topics
+from eventstore.kafka.mirror import DEFAULT_BATCH_RECORDS, LogMirror
+from eventstore.kafka.mirror_topics import default_topics
 from eventstore.log import Log
 from tideline.cli_common import fail, one_line_errors
 

@@ -18,6 +18,14 @@ settings (``config.topic_configs``; ``segment_bytes`` is raised to Kafka's minim
 Offsets: the mapping is record for record, in order — not offset for offset (see
 :mod:`eventstore.kafka.mirror_progress`).
 
+Tideline's own topics (:mod:`eventstore.kafka.mirror_topics`): the
+schema registry's ``__schemas`` goes to Kafka's ``_schemas`` (where ``tideline --kafka
+schemas`` and capture into Kafka keep the registry), each record rewritten in Confluent's
+field order (:func:`~eventstore.kafka.schema_store.confluent_record`), so schema ids in
+framed values stay valid; the connector positions' ``__tideline_capture_offsets`` is
+shared by every connector on a cluster, so it may already hold other connectors' keys —
+not one of the source's.
+
 Exactly once: a transactional producer (``transactional.id`` = ``tideline-mirror-<name>``)
 writes each step's records *and* the new progress of every partition it advanced
 (:class:`~eventstore.kafka.mirror_progress.MirrorProgress`) in one transaction. ``start``
@@ -31,9 +39,9 @@ Kafka topic this mirror has no progress for (another writer, or another ``name``
 
 Order across topics: the connector's position (``__tideline_capture_offsets``) is stored
 in the same atomic append as the events it covers, so a position must never be on Kafka
-before those events. The mirror copies the partitions of such topics (``copied_after``,
-default :data:`COPIED_AFTER_THE_OTHERS`) in rounds: it notes their end offsets, then the
-other partitions' end offsets, and copies the former up to the noted ends only once every
+before those events. The mirror copies the partitions of such topics (mapped with
+``copied_after_others``) in rounds: it notes their end offsets, then the other
+partitions' end offsets, and copies the former up to the noted ends only once every
 other partition is copied up to its noted end. With ``discover`` (the topics to mirror,
 asked again at every round) a topic created on the source meanwhile is mirrored before
 the positions that may cover it.
@@ -47,9 +55,8 @@ Thread safety: not thread-safe; one thread drives a ``LogMirror``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -64,53 +71,24 @@ from eventstore.kafka.mirror_progress import (
     mirror_progress_key,
     read_mirror_progress,
 )
+from eventstore.kafka.mirror_topics import (
+    INTERNAL_MAPPINGS,
+    NOT_MIRRORABLE,
+    MirrorTopic,
+    RecordConverter,
+    TopicMapping,
+    kafka_topic_config,
+)
 from eventstore.kafka.producer import DEFAULT_TRANSACTION_TIMEOUT_MS, KafkaProducer
 from eventstore.kafka.reader import KafkaReader
 from eventstore.log import Log
-from eventstore.offsets import OFFSETS_TOPIC, TopicPartition
-from eventstore.schema_store import SCHEMAS_TOPIC
+from eventstore.offsets import TopicPartition
 from eventstore.topic import CleanupPolicy, TopicConfig
-from schemas.position import POSITIONS_TOPIC
 
 TRANSACTIONAL_ID_PREFIX = "tideline-mirror-"
 DEFAULT_BATCH_RECORDS = 20_000  # records per transaction, at most
 MAX_POLL_BYTES = 8 << 20  # source bytes per transaction, at most
-KAFKA_MIN_SEGMENT_BYTES = 1 << 20  # Kafka 4 refuses a smaller segment.bytes
 STABLE_WAIT_S = DEFAULT_TRANSACTION_TIMEOUT_MS / 1000 + 10  # another mirror's open transaction ends by then
-# Internal topics that carry what a move to Kafka needs: the connector's position (capture
-# resumes without a new snapshot) and the schema registry (schema ids in framed values stay valid).
-MIRRORED_INTERNAL_TOPICS = frozenset({POSITIONS_TOPIC, SCHEMAS_TOPIC})
-# Topics whose records say how far the others are: copied only up to what the others are copied to.
-COPIED_AFTER_THE_OTHERS = frozenset({POSITIONS_TOPIC})
-NOT_MIRRORABLE = {
-    OFFSETS_TOPIC: "it holds the embedded log's consumer group offsets, which mean nothing on Kafka "
-    "(Kafka keeps its own groups in its internal topic of that name)",
-    MIRROR_OFFSETS_TOPIC: "it is the mirror's own progress topic",
-}
-
-
-def default_topics(log: Log) -> list[str]:
-    """What a mirror copies unless told: every topic but internal ones (``__…``), except
-    those in :data:`MIRRORED_INTERNAL_TOPICS` (as MirrorMaker 2 skips ``__.*`` by default)."""
-    return [t for t in log.topics() if not t.startswith("__") or t in MIRRORED_INTERNAL_TOPICS]
-
-
-def kafka_topic_config(source: TopicConfig) -> TopicConfig:
-    """The settings a Kafka topic mirroring a source topic with ``source`` is created with."""
-    return dataclasses.replace(source, segment_bytes=max(source.segment_bytes, KAFKA_MIN_SEGMENT_BYTES))
-
-
-@dataclass(frozen=True, slots=True)
-class MirrorTopic:
-    """One topic to mirror: its source shape and whether Kafka has it already."""
-
-    name: str
-    partitions: int
-    config: TopicConfig  # the Kafka topic's settings when the mirror creates it
-    exists_on_kafka: bool
-
-    def partition_list(self) -> list[TopicPartition]:
-        return [TopicPartition(self.name, p) for p in range(self.partitions)]
 
 
 @dataclass(slots=True)
@@ -130,7 +108,8 @@ class LogMirror:
     ``name`` keys the progress and derives the ``transactional.id``: run again with the same
     name to resume. ``replication_factor`` / ``min_insync_replicas`` apply to the topics it
     creates (None: the brokers' defaults). ``discover``: the topics to mirror, asked again
-    at every round of ``copied_after`` (new ones are planned and added).
+    at every round (new ones are planned and added). ``mappings``: source topics that go to
+    Kafka otherwise than under their own name, as they are (default :data:`INTERNAL_MAPPINGS`).
     """
 
     def __init__(
@@ -143,7 +122,7 @@ class LogMirror:
         replication_factor: int | None = None,
         min_insync_replicas: int | None = None,
         discover: Callable[[], Iterable[str]] | None = None,
-        copied_after: frozenset[str] = COPIED_AFTER_THE_OTHERS,
+        mappings: Mapping[str, TopicMapping] = INTERNAL_MAPPINGS,
         timeout_s: float = 30.0,
     ) -> None:
         if not name.strip():
@@ -157,7 +136,7 @@ class LogMirror:
         self.replication_factor = replication_factor
         self.min_insync_replicas = min_insync_replicas
         self.discover = discover
-        self.copied_after = copied_after
+        self.mappings = dict(mappings)
         self.timeout_s = timeout_s
         self.stats = MirrorStats()
         self._admin = KafkaAdmin(bootstrap, timeout_s=timeout_s)
@@ -166,7 +145,7 @@ class LogMirror:
                                   auto_offset_reset="none", max_poll_bytes=MAX_POLL_BYTES)  # fmt: skip
         self._stored: dict[TopicPartition, MirrorProgress] = {}  # committed progress of every partition known
         self._next: dict[TopicPartition, int] = {}  # per mirrored partition: the next source offset to copy
-        self._topics: list[MirrorTopic] = []
+        self._topics: dict[str, MirrorTopic] = {}
         self._released: dict[TopicPartition, int] = {}  # held partition → offset it may be copied up to
         self._round: _Round | None = None
 
@@ -176,7 +155,7 @@ class LogMirror:
 
     @property
     def topics(self) -> list[str]:
-        return [t.name for t in self._topics]
+        return list(self._topics)
 
     # -- planning: reads only --------------------------------------------------
 
@@ -192,9 +171,12 @@ class LogMirror:
                 known = ", ".join(source_topics) or "none"
                 raise ConfigError(f"no topic {name!r} in the embedded log at {self.log.path} (its topics: {known})")
             meta = self.log.topic(name)
-            if name in on_kafka:
-                self._check_existing(name, meta.partitions, meta.config.cleanup_policy)
-            out.append(MirrorTopic(name, meta.partitions, kafka_topic_config(meta.config), name in on_kafka))
+            mapping = self.mappings.get(name, TopicMapping())
+            target = mapping.target or name
+            if target in on_kafka:
+                self._check_existing(name, target, meta.partitions, meta.config.cleanup_policy)
+            config = kafka_topic_config(meta.config)
+            out.append(MirrorTopic(name, meta.partitions, config, target in on_kafka, target, mapping))
         progress_topic = self._admin.topic(MIRROR_OFFSETS_TOPIC) if MIRROR_OFFSETS_TOPIC in on_kafka else None
         if progress_topic is not None and not progress_topic.config.cleanup_policy.compacts:
             raise ConfigError(
@@ -203,17 +185,18 @@ class LogMirror:
             )
         return out
 
-    def _check_existing(self, name: str, partitions: int, policy: CleanupPolicy) -> None:
-        have = self._admin.topic(name)
+    def _check_existing(self, name: str, target: str, partitions: int, policy: CleanupPolicy) -> None:
+        have = self._admin.topic(target)
+        source = "the embedded log's" if target == name else f"the embedded log's {name!r}"
         if have.partitions != partitions:
             raise ConfigError(
-                f"Kafka topic {name!r} has {have.partitions} partitions, the embedded log's has {partitions}: "
+                f"Kafka topic {target!r} has {have.partitions} partitions, {source} has {partitions}: "
                 "records keep their partition, and keys must land where murmur2 puts them on Kafka too; "
                 f"delete it or create it with {partitions} partitions"
             )
         if have.config.cleanup_policy is not policy:
             raise ConfigError(
-                f"Kafka topic {name!r} has cleanup.policy={have.config.cleanup_policy.value}, the embedded log's "
+                f"Kafka topic {target!r} has cleanup.policy={have.config.cleanup_policy.value}, {source} "
                 f"is {policy.value}: the copy would not keep what the source keeps; delete it or change its policy"
             )
 
@@ -230,19 +213,19 @@ class LogMirror:
 
     def add(self, plan: Sequence[MirrorTopic]) -> None:
         """Start mirroring more topics (after :meth:`start`): checked first, then created on Kafka if missing."""
-        plan = [t for t in plan if t.name not in self.topics]
+        plan = [t for t in plan if t.name not in self._topics]
         starts: dict[TopicPartition, int] = {}
         for topic in plan:
             starts.update(self._check_resumable(topic))
         on_kafka = set(self._admin.topics())
-        missing = [t for t in plan if not t.exists_on_kafka and t.name not in on_kafka]
+        missing = [t for t in plan if not t.exists_on_kafka and t.target not in on_kafka]
         if MIRROR_OFFSETS_TOPIC not in on_kafka:
             self._create(MIRROR_OFFSETS_TOPIC, 1, mirror_offsets_topic_config())
         for topic in missing:
-            self._create(topic.name, topic.partitions, topic.config)
-            self.stats.created_topics.append(topic.name)
+            self._create(topic.target, topic.partitions, topic.config)
+            self.stats.created_topics.append(topic.target)
         self._next.update(starts)
-        self._topics.extend(plan)
+        self._topics.update((t.name, t) for t in plan)
 
     def _create(self, name: str, partitions: int, config: TopicConfig) -> None:
         self._admin.ensure_topic(name, partitions, config, replication_factor=self.replication_factor,
@@ -253,7 +236,7 @@ class LogMirror:
         starts = {}
         targets = {}
         if topic.exists_on_kafka:
-            _, infos = self._admin.describe(topic.name)
+            _, infos = self._admin.describe(topic.target)
             targets = {i.partition: i.high_watermark for i in infos}
         for tp in topic.partition_list():
             plog = self.log.partition(tp.topic, tp.partition)
@@ -275,26 +258,47 @@ class LogMirror:
                 )
             if targets.get(tp.partition, 0) < stored.next_target_offset:
                 raise ConfigError(
-                    f"Kafka's {where} ends before the records mirror {self.name!r} copied there (offset "
+                    f"Kafka's {topic.target}-{tp.partition} ends before the records mirror {self.name!r} copied there "
+                    f"(offset "
                     f"{stored.next_target_offset}): the topic was deleted or truncated since; give another --name "
                     "to copy it again from the start"
                 )
             starts[tp] = stored.next_source_offset
         if topic.exists_on_kafka and not any(tp in self._stored for tp in topic.partition_list()):
-            self._refuse_if_not_empty(topic)
+            if topic.mapping.shared:
+                self._refuse_keys_on_kafka(topic)
+            else:
+                self._refuse_if_not_empty(topic)
         return starts
 
     def _refuse_if_not_empty(self, topic: MirrorTopic) -> None:
         with KafkaReader(self.bootstrap, timeout_s=self.timeout_s) as reader:
             for tp in topic.partition_list():
-                chunks = reader.read_chunks_to_end(tp)
+                chunks = reader.read_chunks_to_end(TopicPartition(topic.target, tp.partition))
                 first = next(chunks, None)
                 chunks.close()
                 if first is not None:
                     raise ConfigError(
-                        f"Kafka topic {topic.name!r} already has records and mirror {self.name!r} copied none of "
+                        f"Kafka topic {topic.target!r} already has records and mirror {self.name!r} copied none of "
                         "them: another writer, or a mirror of another name; delete the topic or give that --name"
                     )
+
+    def _refuse_keys_on_kafka(self, topic: MirrorTopic) -> None:
+        """A shared topic (one small compacted partition per writer's keys): none of the source's keys on Kafka."""
+        with KafkaReader(self.bootstrap, timeout_s=self.timeout_s) as reader:
+            on_kafka = {key for tp in topic.partition_list() for chunk in reader.read_chunks_to_end(
+                TopicPartition(topic.target, tp.partition)) for key in chunk.keys}  # fmt: skip
+        with Consumer(self.log, enable_auto_commit=False) as source:
+            source.assign(topic.partition_list())
+            source.seek_to_beginning()
+            while records := source.poll(0):
+                for record in records:
+                    if record.key in on_kafka:
+                        raise ConfigError(
+                            f"Kafka topic {topic.target!r} already holds key {record.key!r} of the embedded log's "
+                            f"{topic.name!r}: its writer has run on Kafka already (capture with --kafka?), and a "
+                            "copy would put older records after newer ones"
+                        )
 
     def _wait_until_stable(self) -> None:
         """Wait until no transaction (another mirror's) holds back the progress read_committed readers see."""
@@ -363,7 +367,7 @@ class LogMirror:
         return sum(len(c.values) for c in columns.values())
 
     def _held(self) -> list[TopicPartition]:
-        return [tp for tp in self._next if tp.topic in self.copied_after]
+        return [tp for tp in self._next if self._topics[tp.topic].mapping.copied_after_others]
 
     def _next_round(self) -> None:
         """Release the held partitions up to their noted ends once the others reached theirs (module docstring)."""
@@ -373,7 +377,7 @@ class LogMirror:
                 new = [t for t in self.discover() if t not in self.topics]
                 if new:
                     self.add(self.plan(new))
-            others = [tp for tp in self._next if tp.topic not in self.copied_after]
+            others = [tp for tp in self._next if not self._topics[tp.topic].mapping.copied_after_others]
             self._round = _Round(held_ends, self._consumer.end_offsets(others))
         if all(self._next[tp] >= end for tp, end in self._round.others_ends.items()):
             self._released.update(self._round.held_ends)
@@ -396,7 +400,10 @@ class LogMirror:
             next_target = self._stored[tp].next_target_offset if tp in self._stored else 0
             cols = columns.get(tp)
             if cols is not None:
-                sent = producer.send_batch(tp.topic, cols.values, cols.keys, partition=tp.partition,
+                topic = self._topics[tp.topic]
+                if topic.mapping.convert is not None:
+                    cols.convert(topic.mapping.convert)
+                sent = producer.send_batch(topic.target, cols.values, cols.keys, partition=tp.partition,
                                            timestamps=cols.timestamps, headers=cols.headers)  # fmt: skip
                 first, count = sent[tp.partition]
                 next_target = first + count
@@ -459,6 +466,11 @@ class _Columns:
     values: list[bytes | None] = field(default_factory=list)
     timestamps: list[int] = field(default_factory=list)
     headers: list[Headers] = field(default_factory=list)
+
+    def convert(self, converter: RecordConverter) -> None:
+        for i, (key, value) in enumerate(zip(self.keys, self.values, strict=True)):
+            if key is not None:
+                self.keys[i], self.values[i] = converter(key, value)
 
 
 def _columns(polled: ConsumerRecords, limits: dict[TopicPartition, int]) -> dict[TopicPartition, _Columns]:

@@ -24,21 +24,29 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
+import psycopg
 import pytest
 from typer.testing import CliRunner, Result
 
 from eventstore.cleaner import compact_partition
 from eventstore.consumer import Consumer, TopicPartition
-from eventstore.kafka import KafkaAdmin, KafkaReader
-from eventstore.kafka.mirror import LogMirror, default_topics
+from eventstore.kafka import KafkaAdmin, KafkaProducer, KafkaReader
+from eventstore.kafka.mirror import LogMirror
 from eventstore.kafka.mirror_progress import read_mirror_progress
+from eventstore.kafka.mirror_topics import INTERNAL_MAPPINGS, TopicMapping, default_topics
+from eventstore.kafka.schema_store import SCHEMAS_TOPIC as KAFKA_SCHEMAS_TOPIC
+from eventstore.kafka.schema_store import KafkaSchemaStore, confluent_record
 from eventstore.log import Log
 from eventstore.offsets import OFFSETS_TOPIC, OffsetAndMetadata, OffsetStore
 from eventstore.producer import Producer
+from eventstore.schema_store import SCHEMAS_TOPIC, LogSchemaStore
 from eventstore.topic import TopicConfig, now_ms
-from schemas.position import POSITIONS_TOPIC
+from schemas.compat import CompatibilityLevel
+from schemas.position import POSITIONS_TOPIC, SourcePosition, connector_key
+from schemas.registry import SchemaRegistry
 from tideline.cli import app
 from tideline.kafkaharness import LocalKafka
+from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120.0
@@ -178,7 +186,13 @@ def test_positions_reach_kafka_only_after_the_events_they_cover(kafka: LocalKafk
                     capture.send(events, f"{batch}-{i}".encode(), f"key-{i}".encode())
                 capture.send(positions, str(3 * (batch + 1)).encode(), b"connector")  # events stored so far
                 capture.commit_transaction()
-        with LogMirror(log, bootstrap, name=str(tmp_path), batch_records=1, copied_after=frozenset({positions})) as m:
+        with LogMirror(
+            log,
+            bootstrap,
+            name=str(tmp_path),
+            batch_records=1,
+            mappings={positions: TopicMapping(copied_after_others=True)},
+        ) as m:
             m.start(m.plan([events, positions]))
             ends = m.end_offsets()
             records = 0
@@ -188,6 +202,70 @@ def test_positions_reach_kafka_only_after_the_events_they_cover(kafka: LocalKafk
                 claimed = [int(row[1] or b"0") for row in _kafka(bootstrap, positions)[0][0]]
                 assert all(n <= copied for n in claimed), (claimed, copied)  # never ahead of the events
     assert records == 8 and claimed == [3, 6] and copied == 6
+
+
+def test_the_schema_registry_goes_to_kafkas_registry_topic_in_confluents_layout(
+    kafka: LocalKafka, tmp_path: Path
+) -> None:
+    bootstrap = kafka.bootstrap_servers
+    assert INTERNAL_MAPPINGS[SCHEMAS_TOPIC].target == KAFKA_SCHEMAS_TOPIC  # the default; the session's is shared
+    target = _topic("schemas")
+    with Log(tmp_path / "log") as log:
+        embedded = SchemaRegistry(LogSchemaStore(log))
+        orders = embedded.register(
+            "shop.orders-value", '{"type":"record","name":"O","fields":[{"name":"id","type":"long"}]}'
+        )
+        embedded.register("shop.users-key", '"string"')
+        embedded.set_compatibility("shop.orders-value", CompatibilityLevel.FULL)
+        source = _source(log, SCHEMAS_TOPIC)[0]
+        mapping = TopicMapping(target=target, convert=confluent_record)
+        with LogMirror(log, bootstrap, name=str(tmp_path), mappings={SCHEMAS_TOPIC: mapping}) as mirror:
+            mirror.start(mirror.plan([SCHEMAS_TOPIC]))
+            assert mirror.step() == len(source) == 3
+    copied = _kafka(bootstrap, target)[0][0]
+    assert [(key, value) for key, value, _, _ in copied] == [confluent_record(k, v) for k, v, _, _ in source if k]
+    with KafkaSchemaStore(bootstrap, topic=target) as store:
+        on_kafka = SchemaRegistry(store)
+        assert on_kafka.subjects() == ["shop.orders-value", "shop.users-key"]
+        assert on_kafka.latest("shop.orders-value").id == orders.id  # framed values keep their schema ids
+        assert on_kafka.compatibility("shop.orders-value") is CompatibilityLevel.FULL
+
+
+def _capture(data_dir: Path, dsn: str, prefix: str, *kafka: str) -> None:
+    result = CliRunner().invoke(app, ["--data-dir", str(data_dir), *kafka, "capture", "run", "--dsn", dsn,
+                                      "--slot", prefix, "--topic-prefix", prefix, "--tables", "public.t",
+                                      "--exit-when-caught-up"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
+def test_capture_moves_to_kafka_without_a_new_snapshot(
+    kafka: LocalKafka, postgres: LocalPostgres, tmp_path: Path
+) -> None:
+    """Capture into the embedded log, mirror, then capture into Kafka: it resumes from the mirrored position."""
+    bootstrap = kafka.bootstrap_servers
+    prefix = f"move{os.getpid()}n{next(_names)}"
+    dsn = postgres.create_database(prefix)
+    data_dir = tmp_path / "log"
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+        db.execute("INSERT INTO t SELECT i, 0 FROM generate_series(1, 5) i")
+        _capture(data_dir, dsn, prefix)  # the snapshot
+        db.execute("UPDATE t SET v = 1 WHERE id = 1")
+        db.execute("INSERT INTO t VALUES (6, 0)")
+        _capture(data_dir, dsn, prefix)  # streaming
+        topic = f"{prefix}.public.t"
+        moved = _mirror(data_dir, bootstrap, "--topics", f"{topic},{POSITIONS_TOPIC}")
+        assert moved.exit_code == 0, moved.output
+        db.execute("DELETE FROM t WHERE id = 2")
+        db.execute("INSERT INTO t VALUES (7, 0)")
+        _capture(data_dir, dsn, prefix, "--kafka", bootstrap)
+        db.execute("SELECT pg_drop_replication_slot(%s)", (prefix,))
+    changes = [(orjson.loads(key or b"null")["id"], orjson.loads(value)["op"] if value else "tombstone")
+               for part in _kafka(bootstrap, topic)[0].values() for key, value, _, _ in part]  # fmt: skip
+    assert sorted(change for change in changes if change[1] == "r") == [(i, "r") for i in range(1, 6)]  # one snapshot
+    assert sorted(change for change in changes if change[1] != "r") == sorted(
+        [(1, "u"), (6, "c"), (2, "d"), (2, "tombstone"), (7, "c")]  # each change once: the mirrored ones, then Kafka's
+    )
 
 
 def _wait_for_progress(bootstrap: str, name: str, above: int, proc: subprocess.Popen[bytes], err: Path) -> int:
@@ -278,6 +356,18 @@ def _group_offsets(log: Log, bootstrap: str, good: str) -> tuple[list[str], str]
     return ["--topics", f"{good},{OFFSETS_TOPIC}"], f"error: topic '{OFFSETS_TOPIC}' cannot be mirrored"
 
 
+def _position_on_kafka(log: Log, bootstrap: str, good: str) -> tuple[list[str], str]:
+    """This connector already ran on Kafka: its position there is newer than the embedded one."""
+    key = connector_key(_topic("prefix"), "slot")
+    position = SourcePosition(commit_lsn=1, event_index=0, complete=True, confirm_lsn=1).to_json()
+    log.create_topic(POSITIONS_TOPIC, 1, TopicConfig().with_overrides({"cleanup_policy": "compact"}))
+    with Producer(log) as producer:
+        producer.send_batch(POSITIONS_TOPIC, [position], [key])
+    KafkaAdmin(bootstrap).ensure_topic(POSITIONS_TOPIC, 1, TopicConfig().with_overrides({"cleanup_policy": "compact"}))
+    KafkaProducer(bootstrap).send_batch(POSITIONS_TOPIC, [position], [key], partition=0)
+    return ["--topics", f"{good},{POSITIONS_TOPIC}"], f"error: Kafka topic '{POSITIONS_TOPIC}' already holds key"
+
+
 def _no_kafka(log: Log, bootstrap: str, good: str) -> tuple[list[str], str]:
     nobody = _unreachable()
     return ["--to-kafka", nobody, "--topics", good], f"error: cannot reach Kafka at {nobody}"
@@ -294,6 +384,7 @@ CASES: dict[str, Case] = {
     "other-cleanup-policy-on-kafka": _other_policy,
     "kafka-topic-written-by-another": _not_empty,
     "consumer-offsets": _group_offsets,
+    "connector-position-already-on-kafka": _position_on_kafka,
     "batch-records-0": _bad_batch,
 }
 
