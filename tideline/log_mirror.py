@@ -47,8 +47,8 @@ def mirror(
             "--topics",
             metavar="T,…",
             show_default=False,
-            help="Topics to copy (default: all but internal ones; the capture positions and the schema "
-            "registry's __schemas are copied, __consumer_offsets never).",
+            help="Topics to copy (default: all but internal ones, yet with the capture positions, and the "
+            "schema registry's __schemas into Kafka's _schemas; __consumer_offsets never).",
         ),
     ] = None,
     name: Annotated[
