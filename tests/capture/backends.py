@@ -10,12 +10,16 @@ has a directory of its own.
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
@@ -158,6 +162,58 @@ def settled(bootstrap: str, topic: str, partition: int, timeout_s: float = 30.0)
         if time.monotonic() > deadline:
             raise AssertionError(f"{topic}[{partition}]: a transaction stayed open for {timeout_s:.0f} s: {info}")
         time.sleep(0.05)
+
+
+# The fault tests' table: ``t (id int PRIMARY KEY, v int)``, one transaction per change.
+
+
+def insert_rows(dsn: str, first: int, count: int, pause_s: float = 0.0) -> None:
+    """One transaction per row: an insert, then an update of the row before it."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for i in range(first, first + count):
+            c.execute("INSERT INTO t VALUES (%s, 0)", (i,))
+            if i > first:
+                c.execute("UPDATE t SET v = v + 1 WHERE id = %s", (i - 1,))
+            if pause_s:
+                time.sleep(pause_s)
+
+
+def assert_each_change_once(backend: Backend, dsn: str) -> int:
+    """Every row's insert exactly once in the topic, and the latest value per key equals the table."""
+    topic = f"{backend.prefix}.public.t"
+    inserts: dict[int, int] = {}
+    latest: dict[int, dict[str, int]] = {}
+    for _, key, value in backend.records(topic):
+        assert key is not None
+        k = json.loads(key)["id"]
+        if value is None:
+            continue
+        change = json.loads(value)
+        if change["op"] in ("c", "r"):
+            inserts[k] = inserts.get(k, 0) + 1
+        latest[k] = change["after"]
+    with psycopg.connect(dsn) as c:
+        table = {row[0]: {"id": row[0], "v": row[1]} for row in c.execute("SELECT id, v FROM t")}
+    twice = {k: n for k, n in inserts.items() if n > 1}
+    assert not twice, f"inserts stored more than once: {list(twice.items())[:5]}"
+    assert latest == table, f"{len(set(table) - set(latest))} rows missing, {len(set(latest) - set(table))} extra"
+    return len(table)
+
+
+def stored_equal(
+    backend: Backend, dsn: str, alive: subprocess.Popen[bytes] | threading.Thread, timeout: float
+) -> None:
+    """Wait until the topic holds the table (latest value per key), while ``alive`` captures."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            assert_each_change_once(backend, dsn)
+            return
+        except AssertionError as e:
+            running = alive.poll() is None if isinstance(alive, subprocess.Popen) else alive.is_alive()
+            if not running or time.monotonic() > deadline:
+                raise AssertionError(f"capture stopped or did not catch up: {e}") from e
+            time.sleep(0.5)
 
 
 CHILD_SINK = r"""

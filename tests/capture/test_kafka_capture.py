@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from backends import Backend
+from backends import Backend, assert_each_change_once, insert_rows, stored_equal
 from capture_util import drop_slots, fresh_database, sql
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
@@ -53,39 +53,6 @@ def db(postgres: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]
 
 def tideline(kafka: str, data_dir: Path, *args: str) -> list[str]:
     return [TIDELINE, "--data-dir", str(data_dir), "--kafka", kafka, *args]
-
-
-def insert_rows(dsn: str, first: int, count: int, pause_s: float = 0.0) -> None:
-    """One transaction per row: an insert, then an update of the row before it."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        for i in range(first, first + count):
-            c.execute("INSERT INTO t VALUES (%s, 0)", (i,))
-            if i > first:
-                c.execute("UPDATE t SET v = v + 1 WHERE id = %s", (i - 1,))
-            if pause_s:
-                time.sleep(pause_s)
-
-
-def assert_each_change_once(backend: Backend, dsn: str) -> int:
-    """Every row's insert exactly once in the topic, and the latest value per key equals the table."""
-    topic = f"{backend.prefix}.public.t"
-    inserts: dict[int, int] = {}
-    latest: dict[int, dict[str, int]] = {}
-    for _, key, value in backend.records(topic):
-        assert key is not None
-        k = json.loads(key)["id"]
-        if value is None:
-            continue
-        change = json.loads(value)
-        if change["op"] in ("c", "r"):
-            inserts[k] = inserts.get(k, 0) + 1
-        latest[k] = change["after"]
-    with psycopg.connect(dsn) as c:
-        table = {row[0]: {"id": row[0], "v": row[1]} for row in c.execute("SELECT id, v FROM t")}
-    twice = {k: n for k, n in inserts.items() if n > 1}
-    assert not twice, f"inserts stored more than once: {list(twice.items())[:5]}"
-    assert latest == table, f"{len(set(table) - set(latest))} rows missing, {len(set(latest) - set(table))} extra"
-    return len(table)
 
 
 def test_cli_captures_into_kafka_with_replication_settings(db: str, kafka3: LocalKafka, tmp_path: Path) -> None:
@@ -168,20 +135,6 @@ def test_second_connector_fences_the_first(db: str, kafka: LocalKafka, tmp_path:
     last = first_err.read_text().strip().splitlines()[-1]
     assert "another instance took over" in last, last
     assert assert_each_change_once(backend, db) == 400
-
-
-def stored_equal(backend: Backend, dsn: str, alive: subprocess.Popen[bytes] | threading.Thread, timeout: float) -> None:
-    """Wait until the topic holds the table (latest value per key), while ``alive`` captures."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            assert_each_change_once(backend, dsn)
-            return
-        except AssertionError as e:
-            running = alive.poll() is None if isinstance(alive, subprocess.Popen) else alive.is_alive()
-            if not running or time.monotonic() > deadline:
-                raise AssertionError(f"capture stopped or did not catch up: {e}") from e
-            time.sleep(0.5)
 
 
 def test_broker_killed_during_capture_loses_and_duplicates_nothing(
