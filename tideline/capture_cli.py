@@ -187,6 +187,14 @@ def run(
         int | None,
         typer.Option("--min-insync-replicas", min=1, help="With --kafka: min.insync.replicas of new topics."),
     ] = None,
+    log_cleaner: Annotated[
+        bool,
+        typer.Option(
+            "--log-cleaner",
+            help="Also run the log cleaner (compaction by dirty ratio, retention) on the embedded log while "
+            "capturing, as `tideline log cleaner` does; Kafka's brokers clean their own.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final summary as JSON.")] = False,
 ) -> None:
     """Run the connector until SIGINT/SIGTERM (or caught up): snapshot, then stream, exactly once.
@@ -235,6 +243,8 @@ def run(
         )
         if (replication_factor is not None or min_insync_replicas is not None) and State.kafka is None:
             raise fail("--replication-factor and --min-insync-replicas are Kafka topic settings: give --kafka")
+        if log_cleaner and State.kafka is not None:
+            raise fail("--log-cleaner cleans the embedded log; with --kafka the brokers' log cleaner compacts")
         with _log_and_sink(
             state_dir, replication_factor=replication_factor, min_insync_replicas=min_insync_replicas
         ) as (log, sink):
@@ -255,9 +265,18 @@ def run(
                 logging.getLogger("capture.connector").info(
                     "capture: metrics on http://%s:%d/metrics", metrics_host, metrics.port
                 )
+            cleaner = None
+            if log_cleaner and log is not None:
+                from eventstore.log_cleaner import LogCleaner
+
+                cleaner = LogCleaner(log)
+                cleaner.start()
+                logging.getLogger("capture.connector").info("capture: log cleaner running on %s", log.path)
             try:
                 stats = connector.run()
             finally:
+                if cleaner is not None:
+                    cleaner.stop()
                 if metrics is not None:
                     metrics.stop()
     summary = stats.to_json()
