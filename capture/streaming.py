@@ -93,7 +93,11 @@ class StreamingSource:
                 continue
             assert isinstance(msg, XLogData)
             self.stats.server_wal_end = max(self.stats.server_wal_end, msg.wal_end)
-            for m in self.decoder.decode(msg.payload):
+            try:
+                decoded = self.decoder.decode(msg.payload)
+            except DecodeError as e:  # name where: the operator can look at the WAL there
+                raise DecodeError(f"at WAL {format_lsn(msg.data_start)}: {e}") from e
+            for m in decoded:
                 if m.kind is Kind.BEGIN:
                     ctx = TxnContext(m.xid, m.lsn, m.timestamp_ms or 0, per_table={})
                     ctx_next = m.next_lsn or m.lsn
