@@ -37,11 +37,13 @@ in a DSN should not look like a connector that is "reconnecting" forever.
 
 from __future__ import annotations
 
+import errno
 import re
+import sqlite3
 
 import psycopg
 
-from eventstore.errors import ConfigError, InvalidTxnStateError, RetriableError, TidelineError
+from eventstore.errors import ConfigError, InvalidTxnStateError, LogStorageError, RetriableError, TidelineError
 from eventstore.kafka.config import KafkaUnavailableError
 
 
@@ -133,9 +135,15 @@ def is_slot_busy(error: BaseException) -> bool:
 
 def is_sink_transient(error: BaseException) -> bool:
     """The log backend failed in a way a new producer may get past: Kafka out of reach, a broker
-    lost mid-transaction (librdkafka's abortable and retriable errors), acknowledgements late.
+    lost mid-transaction (librdkafka's abortable and retriable errors), acknowledgements late,
+    the embedded log's (or the key state's) disk full — the batch was not stored, appends work
+    again once space is free.
     The connector aborts the batch, opens the sink again (``init_transactions``) and resumes from
     the stored position, with backoff. Fencing (another instance took over) is not one of them."""
+    if isinstance(error, LogStorageError):  # the embedded log's disk is full: retried until space returns
+        return error.errno == errno.ENOSPC
+    if isinstance(error, sqlite3.OperationalError):  # the key state, beside the log, on the same full disk
+        return "disk is full" in str(error) or "disk I/O error" in str(error)
     return isinstance(error, (RetriableError, InvalidTxnStateError, KafkaUnavailableError))
 
 

@@ -246,7 +246,8 @@ class KeyState:
         self._keys.clear()
         self._streams.clear()
         if self._in_txn:
-            self.db.execute("ROLLBACK")
+            if self.db.in_transaction:  # SQLite rolls back by itself after some errors (a full disk)
+                self.db.execute("ROLLBACK")
             self._in_txn = False
             # a topic first tracked inside the transaction is not tracked any more
             self._ids = {row[1]: row[0] for row in self.db.execute("SELECT id, name FROM topics")}

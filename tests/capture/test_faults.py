@@ -10,7 +10,8 @@ RELIABILITY.md (``tideline.reliability``; ``make soak`` repeats the faults more 
 - the replication connection cut by a TCP proxy the test controls (no FIN from Postgres:
   the proxy closes both sides);
 - the slot dropped while streaming: the connector stops with SlotLostError;
-- the whole Kafka cluster stopped and started again while capture writes to it.
+- the whole Kafka cluster stopped and started again while capture writes to it;
+- the embedded log's file system full (ENOSPC), then space back.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,6 +34,8 @@ from workload import soak
 
 from capture.connector import CaptureConfig, Connector, SlotLostError
 from capture.slots import current_wal_lsn
+from schemas.position import parse_lsn
+from tideline.faults import SmallFilesystem
 from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
 from tideline.reliability import record_fault_result
@@ -92,6 +97,12 @@ def count_rows(dsn: str) -> int:
     return 0
 
 
+def stack_of(thread: threading.Thread) -> str:
+    """Where a connector thread that did not recover is (for the failure message)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    return "capture did not recover; connector thread at:\n" + "".join(traceback.format_stack(frame)[-12:])
+
+
 def sentinel(dsn: str, k: int) -> int:
     """Commit row ``-k - 1`` (a change capture must store: the workload may be over) once the source
     answers, and return the WAL position after it."""
@@ -120,7 +131,7 @@ def run_connector(connector: Connector, errors: list[BaseException]) -> threadin
 
 def capture_through(
     dsn: str, backend: Backend, config: CaptureConfig, rows: int, inject: Callable[[int], float], faults: int = FAULTS
-) -> tuple[list[float], Writer]:
+) -> tuple[list[float], Writer, int]:
     """Run the connector and the workload; ``inject(k)`` injects fault ``k`` once the workload is a
     fraction in and returns when it was injected (monotonic); returns, per fault, the seconds until
     capture had stored and confirmed the WAL written up to the moment the source answered again."""
@@ -140,9 +151,9 @@ def capture_through(
                 writer.wait_rows(rows * (k + 1) // (faults + 2))
                 injected = inject(k)
                 target = sentinel(dsn, k)  # a change committed once the source answers again
-                deadline = time.monotonic() + 120
+                deadline = time.monotonic() + 240  # generous: retries back off, a loaded machine is slow
                 while connector.offsets.confirm_lsn < target:  # stored (and confirmed) past it
-                    assert thread.is_alive() and time.monotonic() < deadline, errors or "capture did not recover"
+                    assert thread.is_alive() and time.monotonic() < deadline, errors or stack_of(thread)
                     time.sleep(0.05)
                 recovered.append(time.monotonic() - injected)
             assert writer.done.wait(300), "the workload did not finish"
@@ -151,7 +162,7 @@ def capture_through(
             connector.stop()
             thread.join(120)
     assert not errors, errors
-    return recovered, writer
+    return recovered, writer, connector.stats.reconnects
 
 
 def test_postgres_crash_restart_mid_stream(pg: LocalPostgres, db: str, tmp_path: Path) -> None:
@@ -165,7 +176,8 @@ def test_postgres_crash_restart_mid_stream(pg: LocalPostgres, db: str, tmp_path:
         pg.restart("immediate")
         return at
 
-    recovered, writer = capture_through(db, backend, config, 600, crash)
+    recovered, writer, reconnects = capture_through(db, backend, config, 600, crash)
+    assert reconnects >= len(recovered)
     rows = assert_each_change_once(backend, db)
     record_fault_result("postgres", "pg_ctl restart -m immediate mid-stream", injected=len(recovered),
                         survived=len(recovered), records_lost=0, duplicates=0, recover_seconds=recovered,
@@ -239,7 +251,8 @@ def test_replication_connection_cut_by_a_proxy(pg: LocalPostgres, db: str, tmp_p
             assert proxy.cut() >= 1, "no connection went through the proxy"
             return at
 
-        recovered, _ = capture_through(db, backend, config, 600, cut)
+        recovered, _, reconnects = capture_through(db, backend, config, 600, cut)
+        assert reconnects >= len(recovered)
     finally:
         proxy.close()
     rows = assert_each_change_once(backend, db)
@@ -299,8 +312,44 @@ def test_whole_kafka_cluster_restarted_mid_capture(db: str, kafka: LocalKafka, t
         assert kafka.bootstrap_servers == backend.bootstrap, "the cluster came back on other ports"
         return at
 
-    recovered, _ = capture_through(db, backend, config, 400, restart, faults=FAULTS if soak() else 1)
+    recovered, _, _ = capture_through(db, backend, config, 400, restart, faults=FAULTS if soak() else 1)
     rows = assert_each_change_once(backend, db)
     record_fault_result("kafka", "whole Kafka cluster (1 broker) stopped and started mid-capture",
                         injected=len(recovered), survived=len(recovered), records_lost=0, duplicates=0,
                         recover_seconds=recovered, detail=f"{rows} rows")  # fmt: skip
+
+
+def test_disk_full_under_the_log_then_space_returns(db: str, small_disk: SmallFilesystem) -> None:
+    """The embedded log (and the key state beside it) on a small file system that fills up while capture
+    streams: appends fail with ENOSPC, the batch is aborted and retried with backoff (nothing confirmed
+    to Postgres meanwhile); once space is back capture resumes; every change once."""
+    backend = Backend.embedded(small_disk.path / "log")
+    config = CaptureConfig(dsn=db, slot="diskfull", topic_prefix=backend.prefix, max_retry_time_s=300)
+    full_for: list[float] = []
+
+    def fill_then_free(k: int) -> float:
+        at = time.monotonic()
+        small_disk.fill(leave_bytes=16 << 10)
+        before = current_wal_lsn(db)
+        time.sleep(2.0)  # the workload goes on; capture's appends fail meanwhile
+        sentinel(db, 100 + k)
+        assert count_rows(db) > 0
+        full_for.append(time.monotonic() - at)
+        with psycopg.connect(db) as c:  # nothing confirmed to Postgres beyond what the log holds
+            row = c.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'diskfull'")
+            confirmed = parse_lsn((row.fetchone() or ("0/0",))[0])
+        assert confirmed <= max(before, stored_confirm(backend, db)), (confirmed, before)
+        small_disk.free()
+        return time.monotonic()
+
+    recovered, _, reconnects = capture_through(db, backend, config, 300, fill_then_free, faults=1)
+    assert reconnects >= 1, "the disk never filled up under capture"
+    rows = assert_each_change_once(backend, db)
+    record_fault_result("disk full", "ENOSPC under the embedded log while capture streams; space returns",
+                        injected=len(recovered), survived=len(recovered), records_lost=0, duplicates=0,
+                        recover_seconds=recovered, detail=f"{rows} rows; full for {full_for} s")  # fmt: skip
+
+
+def stored_confirm(backend: Backend, dsn: str) -> int:
+    position = backend.position(dsn, "diskfull")
+    return position.confirm_lsn if position is not None else 0
