@@ -161,7 +161,14 @@ class KafkaLogSink:
                 time.sleep(0.1)
 
     def topic_incarnation(self, topic: str) -> str | None:
-        return self.admin.topic_id(topic)
+        """Kafka's topic id. A topic this sink ensured exists: asked again while the broker asked does
+        not know it yet (a None here would read as "another incarnation" on the next start)."""
+        deadline = time.monotonic() + self.timeout_s
+        while (found := self.admin.topic_id(topic)) is None and topic in self._partitions:
+            if time.monotonic() >= deadline:
+                raise UnknownTopicError(topic)
+            time.sleep(0.1)
+        return found
 
     # ------------------------------------------------------------------ writing
 
@@ -229,9 +236,19 @@ class KafkaLogSink:
         return self._reader
 
     def end_offsets(self, topic: str) -> dict[int, int]:
-        if topic not in self.admin.topics():
+        """The last stable offsets, once no transaction is open on the topic's partitions (up to
+        ``timeout_s``): a commit's markers land just after it returned, and the key state catching
+        up must read a batch whole. Only this connector writes these topics, and it calls this
+        before it writes to a topic in its own open transaction (a predecessor's was aborted by
+        ``open``), so the wait is short."""
+        if topic not in self._partitions and topic not in self.admin.topics():
             return {}
-        return self.admin.stable_offsets(topic)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            stable = self.admin.stable_offsets(topic)
+            if stable == self.admin.high_watermarks(topic) or time.monotonic() >= deadline:
+                return stable
+            time.sleep(0.05)
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[ReadBatch]:
         if start >= end:

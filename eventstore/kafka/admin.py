@@ -219,6 +219,12 @@ class KafkaAdmin:
         tps = [KafkaTopicPartition(name, p) for p in sorted(topic_meta.partitions)]
         return self._list_offsets(tps, OffsetSpec.latest(), IsolationLevel.READ_COMMITTED)  # type: ignore[no-untyped-call]
 
+    def high_watermarks(self, name: str) -> dict[int, int]:
+        """Per partition of ``name``, the high watermark (where ``read_uncommitted`` reading ends now)."""
+        topic_meta = self._topic_metadata(name)
+        tps = [KafkaTopicPartition(name, p) for p in sorted(topic_meta.partitions)]
+        return self._list_offsets(tps, OffsetSpec.latest(), IsolationLevel.READ_UNCOMMITTED)  # type: ignore[no-untyped-call]
+
     def topic_id(self, name: str) -> str | None:
         """Kafka's id of topic ``name`` (a new one when the topic is deleted and created again); None if absent."""
         if name not in self.topics():
