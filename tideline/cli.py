@@ -24,12 +24,12 @@ class State:
     """Options shared by every sub-command (set by the top-level callback)."""
 
     data_dir: Path = resolve_data_dir(None)
-    kafka: str | None = None  # bootstrap servers: Kafka is the log (only `tideline log` so far)
+    kafka: str | None = None  # bootstrap servers: Kafka is the log (`tideline log` and `tideline project` so far)
 
 
 # Commands that work with Kafka as the log, or do not touch the log at all. The others
 # refuse --kafka / TIDELINE_KAFKA_BOOTSTRAP rather than quietly use the embedded log.
-KAFKA_READY_COMMANDS = frozenset({"log", "kafka", "pg", "db"})
+KAFKA_READY_COMMANDS = frozenset({"log", "project", "kafka", "pg", "db"})
 
 
 @app.callback()
@@ -51,7 +51,7 @@ def _root(
             envvar=KAFKA_BOOTSTRAP_ENV,
             metavar="HOST:PORT[,…]",
             help="Use the Apache Kafka cluster at these bootstrap servers as the log "
-            "(so far: `tideline log create|topics|describe|produce|tail|groups`).",
+            "(so far: `tideline log create|topics|describe|produce|tail|groups`, `tideline project`).",
             show_default=False,
         ),
     ] = None,
@@ -60,7 +60,8 @@ def _root(
     State.kafka = resolve_kafka_bootstrap(kafka)
     if State.kafka is not None and ctx.invoked_subcommand not in KAFKA_READY_COMMANDS:
         raise fail(
-            f"`tideline {ctx.invoked_subcommand}` does not support Kafka yet (only `tideline log` does): "
+            f"`tideline {ctx.invoked_subcommand}` does not support Kafka yet (only `tideline log` and "
+            "`tideline project` do): "
             f"drop --kafka / unset {KAFKA_BOOTSTRAP_ENV} to use the embedded log"
         )
 
