@@ -71,12 +71,12 @@ def _kafka() -> str | None:
     return State.kafka
 
 
-def _source(*, create: bool = False) -> Any:
-    """The log the command reads: Kafka (``--kafka``) or the embedded log at ``--data-dir``
-    (``create``: made if missing, as a follow job may start before capture)."""
+def _source(kafka: str | None, *, create: bool = False) -> Any:
+    """The log the command reads: Kafka at ``kafka`` (:func:`_kafka`) or the embedded log at
+    ``--data-dir`` (``create``: made if missing, as a follow job may start before capture)."""
     from projections.sources import open_source
 
-    return open_source(log_dir=_log_dir(), kafka=_kafka(), create=create)
+    return open_source(log_dir=_log_dir(), kafka=kafka, create=create)
 
 
 def _catalog(module: str) -> Any:
@@ -158,8 +158,9 @@ def rebuild(
         level = _spark_log_level(spark_log_level)
         catalog = _catalog(views)
         catalog[view]
-        with _source() as source:
-            spark = _session(master, level, kafka=_kafka() is not None)
+        kafka = _kafka()
+        with _source(kafka) as source:
+            spark = _session(master, level, kafka=kafka is not None)
             try:
                 with console.status("rebuilding") as status:
                     result = run_rebuild(
@@ -235,7 +236,7 @@ def follow(
         catalog[view]
         kafka = _kafka()
         settings = FollowSettings(
-            source=resources.enter_context(_source(create=True)),
+            source=resources.enter_context(_source(kafka, create=True)),
             dsn=target,
             checkpoint_dir=checkpoint_dir or log_dir / "_projections",
             max_records_per_batch=max_records,
@@ -296,7 +297,7 @@ def status(
     or ok, last run."""
     from projections.status import projection_status
 
-    with one_line_errors(), _source() as source:
+    with one_line_errors(), _source(_kafka()) as source:
         rows = projection_status(_dsn(dsn), source, stall_after=stall_after)
     if as_json:
         typer.echo(json.dumps(rows, default=str))

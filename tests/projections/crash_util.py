@@ -89,10 +89,12 @@ def kill_repeatedly(
     rng: random.Random,
     checkpoint_dir: Path,
     stderr: Path,
+    max_delay: float | None = None,
 ) -> int:
-    """Start the follow job ``kills`` times, each killed (SIGKILL) at a random point after its first
-    committed batch; after every kill the view must hold exactly the records below its checkpoints.
-    Returns how many kills landed before the job had caught up."""
+    """Start the follow job ``kills`` times, each killed (SIGKILL) at a random point up to ``max_delay``
+    seconds (default :data:`KILL_DELAY_S`) after its first committed batch; after every kill the view
+    must hold exactly the records below its checkpoints. Returns how many kills landed before the job
+    had caught up."""
     kills_mid_run = 0
     log_end = log_end_offsets(log, view.topics)
     for _ in range(kills):
@@ -105,7 +107,7 @@ def kill_repeatedly(
                 if now != before or now == log_end:  # a batch committed (or nothing is left to do)
                     break
                 time.sleep(0.05)
-            time.sleep(rng.uniform(0, KILL_DELAY_S[engine]))
+            time.sleep(rng.uniform(0, KILL_DELAY_S[engine] if max_delay is None else max_delay))
             finished = process.poll() is not None
         finally:
             if process.poll() is None:
