@@ -132,8 +132,10 @@ class KafkaSource(LogSource):
                     yield _check_json(LogRecord(topic, partition, offset, key, value))
 
     def appended_at(self, topic: str, partition: int, offset: int) -> datetime | None:
+        tp = TopicPartition(topic, partition)
         with KafkaReader(self.bootstrap_servers) as reader:
-            for chunk in reader.read_chunks_to_end(TopicPartition(topic, partition), offset):
+            low, _ = reader.end_offsets(tp)
+            for chunk in reader.read_chunks_to_end(tp, max(offset, low)):  # retention may have passed ``offset``
                 return datetime.fromtimestamp(chunk.timestamps[0] / 1000, UTC)
         return None
 

@@ -18,9 +18,10 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from crash_util import kill_repeatedly
+from crash_util import checkpoints, kill_repeatedly
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 from views_kafka_util import KafkaMirror
@@ -133,21 +134,28 @@ def test_kafka_follow_killed_at_random_points_is_exactly_once(
             max_delay=0.5 if kills == 1 else None,  # a single kill must land before the job catches up
         )
         assert kills_mid_run > 0
+        stable, applied = source.stable_offsets(view.topics), checkpoints(db, view.name)
+        behind = status_row(kafka_views.bootstrap_servers, db, view.name)  # lag against Kafka, where the kills left it
+        assert behind["lag"] == sum(o - applied[t][p] for t, per in stable.items() for p, o in per.items())
+        assert (behind["waiting_since"] is not None) == (behind["lag"] > 0)  # the oldest unapplied record's timestamp
         if engine == "live":
             follow_live(VIEWS, view.name, source=source, dsn=db, once=True)
         else:
             spark: SparkSession = request.getfixturevalue("spark")
             follow(spark, VIEWS, view.name, source=source, dsn=db, checkpoint_dir=checkpoint_dir, once=True)
         assert view_rows(db, view) == expected_rows(view, source)
-        stable = source.stable_offsets(view.topics)
-    # `project status --kafka`: the checkpoints against Kafka's last stable offsets
-    status = CliRunner().invoke(app, ["--kafka", kafka_views.bootstrap_servers, "project", "status", "--dsn", db,
-                                      "--json"])  # fmt: skip
-    assert status.exit_code == 0, status.output
-    (row,) = [p for p in json.loads(status.output) if p["projection"] == view.name]
-    assert row["status"] == "done" and row["lag"] == 0 and not row["stalled"]
+    row = status_row(kafka_views.bootstrap_servers, db, view.name)
+    assert row["status"] == "done" and row["lag"] == 0 and not row["stalled"] and row["waiting_since"] is None
     logged = {(p["topic"], p["partition"]): (p["next_offset"], p["log_end"]) for p in row["partitions"]}
     assert logged == {(t, p): (o, o) for t, per in stable.items() for p, o in per.items()}
+
+
+def status_row(bootstrap_servers: str, dsn: str, projection: str) -> dict[str, Any]:
+    """``tideline --kafka B project status --json``'s row of ``projection``."""
+    done = CliRunner().invoke(app, ["--kafka", bootstrap_servers, "project", "status", "--dsn", dsn, "--json"])
+    assert done.exit_code == 0, done.output
+    (row,) = [p for p in json.loads(done.output) if p["projection"] == projection]
+    return row  # type: ignore[no-any-return]
 
 
 def test_kafka_unreachable_is_a_one_line_error(db: str) -> None:
