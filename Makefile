@@ -2,7 +2,10 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.tideline-installed
+# The stamp names the hash of pyproject.toml: any change of the dependencies (a new pin) reinstalls,
+# whatever the files' times say (a checkout can leave pyproject.toml older than an existing stamp).
+PYPROJECT_HASH := $(shell sha256sum pyproject.toml | cut -c1-16)
+STAMP := $(VENV)/.tideline-installed-$(PYPROJECT_HASH)
 PG_BIN := /usr/lib/postgresql/15/bin
 WAL2JSON := /usr/lib/postgresql/15/lib/wal2json.so
 APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jdk-headless maven kcat
@@ -19,15 +22,22 @@ system:
 		apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
 	fi
 
+# pip moves installed packages to what pyproject.toml pins (e.g. pyspark 4.3.0 → 4.2.0); the check after it
+# fails the target when the venv's PySpark still is not the pinned one (Spark's Kafka jars are fetched for it).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
+	@rm -f $(VENV)/.tideline-installed*
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	@$(PY) -c 'import importlib.metadata as m, sys; req = [r for r in m.requires("tideline") if r.startswith("pyspark==")]; \
+		want = req[0].split("==")[1].split(";")[0].strip() if req else None; have = m.version("pyspark"); \
+		sys.exit(0 if want in (None, have) else f"error: the venv has pyspark {have}, pyproject.toml pins {want}")'
 	@touch $(STAMP)
 
 venv: $(STAMP)
 
-## jars: Apache Kafka (KRaft broker) and Spark's Kafka source into $(JAR_CACHE), fetched once with Maven.
+## jars: Apache Kafka (KRaft broker) and Spark's Kafka source of the installed PySpark's version into
+## $(JAR_CACHE), fetched once with Maven; fails when either cannot be fetched.
 jars: system venv
 	@bash jvm/fetch-jars.sh $(JAR_CACHE) $(PY)
 

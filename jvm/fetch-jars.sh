@@ -3,9 +3,9 @@
 #
 #   jvm/fetch-jars.sh CACHE_DIR PYTHON
 #
-# CACHE_DIR/kafka/           Apache Kafka's broker (jvm/kafka-server/pom.xml) for tideline/kafkaharness.py
-# CACHE_DIR/spark-sql-kafka/ Spark's Kafka source of exactly the installed PySpark's version
-#                            (jvm/spark-kafka/pom.xml), for spark.jars
+# CACHE_DIR/kafka/             Apache Kafka's broker (jvm/kafka-server/pom.xml) for tideline/kafkaharness.py
+# CACHE_DIR/spark-sql-kafka-V/ Spark's Kafka source of exactly the installed PySpark's version V
+#                              (jvm/spark-kafka/pom.xml), for spark.jars (projections/spark_kafka.py)
 #
 # Each directory is complete iff it holds COMPLETE, whose one line is the version
 # it was fetched for; a directory for another version is fetched again. A fetch
@@ -52,9 +52,10 @@ if ! fetch kafka "$kafka_version" "$here/kafka-server/pom.xml"; then
 fi
 
 spark_version=$("$python" -c 'import pyspark; print(pyspark.__version__)')
-if ! fetch spark-sql-kafka "$spark_version" "$here/spark-kafka/pom.xml" -Dspark.version="$spark_version"; then
-    # Not fatal yet: nothing runs Spark on Kafka so far. Say what is missing and why it matters.
-    echo "warning: org.apache.spark:spark-sql-kafka-0-10_2.13:$spark_version (the installed PySpark's version)" \
-         "could not be fetched from Maven Central (see $cache/spark-sql-kafka.mvn.log):" \
-         "Spark cannot read Kafka until it is in $cache/spark-sql-kafka" >&2
+if ! fetch "spark-sql-kafka-$spark_version" "$spark_version" "$here/spark-kafka/pom.xml" -Dspark.version="$spark_version"; then
+    # Fatal: projections read Kafka with this connector, and only the one of Spark's exact version works.
+    echo "error: org.apache.spark:spark-sql-kafka-0-10_2.13:$spark_version (the installed PySpark's version)" \
+         "could not be fetched from Maven Central (see $cache/spark-sql-kafka-$spark_version.mvn.log):" \
+         "pin pyspark in pyproject.toml to a version whose connector Maven Central has, then run make venv jars" >&2
+    exit 1
 fi

@@ -30,8 +30,11 @@ earlier):
 engine: before every batch, and whenever capture stores a position), and promotes the
 samples its checkpoints cover (so ``R`` advances under load, one batch behind, and
 immediately when caught up). Capture's position is read incrementally
-(:class:`CapturePositions`). ``rebuild`` takes its sample before it fixes the offsets it
-reads to. ``R`` only grows.
+(:class:`CapturePositions`; on Kafka :class:`projections.kafka_source.KafkaCapturePositions`,
+the same topic read with ``read_committed``, and ``E`` the partitions' high watermarks: a
+transaction's records are acknowledged, so below the high watermark, before it commits).
+``rebuild`` takes its sample before it fixes the offsets it reads to. ``R`` only grows.
+Both backends are asked through :class:`projections.sources.LogSource`.
 
 Liveness: ``R`` is a commit *end*, and the handler's ``commit_lsn`` is the insert position
 after its commit — equal when nothing else was written to the WAL in between, larger
@@ -46,7 +49,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -57,11 +60,13 @@ from eventstore.log import Log
 from projections import store
 from schemas.position import POSITIONS_TOPIC, SourcePosition, format_lsn, parse_lsn
 
+if TYPE_CHECKING:
+    from projections.sources import CapturePositionReader, LogSource
+
 __all__ = [
     "ReachedTracker",
     "Sample",
     "captured_lsn",
-    "consistent_offsets",
     "format_lsn",
     "parse_lsn",
     "stable_offsets",
@@ -99,21 +104,6 @@ def stable_offsets(log: Log, topics: Iterable[str]) -> store.Offsets:
     return out
 
 
-def consistent_offsets(log: Log, topics: Iterable[str], attempts: int = 50) -> store.Offsets:
-    """Last stable offsets that form a cut of the log's transactions: read until two reads in a row
-    agree (a log transaction committed between the reads of two partitions would otherwise be
-    half inside)."""
-    topics = list(topics)
-    previous = stable_offsets(log, topics)
-    for _ in range(attempts):
-        current = stable_offsets(log, topics)
-        if current == previous:
-            return current
-        previous = current
-        time.sleep(0.005)
-    return previous
-
-
 @dataclass(frozen=True, slots=True)
 class Sample:
     """A capture position and the log offsets that hold everything up to it."""
@@ -136,9 +126,14 @@ def appended_offsets(log: Log, topics: Iterable[str]) -> store.Offsets:
     return out
 
 
-def take_sample(log: Log, topics: Iterable[str]) -> Sample:
-    lsn = captured_lsn(log)  # first the position, then the offsets: see the module docstring
-    return Sample(lsn, appended_offsets(log, topics))
+def take_sample(source: LogSource, topics: Iterable[str]) -> Sample:
+    """Capture's stored position, *then* the log end offsets of ``topics`` (see the module docstring)."""
+    positions = source.capture_positions()
+    try:
+        lsn = positions.lsn()
+    finally:
+        positions.close()
+    return Sample(lsn, source.appended_offsets(topics))
 
 
 class CapturePositions:
@@ -175,24 +170,22 @@ class CapturePositions:
 class ReachedTracker:
     """Samples waiting to be covered by a view's checkpoints (driver side; not thread-safe).
 
-    Keeps the log open (and capture's position read incrementally) until :meth:`close`."""
+    Keeps capture's position reader open (the position read incrementally) until :meth:`close`."""
 
-    def __init__(self, log_dir: Path, topics: Iterable[str], keep: int = 64) -> None:
-        self.log_dir = log_dir
+    def __init__(self, source: LogSource, topics: Iterable[str], keep: int = 64) -> None:
+        self.source = source
         self.topics = list(topics)
         self.keep = keep
         self.pending: list[Sample] = []
-        self._log: Log | None = None
-        self._positions: CapturePositions | None = None
+        self._positions: CapturePositionReader | None = None
 
     def sample(self) -> Sample:
-        """Take a sample (capture's position first, then the last stable offsets) and keep it
+        """Take a sample (capture's position first, then the log end offsets) and keep it
         if it is new; return it."""
-        if self._log is None or self._positions is None:
-            self._log = Log(self.log_dir, create=False)
-            self._positions = CapturePositions(self._log)
+        if self._positions is None:
+            self._positions = self.source.capture_positions()
         lsn = self._positions.lsn()  # first the position, then the offsets: see the module docstring
-        s = Sample(lsn, appended_offsets(self._log, self.topics))
+        s = Sample(lsn, self.source.appended_offsets(self.topics))
         if s.lsn and (not self.pending or s.lsn > self.pending[-1].lsn or s.offsets != self.pending[-1].offsets):
             self.pending.append(s)
             del self.pending[: -self.keep]
@@ -213,9 +206,7 @@ class ReachedTracker:
     def close(self) -> None:
         if self._positions is not None:
             self._positions.close()
-        if self._log is not None:
-            self._log.close()
-        self._log = self._positions = None
+        self._positions = None
 
 
 def wait_for(dsn: str, projection: str, lsn: int | str, timeout: float = 10.0, poll: float = 0.25) -> bool:

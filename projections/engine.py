@@ -74,9 +74,16 @@ EVENT_COLUMNS = (
 )
 
 
-def make_session(master: str = "local[*]", app_name: str = "tideline-projections") -> SparkSession:
+def make_session(
+    master: str = "local[*]", app_name: str = "tideline-projections", *, kafka: bool = False
+) -> SparkSession:
     """A SparkSession for projection jobs: UTC, no UI, the tideline source registered; executors
-    run this interpreter and import this repository (``PYTHONPATH``), also on a cluster."""
+    run this interpreter and import this repository (``PYTHONPATH``), also on a cluster.
+    ``kafka``: Spark's own Kafka source on ``spark.jars`` too (:mod:`projections.spark_kafka`;
+    a ConfigError saying to run ``make jars`` when they are missing)."""
+    from projections.spark_kafka import spark_jars_setting
+
+    jars = spark_jars_setting() if kafka else None
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(master)
@@ -90,6 +97,8 @@ def make_session(master: str = "local[*]", app_name: str = "tideline-projections
     )
     if master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1")
+    if jars is not None:
+        builder = builder.config("spark.jars", jars)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     register(session)

@@ -7,8 +7,9 @@ followed by one and then the other, or rebuilt in between:
 
 ``live`` (default)
     :class:`projections.live.LiveFollower`: no Spark; woken by the log's change
-    notifications, it applies what capture stored within milliseconds (read-your-writes:
-    ``POST …?consistent=true`` answers in tens of milliseconds). One Python process.
+    notifications (on Kafka: by its consumer's fetches), it applies what capture stored
+    within milliseconds (read-your-writes: ``POST …?consistent=true`` answers in tens of
+    milliseconds on the embedded log). One Python process.
 ``spark``
     :class:`projections.follow.Follower`: Structured Streaming micro-batches (each costs
     hundreds of milliseconds here); count views and mirrors are computed by Spark, so it
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from eventstore.errors import ConfigError
 from projections.progress import BatchReport, FollowJob
+from projections.sources import LogSource
 from projections.views import ViewCatalog
 
 if TYPE_CHECKING:
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
 class FollowSettings:
     """What a follow job is given, whichever engine runs it."""
 
-    log_dir: Path
+    source: LogSource  # the embedded log or Kafka (projections.sources)
     dsn: str
     checkpoint_dir: Path  # the Spark engine's streaming checkpoints (the live engine keeps none)
     max_records_per_batch: int | None = None
@@ -71,7 +73,7 @@ class FollowEngine(enum.Enum):
             return LiveFollower(
                 catalog,
                 name,
-                log_dir=settings.log_dir,
+                source=settings.source,
                 dsn=settings.dsn,
                 max_records_per_batch=settings.max_records_per_batch,
                 on_batch=settings.on_batch,
@@ -87,7 +89,7 @@ class FollowEngine(enum.Enum):
             spark,
             catalog,
             name,
-            log_dir=settings.log_dir,
+            source=settings.source,
             dsn=settings.dsn,
             checkpoint_dir=settings.checkpoint_dir,
             max_records_per_trigger=settings.max_records_per_batch,

@@ -1,6 +1,7 @@
 """``follow``: keep a view up to date with Structured Streaming micro-batches, exactly once.
 
-The query reads the view's topics (``spark.readStream.format("tideline")``, read_committed)
+The query reads the view's topics (read_committed: ``spark.readStream.format("tideline")``
+on the embedded log, Spark's own ``format("kafka")`` on Kafka; :mod:`projections.sources`)
 from the offsets in ``projection_checkpoints`` — the Postgres checkpoint is the truth; the
 Spark checkpoint under ``<checkpoint dir>/<projection>`` is kept only while it agrees
 with it (otherwise it is deleted and the query starts from Postgres's offsets).
@@ -49,11 +50,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
 from eventstore.errors import TidelineError
-from eventstore.log import Log
 from projections import engine, store
 from projections.apply import LocatedEvent, add_counts, apply_fold
 from projections.consistency import ReachedTracker
 from projections.progress import BatchReport, FoldFailed, FollowStats
+from projections.sources import LogSource, open_source
 from projections.views import CountView, FoldView, MirrorView, View, ViewCatalog, columns_of
 
 IDLE_TICK_S = 0.5
@@ -99,23 +100,29 @@ class Follower:
         catalog: ViewCatalog,
         name: str,
         *,
-        log_dir: Path,
         dsn: str,
         checkpoint_dir: Path,
+        log_dir: Path | None = None,
+        source: LogSource | None = None,
         trigger_seconds: float = 1.0,
         max_records_per_trigger: int | None = None,
         on_batch: BatchReport = lambda _: None,
     ) -> None:
+        """Reads ``source``, or the embedded log at ``log_dir`` (created if missing, kept open by
+        this job until :meth:`run` returns)."""
+        if (log_dir is None) == (source is None):
+            raise ValueError("give exactly one of log_dir (the embedded log) and source")
         self.spark = spark
         self.view: View = catalog[name]
-        self.log_dir = log_dir
+        self._owned = source is None
+        self.source: LogSource = source or open_source(log_dir=log_dir, create=True)
         self.dsn = dsn
         self.location = checkpoint_path(checkpoint_dir, self.view.name)
         self.trigger_seconds = trigger_seconds
         self.max_records_per_trigger = max_records_per_trigger
         self.on_batch = on_batch
         self.stats = FollowStats(self.view.name)
-        self.tracker = ReachedTracker(log_dir, self.view.topics)
+        self.tracker = ReachedTracker(self.source, self.view.topics)
         self.lock = threading.Lock()  # the tracker and stats: foreachBatch runs on a Spark thread
         self.starting: store.Offsets = {}
         self.failure: FoldFailed | None = None  # set by a batch whose fold raised: the job's error
@@ -125,8 +132,7 @@ class Follower:
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> FollowStats:
         """Follow until ``stop`` is set (or, ``once``, until everything readable now is applied)."""
         stop = stop or threading.Event()
-        with Log(self.log_dir) as log:  # the log may be new (nothing captured yet)
-            missing = sorted(set(self.view.topics) - set(log.topics()))
+        missing = sorted(set(self.view.topics) - set(self.source.partition_counts(self.view.topics)))
         if missing:  # read from their start once they appear (an aggregate with no events yet)
             logger.info("projection=%s missing_topics=%s (read once they appear)", self.view.name, ",".join(missing))
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -148,24 +154,17 @@ class Follower:
             raise
         finally:
             self.tracker.close()
+            if self._owned:
+                self.source.close()
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 store.finish_run(conn, self.view.name, status, error)
         return self.stats
 
     def _run_query(self, once: bool, stop: threading.Event) -> None:
         self.starting = self._starting_offsets()
-        reader = (
-            self.spark.readStream.format("tideline")
-            .option("path", str(self.log_dir))
-            .option("subscribe", ",".join(self.view.topics))
-            .option("decodeAvro", "true")  # capture's --value-format avro: read as its JSON
-            .option("startingOffsets", json.dumps(self.starting))
-        )
-        if self.max_records_per_trigger:
-            reader = reader.option("maxRecordsPerTrigger", str(self.max_records_per_trigger))
+        frame = self.source.stream_frame(self.spark, self.view.topics, self.starting, self.max_records_per_trigger)
         writer = (
-            reader.load()
-            .writeStream.queryName(f"follow-{self.view.name}")
+            frame.writeStream.queryName(f"follow-{self.view.name}")
             .foreachBatch(self._batch)
             .option("checkpointLocation", str(self.location))
         )
@@ -195,13 +194,8 @@ class Follower:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             stored = store.offsets_of(store.read_checkpoints(conn, self.view.name))
         self.stats.applied = stored
-        with Log(self.log_dir, create=False) as log:
-            existing = set(log.topics())
-            starting = {
-                t: {p: stored.get(t, {}).get(p, -2) for p in range(log.topic(t).partitions)}
-                for t in self.view.topics
-                if t in existing  # a topic that appears later is read from its earliest offset
-            }
+        counts = self.source.partition_counts(self.view.topics)  # a topic that appears later: from its earliest
+        starting = {t: {p: stored.get(t, {}).get(p, -2) for p in range(n)} for t, n in counts.items()}
         if self.location.exists() and spark_committed_offsets(self.location) != {
             t: {p: o for p, o in per.items() if o >= 0} for t, per in starting.items()
         }:
@@ -355,14 +349,17 @@ def follow(
     catalog: ViewCatalog,
     name: str,
     *,
-    log_dir: Path,
     dsn: str,
     checkpoint_dir: Path,
+    log_dir: Path | None = None,
+    source: LogSource | None = None,
     once: bool = False,
     stop: threading.Event | None = None,
     **options: Any,
 ) -> FollowStats:
-    """Follow view ``name`` (see :class:`Follower`); ``once``: apply what is readable now, then return."""
-    return Follower(spark, catalog, name, log_dir=log_dir, dsn=dsn, checkpoint_dir=checkpoint_dir, **options).run(
-        once=once, stop=stop
+    """Follow view ``name`` of the embedded log at ``log_dir`` or of ``source`` (see :class:`Follower`);
+    ``once``: apply what is readable now, then return."""
+    job = Follower(
+        spark, catalog, name, log_dir=log_dir, source=source, dsn=dsn, checkpoint_dir=checkpoint_dir, **options
     )
+    return job.run(once=once, stop=stop)

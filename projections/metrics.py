@@ -38,7 +38,7 @@ class FollowCollector(Collector):
             m.add_metric(values, value)
             return m
 
-        lag = stats.lag(self.follower.log_dir, self.follower.view.topics)
+        lag = stats.lag(self.follower.source, self.follower.view.topics)
         yield metric(CounterMetricFamily, "events", "Records applied.", stats.events)
         yield metric(CounterMetricFamily, "batches", "Batches committed.", stats.batches)
         yield metric(GaugeMetricFamily, "last_batch_seconds", "Duration of the last batch.", stats.last_batch_seconds)

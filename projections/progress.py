@@ -29,13 +29,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from eventstore.errors import TidelineError
-from eventstore.log import Log
 from projections import store
 from projections.views import View
+
+if TYPE_CHECKING:
+    from projections.sources import LogSource
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +57,9 @@ class FollowStats:
     applied: store.Offsets = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
 
-    def lag(self, log_dir: Path, topics: Iterable[str]) -> dict[str, dict[int, int]]:
+    def lag(self, source: LogSource, topics: Iterable[str]) -> dict[str, dict[int, int]]:
         """Log end − applied offset per partition (read_committed)."""
-        from projections.consistency import stable_offsets
-
-        with Log(log_dir, create=False) as log:
-            ends = stable_offsets(log, topics)
+        ends = source.stable_offsets(topics)
         return {
             t: {p: max(0, o - self.applied.get(t, {}).get(p, 0)) for p, o in per.items()} for t, per in ends.items()
         }
@@ -84,7 +82,7 @@ class FollowJob(Protocol):
 
     stats: FollowStats
     view: View
-    log_dir: Path
+    source: LogSource
 
     def run(self, *, once: bool = False, stop: threading.Event | None = None) -> FollowStats: ...
 
@@ -119,7 +117,7 @@ def progress_line(job: FollowJob, engine: str, previous: tuple[int, int]) -> tup
     s = job.stats
     batches, events = s.batches, s.events
     try:
-        lag: int | str = sum(sum(per.values()) for per in s.lag(job.log_dir, job.view.topics).values())
+        lag: int | str = sum(sum(per.values()) for per in s.lag(job.source, job.view.topics).values())
     except (TidelineError, OSError) as e:  # the log may not exist yet: say so rather than crash the reporter
         lag = f'"{type(e).__name__}"'
     at = (

@@ -2,7 +2,9 @@
 
 1. Sample the capture position and fix the offsets to read to (a consistent cut of the
    log's transactions; :mod:`projections.consistency`).
-2. Spark batch read (``format("tideline")``, read_committed) up to those offsets.
+2. Spark batch read (read_committed) up to those offsets: ``format("tideline")`` on the
+   embedded log, Spark's own ``format("kafka")`` on Kafka (:mod:`projections.sources`;
+   the same columns either way, so the views cannot tell).
 3. Compute the view on the executors and COPY its rows — and a fold's states — into
    unlogged **staging tables** tagged with the task attempt that wrote them
    (:mod:`projections.attempts`). Fold views: one task per log partition
@@ -34,10 +36,10 @@ import psycopg
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from eventstore.log import Log
 from projections import attempts, engine, store
-from projections.consistency import consistent_offsets, take_sample
+from projections.consistency import take_sample
 from projections.models import projection_state
+from projections.sources import LogSource, source_for
 from projections.views import CountView, FoldView, MirrorView, View, ViewCatalog, columns_of, owned_table
 
 Stage = Callable[[str], None]
@@ -54,51 +56,36 @@ class RebuildResult:
     discarded: int = 0  # staged rows of task attempts Spark did not keep (a retried or speculative task)
 
 
-def source(spark: SparkSession, log_dir: Path, ends: store.Offsets, *, whole_partitions: bool = False) -> DataFrame:
-    """The records of the topics in ``ends``, from the beginning up to those offsets
-    (``whole_partitions``: one Spark partition per log partition, in offset order)."""
-    import json
-
-    return (
-        spark.read.format("tideline")
-        .option("path", str(log_dir))
-        .option("subscribe", ",".join(ends))
-        .option("decodeAvro", "true")  # capture's --value-format avro: read as its JSON
-        .option("wholePartitions", str(whole_partitions).lower())
-        .option("startingOffsets", "earliest")
-        .option("endingOffsets", json.dumps({t: {str(p): o for p, o in per.items()} for t, per in ends.items()}))
-        .load()
-    )
-
-
 def rebuild(
     spark: SparkSession,
     catalog: ViewCatalog,
     name: str,
     *,
-    log_dir: Path,
     dsn: str,
+    log_dir: Path | None = None,
+    source: LogSource | None = None,
     stage: Stage = lambda _: None,
 ) -> RebuildResult:
-    """Rebuild view ``name`` of ``catalog`` from the log at ``log_dir`` into the database at ``dsn``."""
+    """Rebuild view ``name`` of ``catalog`` from the embedded log at ``log_dir`` (or ``source``,
+    e.g. Kafka) into the database at ``dsn``."""
     view = catalog[name]
     started = time.monotonic()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        store.start_run(conn, view.name, "rebuild")
-    try:
-        stage("fixing the offsets to read")
-        with Log(log_dir, create=False) as log:
+    with source_for(log_dir, source) as log:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            store.start_run(conn, view.name, "rebuild")
+        try:
+            stage("fixing the offsets to read")
             # capture's position first, then the cut: the position counts only if the cut holds every record
             # appended before it was read (commit markers land partition by partition, so the last stable
             # offsets may still lag the log end of a transaction the position already covers)
             sample = take_sample(log, view.topics)
-            ends = consistent_offsets(log, view.topics)
+            ends = log.consistent_offsets(view.topics)
             lsn = sample.lsn if sample.covered_by(ends) else 0
-        result = _rebuild(spark, catalog, view, log_dir, dsn, ends, lsn, stage)
-    except BaseException as e:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            store.finish_run(conn, view.name, "failed", f"{type(e).__name__}: {e}"[:2000])
-        raise
+            result = _rebuild(spark, catalog, view, log, dsn, ends, lsn, stage)
+        except BaseException as e:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                store.finish_run(conn, view.name, "failed", f"{type(e).__name__}: {e}"[:2000])
+            raise
     events, rows, discarded = result
     return RebuildResult(view.name, events, rows, ends, lsn, time.monotonic() - started, discarded)
 
@@ -117,7 +104,7 @@ def _rebuild(
     spark: SparkSession,
     catalog: ViewCatalog,
     view: View,
-    log_dir: Path,
+    log: LogSource,
     dsn: str,
     ends: store.Offsets,
     lsn: int,
@@ -128,7 +115,7 @@ def _rebuild(
         states_staging = attempts.create(conn, projection_state.name, f"{view.name}__state")
     try:
         stage(f"reading {', '.join(ends) or 'nothing'} and writing {rows_staging}")
-        staged = _compute(spark, catalog, view, log_dir, dsn, ends, rows_staging, states_staging)
+        staged = _compute(spark, catalog, view, log, dsn, ends, rows_staging, states_staging)
         stage("swapping the view in")
         with psycopg.connect(dsn) as conn, conn.transaction():
             store.read_checkpoints(conn, view.name, lock=True)
@@ -149,7 +136,7 @@ def _compute(
     spark: SparkSession,
     catalog: ViewCatalog,
     view: View,
-    log_dir: Path,
+    log: LogSource,
     dsn: str,
     ends: store.Offsets,
     rows_staging: str,
@@ -159,19 +146,19 @@ def _compute(
     if not ends:
         return Staged(rows_staging, states_staging, 0, [])
     if isinstance(view, FoldView):
-        raw = source(spark, log_dir, ends, whole_partitions=True)
+        raw = log.batch_frame(spark, ends, whole_partitions=True)
         folded = fold_frame(spark, catalog, view, raw, dsn, rows_staging, states_staging, per_log_partition=True)
         if _split_streams(dsn, states_staging, folded.kept):  # a topic whose partition count grew
             _truncate(dsn, rows_staging, states_staging)
-            folded = fold_frame(spark, catalog, view, source(spark, log_dir, ends), dsn, rows_staging, states_staging)
+            folded = fold_frame(spark, catalog, view, log.batch_frame(spark, ends), dsn, rows_staging, states_staging)
         return Staged(rows_staging, states_staging, folded.events, folded.kept)
     if isinstance(view, CountView):
-        parsed = engine.parse_events(source(spark, log_dir, ends)).persist()
+        parsed = engine.parse_events(log.batch_frame(spark, ends)).persist()
         events = parsed.count()
         outputs = engine.write_frame(view.frame(parsed.select(*engine.EVENT_COLUMNS)), dsn, rows_staging)
         parsed.unpersist()
         return Staged(rows_staging, states_staging, events, attempts.winners(outputs))
-    events, outputs = _mirror(view, source(spark, log_dir, ends), dsn, rows_staging)
+    events, outputs = _mirror(view, log.batch_frame(spark, ends), dsn, rows_staging)
     return Staged(rows_staging, states_staging, events, attempts.winners(outputs))
 
 

@@ -1,9 +1,10 @@
-"""Every view computed in plain Python from the log (eventstore Consumer, read_committed).
+"""Every view computed in plain Python from the log (read_committed), embedded or Kafka.
 
 The reference the tests and the demo hold Spark's results against: no Spark, no SQL, the
 same declarations (the aggregates' ``apply``, ``FoldView.rows``, ``CountView.contributions``,
 a dict for "latest row per key"). :func:`view_rows` reads what a view holds in Postgres in
-the same form.
+the same form. The log is the embedded log's directory or a
+:class:`~projections.sources.LogSource` (Kafka: records read with ``KafkaReader``).
 
 Rows are tuples in :func:`projections.views.columns_of` order; jsonb values as parsed JSON.
 """
@@ -19,48 +20,45 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from eventstore.consumer import Consumer, TopicPartition
-from eventstore.isolation import IsolationLevel
-from eventstore.log import Log
-from eventstore.schema_store import FramedDecoder
+from projections.sources import LogSource, as_source
 from projections.store import Offsets
 from projections.views import CountView, FoldView, MirrorView, Row, StoredEvent, Stream, View, columns_of
 
 Record = tuple[bytes | None, bytes | None]  # key, value
+Log = Path | LogSource  # the embedded log's directory, or a source
 
 
-def records(log_dir: Path, topics: tuple[str, ...], until: Offsets | None = None) -> Iterator[tuple[str, int, Record]]:
+def records(log: Log, topics: tuple[str, ...], until: Offsets | None = None) -> Iterator[tuple[str, int, Record]]:
     """``(topic, partition, (key, value))`` of every committed record, partition by partition
     (with ``until``: only those at offsets below it; partitions it leaves out: none); keys and
     values framed as Avro by capture come back as the JSON capture writes otherwise."""
-    with Log(log_dir, create=False) as log:
-        decoder = FramedDecoder(log, lambda problem: None)  # Avro-framed keys/values → capture's JSON
-        for topic in topics:
-            if topic not in log.topics():
-                continue
-            for p in range(log.topic(topic).partitions):
-                with Consumer(log, enable_auto_commit=False, isolation_level=IsolationLevel.READ_COMMITTED) as c:
-                    c.assign([TopicPartition(topic, p)])
-                    c.seek_to_beginning()
-                    while batch := c.poll(timeout_ms=0):
-                        for r in batch:
-                            if until is None or r.offset < until.get(topic, {}).get(p, 0):
-                                yield topic, p, (decoder.decode(r.key)[0], decoder.decode(r.value)[0])
+    source = as_source(log)
+    try:
+        for topic, partitions in source.partition_counts(topics).items():
+            for p in range(partitions):
+                limit = None if until is None else until.get(topic, {}).get(p, 0)
+                if limit == 0:
+                    continue
+                for r in source.records(topic, p, limit):
+                    yield topic, p, (r.key, r.value)
+    finally:
+        if source is not log:
+            source.close()
 
 
-def expected_rows(view: View, log_dir: Path, until: Offsets | None = None) -> list[Row]:
+def expected_rows(view: View, log: Log, until: Offsets | None = None) -> list[Row]:
     """What ``view`` must hold after applying everything committed in the log (or, with
     ``until``, the records below those offsets: what a view with these checkpoints holds)."""
     if isinstance(view, FoldView):
-        return _fold(view, log_dir, until)
+        return _fold(view, log, until)
     if isinstance(view, CountView):
-        return _counts(view, log_dir, until)
-    return _mirror(view, log_dir, until)
+        return _counts(view, log, until)
+    return _mirror(view, log, until)
 
 
-def _fold(view: FoldView, log_dir: Path, until: Offsets | None) -> list[Row]:
+def _fold(view: FoldView, log: Log, until: Offsets | None) -> list[Row]:
     streams: dict[str, list[StoredEvent]] = defaultdict(list)
-    for _, _, (_, value) in records(log_dir, view.topics, until):
+    for _, _, (_, value) in records(log, view.topics, until):
         if value is not None:
             e = StoredEvent.from_value(value)
             streams[e.stream_id].append(e)
@@ -75,9 +73,9 @@ def _fold(view: FoldView, log_dir: Path, until: Offsets | None) -> list[Row]:
     return normalized(out)
 
 
-def _counts(view: CountView, log_dir: Path, until: Offsets | None) -> list[Row]:
+def _counts(view: CountView, log: Log, until: Offsets | None) -> list[Row]:
     totals: dict[Row, list[int]] = {}
-    for _, _, (_, value) in records(log_dir, view.topics, until):
+    for _, _, (_, value) in records(log, view.topics, until):
         if value is None:
             continue
         for key, counts in view.contributions(StoredEvent.from_value(value)):
@@ -87,9 +85,9 @@ def _counts(view: CountView, log_dir: Path, until: Offsets | None) -> list[Row]:
     return normalized([(*key, *view.extra(key), *counts) for key, counts in totals.items()])
 
 
-def _mirror(view: MirrorView, log_dir: Path, until: Offsets | None) -> list[Row]:
+def _mirror(view: MirrorView, log: Log, until: Offsets | None) -> list[Row]:
     latest: dict[bytes, Row | None] = {}
-    for _, _, (key, value) in records(log_dir, view.topics, until):
+    for _, _, (key, value) in records(log, view.topics, until):
         if key is None:
             continue
         change = orjson.loads(value) if value is not None else None

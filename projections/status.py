@@ -10,28 +10,29 @@ events arrive is stalled once they wait longer than that.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from eventstore.consumer import Consumer, TopicPartition
-from eventstore.isolation import IsolationLevel, end_offset
-from eventstore.log import Log
 from projections.consistency import format_lsn
+from projections.sources import LogSource, as_source
 
 DEFAULT_STALL_AFTER_S = 60.0
 
 
 def projection_status(
-    dsn: str, log_dir: Path, *, stall_after: float = DEFAULT_STALL_AFTER_S, now: datetime | None = None
+    dsn: str, log: Path | LogSource, *, stall_after: float = DEFAULT_STALL_AFTER_S, now: datetime | None = None
 ) -> list[dict[str, Any]]:
     """One dict per projection with a run or a checkpoint: ``projection, mode, status, events,
     batches, reached_lsn, started_at, finished_at, error, lag, last_progress_at, waiting_since,
     stalled`` and ``partitions`` (``topic, partition, next_offset, log_end, lag, commit_lsn``);
-    lag = log end (read_committed) − next offset; ``waiting_since``: when the oldest record not
-    yet applied was appended (None: nothing waits); ``now``: the time to judge by (default: now)."""
+    lag = log end (read_committed: the embedded log's, or Kafka's last stable offset) − next
+    offset; ``waiting_since``: when the oldest record not yet applied was appended (None:
+    nothing waits); ``log``: the embedded log's directory or a source (Kafka); ``now``: the
+    time to judge by (default: now)."""
     now = now or datetime.now(UTC)
     with psycopg.connect(dsn, autocommit=True) as conn:
         runs = {
@@ -47,15 +48,15 @@ def projection_status(
         ).fetchall()
     ends: dict[tuple[str, int], int] = {}
     waiting: dict[tuple[str, str, int], datetime] = {}
-    if log_dir.exists():
-        with Log(log_dir, create=False) as log:
-            topics = set(log.topics())
+    with as_source(log) if isinstance(log, Path) else nullcontext(log) as source:
+        if source.exists():
+            stable = source.stable_offsets(sorted({c[1] for c in checkpoints}))
+            ends = {(t, p): o for t, per in stable.items() for p, o in per.items()}
             for name, topic, partition, offset, _, _ in checkpoints:
-                if topic in topics and partition < log.topic(topic).partitions:
-                    end = ends[(topic, partition)] = end_offset(
-                        log.partition(topic, partition), IsolationLevel.READ_COMMITTED
-                    )
-                    if end > offset and (since := _appended_at(log, topic, partition, int(offset))) is not None:
+                end = ends.get((topic, partition))
+                if end is not None and end > offset:
+                    since = source.appended_at(topic, partition, int(offset))
+                    if since is not None:
                         waiting[(name, topic, partition)] = since
     out: dict[str, dict[str, Any]] = {}
     for name in sorted(set(runs) | {c[0] for c in checkpoints}):
@@ -101,14 +102,3 @@ def _health(
     row["waiting_since"] = since.isoformat(timespec="milliseconds") if since else None
     limit = now - timedelta(seconds=stall_after)
     row["stalled"] = bool(row["lag"]) and since is not None and since < limit and (progress is None or progress < limit)
-
-
-def _appended_at(log: Log, topic: str, partition: int, offset: int) -> datetime | None:
-    """The timestamp of the first committed record at or after ``offset`` (None: none readable)."""
-    with Consumer(log, enable_auto_commit=False, auto_offset_reset="earliest") as consumer:
-        tp = TopicPartition(topic, partition)
-        consumer.assign([tp])
-        consumer.seek(tp, offset)
-        for record in consumer.poll(timeout_ms=0, max_records=1):
-            return datetime.fromtimestamp(record.timestamp / 1000, UTC)
-    return None

@@ -29,7 +29,7 @@ class State:
 
 # Commands that work with Kafka as the log, or do not touch the log at all. The others
 # refuse --kafka / TIDELINE_KAFKA_BOOTSTRAP rather than quietly use the embedded log.
-KAFKA_READY_COMMANDS = frozenset({"log", "capture", "kafka", "pg", "db", "schemas"})
+KAFKA_READY_COMMANDS = frozenset({"log", "capture", "project", "kafka", "pg", "db", "schemas"})
 
 
 @app.callback()
@@ -51,8 +51,8 @@ def _root(
             envvar=KAFKA_BOOTSTRAP_ENV,
             metavar="HOST:PORT[,…]",
             help="Use the Apache Kafka cluster at these bootstrap servers as the log "
-            "(so far: `tideline log create|topics|describe|produce|tail|groups`, `tideline capture run|status`, "
-            "`tideline schemas …`).",
+            "(so far: `tideline log create|topics|describe|produce|tail|groups|mirror`, `tideline capture run|status`, "
+            "`tideline schemas …`, `tideline project rebuild|follow|status`).",
             show_default=False,
         ),
     ] = None,
@@ -61,8 +61,8 @@ def _root(
     State.kafka = resolve_kafka_bootstrap(kafka)
     if State.kafka is not None and ctx.invoked_subcommand not in KAFKA_READY_COMMANDS:
         raise fail(
-            f"`tideline {ctx.invoked_subcommand}` does not support Kafka yet (`tideline log`, `capture` and "
-            "`schemas` do): "
+            f"`tideline {ctx.invoked_subcommand}` does not support Kafka yet (`tideline log`, `capture`, "
+            "`schemas` and `project` do): "
             f"drop --kafka / unset {KAFKA_BOOTSTRAP_ENV} to use the embedded log"
         )
 

@@ -5,9 +5,12 @@
     tideline project rebuild users --dsn "$DSN"                  # replay, then swap in
     tideline project follow seats --dsn "$DSN" [--once]           # batches, exactly once (--engine live|spark)
     tideline project status [--json] [--stall-after 60]           # offsets, lag, reached LSN, stalled, last run
+    tideline --kafka HOST:PORT project rebuild users --dsn "$DSN" # the same, reading Apache Kafka
 
 Views come from a catalog module (``--views``, default the reservations example's);
-``mirror:<topic>`` mirrors any CDC topic. The log is the global ``--data-dir``.
+``mirror:<topic>`` mirrors any CDC topic. The log is the global ``--data-dir``, or Kafka
+with the global ``--kafka`` / ``TIDELINE_KAFKA_BOOTSTRAP`` (Spark's own Kafka source and a
+librdkafka consumer: docs/kafka.md, "Projections from Kafka").
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import signal
 import tempfile
 import threading
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -57,6 +60,25 @@ def _log_dir() -> Path:
     return State.data_dir
 
 
+def _kafka() -> str | None:
+    """Kafka's bootstrap servers when Kafka is the log (checked reachable, in one line), else None."""
+    from tideline.cli import State
+
+    if State.kafka is not None:
+        from eventstore.kafka.config import probe_bootstrap
+
+        probe_bootstrap(State.kafka)
+    return State.kafka
+
+
+def _source(kafka: str | None, *, create: bool = False) -> Any:
+    """The log the command reads: Kafka at ``kafka`` (:func:`_kafka`) or the embedded log at
+    ``--data-dir`` (``create``: made if missing, as a follow job may start before capture)."""
+    from projections.sources import open_source
+
+    return open_source(log_dir=_log_dir(), kafka=kafka, create=create)
+
+
 def _catalog(module: str) -> Any:
     from projections.views import load_catalog
 
@@ -91,10 +113,11 @@ def _spark_log_level(text: str) -> str:
     return level
 
 
-def _session(master: str, log_level: str = DEFAULT_SPARK_LOG_LEVEL) -> Any:
+def _session(master: str, log_level: str = DEFAULT_SPARK_LOG_LEVEL, *, kafka: bool = False) -> Any:
     """A SparkSession whose console logs at ``log_level`` from the JVM's start: a log4j2
     configuration passed to the driver (Spark's own default prints its profile and WARN lines
-    before any ``setLogLevel`` can run). A ``PYSPARK_SUBMIT_ARGS`` set by the user is kept."""
+    before any ``setLogLevel`` can run). A ``PYSPARK_SUBMIT_ARGS`` set by the user is kept.
+    ``kafka``: with Spark's Kafka source on the class path."""
     from projections.engine import make_session
 
     fd, name = tempfile.mkstemp(prefix="tideline-log4j2-", suffix=".properties")
@@ -108,7 +131,7 @@ def _session(master: str, log_level: str = DEFAULT_SPARK_LOG_LEVEL) -> Any:
                 f"--driver-java-options {shlex.quote(f'-Dlog4j2.configurationFile={config.as_uri()}')} pyspark-shell"
             )
         with console.status(f"starting Spark ({master})"):
-            session = make_session(master)
+            session = make_session(master, kafka=kafka)
         session.sparkContext.setLogLevel(log_level)
         return session
     finally:
@@ -135,14 +158,16 @@ def rebuild(
         level = _spark_log_level(spark_log_level)
         catalog = _catalog(views)
         catalog[view]
-        spark = _session(master, level)
-        try:
-            with console.status("rebuilding") as status:
-                result = run_rebuild(
-                    spark, catalog, view, log_dir=_log_dir(), dsn=target, stage=lambda s: status.update(f"{view}: {s}")
-                )
-        finally:
-            spark.stop()
+        kafka = _kafka()
+        with _source(kafka) as source:
+            spark = _session(master, level, kafka=kafka is not None)
+            try:
+                with console.status("rebuilding") as status:
+                    result = run_rebuild(
+                        spark, catalog, view, source=source, dsn=target, stage=lambda s: status.update(f"{view}: {s}")
+                    )
+            finally:
+                spark.stop()
     rate = result.events / result.seconds if result.seconds else 0.0
     summary = {
         "projection": result.projection,
@@ -202,22 +227,23 @@ def follow(
     stop = threading.Event()
     log_dir = _log_dir()
     began = time.monotonic()
-    with one_line_errors():
+    with one_line_errors(), ExitStack() as resources:
         chosen = FollowEngine.parse(engine)
         level = _spark_log_level(spark_log_level)
         if master is not None and not chosen.needs_spark:
             raise fail("--master is for --engine spark (the live engine runs in this process)")
         catalog = _catalog(views)
         catalog[view]
+        kafka = _kafka()
         settings = FollowSettings(
-            log_dir=log_dir,
+            source=resources.enter_context(_source(kafka, create=True)),
             dsn=target,
             checkpoint_dir=checkpoint_dir or log_dir / "_projections",
             max_records_per_batch=max_records,
             trigger_seconds=trigger_seconds,
         )
         job = None if chosen.needs_spark else chosen.job(catalog, view, settings)
-        spark = _session(master or "local[*]", level) if chosen.needs_spark else None
+        spark = _session(master or "local[*]", level, kafka=kafka is not None) if chosen.needs_spark else None
         server = None
         try:
             job = job or chosen.job(catalog, view, settings, spark)
@@ -267,11 +293,12 @@ def status(
         typer.Option("--stall-after", min=0, help="Seconds of lag > 0 without progress that make a view stalled."),
     ] = 60.0,
 ) -> None:
-    """Per projection: checkpoint offsets, lag (log end − checkpoint), reached LSN, stalled or ok, last run."""
+    """Per projection: checkpoint offsets, lag (log end − checkpoint; with --kafka, Kafka's), reached LSN, stalled
+    or ok, last run."""
     from projections.status import projection_status
 
-    with one_line_errors():
-        rows = projection_status(_dsn(dsn), _log_dir(), stall_after=stall_after)
+    with one_line_errors(), _source(_kafka()) as source:
+        rows = projection_status(_dsn(dsn), source, stall_after=stall_after)
     if as_json:
         typer.echo(json.dumps(rows, default=str))
         return

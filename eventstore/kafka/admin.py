@@ -17,7 +17,7 @@ thread-safe; this class keeps no state of its own).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -174,6 +174,26 @@ class KafkaAdmin:
             raise ConfigError(f"topic {name!r} exists on Kafka with other settings: {', '.join(differences)}")
         return existing
 
+    def partition_counts(self, names: Iterable[str]) -> dict[str, int]:
+        """Partitions of each of ``names`` that exists (one metadata request; absent topics left out)."""
+        wanted = set(names)
+        metadata = self._metadata(None, what="listing topics")
+        return {
+            name: len(meta.partitions)
+            for name, meta in metadata.topics.items()
+            if name in wanted and meta.error is None and meta.partitions
+        }
+
+    def end_offsets(self, partitions: Iterable[tuple[str, int]], *, read_committed: bool) -> dict[tuple[str, int], int]:
+        """Where a reader of each ``(topic, partition)`` stops now: the last stable offset
+        (``read_committed``: below the oldest open transaction) or the high watermark."""
+        isolation = IsolationLevel.READ_COMMITTED if read_committed else IsolationLevel.READ_UNCOMMITTED
+        return self._offsets(partitions, OffsetSpec.latest(), isolation)  # type: ignore[no-untyped-call]
+
+    def start_offsets(self, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The log start offset of each ``(topic, partition)`` (retention may have removed the ones before)."""
+        return self._offsets(partitions, OffsetSpec.earliest(), IsolationLevel.READ_UNCOMMITTED)  # type: ignore[no-untyped-call]
+
     def describe(self, name: str) -> tuple[TopicMetadata, list[KafkaPartitionInfo]]:
         """Settings, leaders, replicas and offsets of every partition of ``name``."""
         topic_meta = self._topic_metadata(name)
@@ -272,16 +292,27 @@ class KafkaAdmin:
     def _list_offsets(
         self, tps: list[KafkaTopicPartition], spec: OffsetSpec, isolation: IsolationLevel
     ) -> dict[int, int]:
-        def list_once() -> dict[int, int]:
+        offsets = self._offsets([(tp.topic, tp.partition) for tp in tps], spec, isolation)
+        return {partition: offset for (_, partition), offset in offsets.items()}
+
+    def _offsets(
+        self, partitions: Iterable[tuple[str, int]], spec: OffsetSpec, isolation: IsolationLevel
+    ) -> dict[tuple[str, int], int]:
+        """One ListOffsets round per broker for every partition (of any topics)."""
+        tps = [KafkaTopicPartition(topic, partition) for topic, partition in partitions]
+        if not tps:
+            return {}
+
+        def list_once() -> dict[tuple[str, int], int]:
             futures = self._admin.list_offsets({tp: spec for tp in tps}, isolation_level=isolation,
                                                request_timeout=self.timeout_s)  # fmt: skip
-            return {tp.partition: future.result(timeout=self.timeout_s + 5).offset for tp, future in futures.items()}
+            return {
+                (tp.topic, tp.partition): future.result(timeout=self.timeout_s + 5).offset
+                for tp, future in futures.items()
+            }
 
         return self._retrying(
-            list_once,
-            what="listing offsets",
-            topic=tps[0].topic if tps else None,
-            also=frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART}),
+            list_once, what="listing offsets", topic=tps[0].topic, also=frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART})
         )  # callers checked it exists
 
     def _wait_for_leaders(self, name: str, partitions: int) -> None:

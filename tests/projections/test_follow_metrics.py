@@ -10,6 +10,7 @@ from typing import Any
 from eventstore.log import Log
 from eventstore.metrics import serve_metrics
 from eventstore.producer import Producer
+from projections.embedded_source import EmbeddedSource
 from projections.follow import FollowStats
 from projections.metrics import FollowCollector
 
@@ -32,7 +33,8 @@ def test_metrics_show_progress_and_lag(tmp_path: Path) -> None:
     stats = FollowStats("users", batches=2, events=3, last_batch_seconds=0.5, reached_lsn=1234)
     stats.applied = {"events.user": {0: 3}}
     view = SimpleNamespace(topics=("events.user",))
-    follower: Any = SimpleNamespace(stats=stats, log_dir=tmp_path / "log", view=view)  # what the collector reads
+    source = EmbeddedSource(tmp_path / "log")
+    follower: Any = SimpleNamespace(stats=stats, source=source, view=view)  # what the collector reads
     server = serve_metrics(FollowCollector(follower), 0)
     try:
         metrics = scrape(server.port)
@@ -44,3 +46,4 @@ def test_metrics_show_progress_and_lag(tmp_path: Path) -> None:
         assert scrape(server.port)["tideline_projection_lag_records"] == 0  # read at scrape time
     finally:
         server.stop()
+        source.close()
