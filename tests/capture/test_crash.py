@@ -93,7 +93,7 @@ class Sizes:
 
 
 CI = Sizes(bulk_rows=40_000, rows_per_table=200, snapshot_kills=3, stream_kills=8, max_sleep_s=3.0, pause_s=0.3)
-KAFKA_CI = Sizes(bulk_rows=40_000, rows_per_table=200, snapshot_kills=2, stream_kills=6, max_sleep_s=3.0, pause_s=0.3)
+KAFKA_CI = Sizes(bulk_rows=40_000, rows_per_table=200, snapshot_kills=2, stream_kills=4, max_sleep_s=3.0, pause_s=0.3)
 SOAK = Sizes(
     bulk_rows=300_000, rows_per_table=2_000, snapshot_kills=20, stream_kills=200, max_sleep_s=4.0, pause_s=0.03
 )

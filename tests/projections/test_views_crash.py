@@ -31,7 +31,7 @@ from projections.reference import expected_rows, view_rows
 from tideline.cli import app
 from tideline.pgharness import LocalPostgres
 
-KILLS = 8 if soak() else 3
+KILLS = 8 if soak() else 2
 VIEWS_KILLED = ["show_occupancy", "seats"] if soak() else ["show_occupancy"]
 LIVE_KILLS = 12 if soak() else 6
 # The live engine applies a one-record batch in a millisecond or two: give it enough to be killed inside.
