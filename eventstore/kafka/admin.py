@@ -44,10 +44,12 @@ from eventstore.topic import TopicConfig, TopicMetadata, now_ms, validate_topic_
 KAFKA_INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
 DEFAULT_TIMEOUT_S = 10.0
 RETRY_BACKOFF_S = 0.1
-# Transient while leadership moves (a topic just created, a broker just lost): retried until timeout_s.
+# Transient while leadership moves (a topic just created, a broker just lost; OFFSET_NOT_AVAILABLE: a new
+# leader's high watermark still catching up, KIP-207): retried until timeout_s.
 _LEADERSHIP_CODES = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
                                KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH,
-                               KafkaError.REPLICA_NOT_AVAILABLE})  # fmt: skip
+                               KafkaError.REPLICA_NOT_AVAILABLE,
+                               KafkaError.OFFSET_NOT_AVAILABLE})  # fmt: skip
 T = TypeVar("T")
 
 

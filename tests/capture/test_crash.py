@@ -493,7 +493,8 @@ def test_slot_never_confirmed_past_the_log(outcome: Outcome) -> None:
         ahead = [lsn for lsn in outcome.commits if lsn < k.confirmed and not k.position.covers(lsn, 1 << 62)]
         assert not ahead, f"slot confirmed {k.confirmed:X} past stored {k.position}: unstored commits {ahead[:3]}"
         checked += 1
-    assert checked >= len(outcome.kills) // 2, outcome.summary
+    # every kill while streaming has a stored position to check (kills aimed at the snapshot may land before it)
+    assert checked >= sum(k.phase == "stream" for k in outcome.kills), outcome.summary
 
 
 def test_kills_landed_in_the_snapshot_and_mid_stream(outcome: Outcome) -> None:

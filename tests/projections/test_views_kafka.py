@@ -62,7 +62,16 @@ class KafkaViews:
 
 
 @pytest.fixture(scope="module")
-def kafka_views(postgres: LocalPostgres, kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> KafkaViews:
+def own_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A cluster of this module's own: views read capture's position topic, which capture tests on the
+    session's cluster fill with positions of other connectors (and other databases' LSNs)."""
+    with LocalKafka(tmp_path_factory.mktemp("views-kafka") / "cluster", brokers=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def kafka_views(postgres: LocalPostgres, own_kafka: LocalKafka, tmp_path_factory: pytest.TempPathFactory) -> KafkaViews:
+    kafka = own_kafka
     log_dir = tmp_path_factory.mktemp("kafka-views") / "log"
     source_db = migrated_database(postgres, "kafka_src")
     rng = random.Random(31)
