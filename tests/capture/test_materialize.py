@@ -355,7 +355,7 @@ def test_unchanged_toasted_jsonb_filled_from_the_log_is_exact(
 
 @pytest.mark.xfail(
     strict=False,
-    reason="known bug, open (issue 15): in full-suite runs on a loaded machine (2 of ~10 runs) the Kafka log "
+    reason="known bug, open (issue 15): in runs on a loaded machine (4 of about 12 runs this session) the Kafka log "
     "missed deletes/TRUNCATE tombstones of some keys or an unchanged TOAST value of a key change was not filled; "
     "a key-by-key comparison with an embedded capture of the same WAL (3 runs) found no difference; not yet "
     "explained — the kill -9 suite on Kafka compares record for record and passes",
