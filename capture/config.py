@@ -80,7 +80,7 @@ class CaptureConfig:
     retry_on_start: bool = False
     # A slot held by another walsender is retried this long (our own dead connection's walsender
     # may not have noticed yet) before it counts as used by another process.
-    slot_busy_wait_s: float = 15.0
+    slot_busy_wait_s: float = 60.0  # Debezium: slot.max.retries 6 × slot.retry.delay.ms 10 s
     # BEGIN/END records on <prefix>.transaction (Debezium's provide.transaction.metadata, off
     # by default there too): one more partition in every log transaction, two events per
     # Postgres transaction. Events carry their ``transaction`` block either way.

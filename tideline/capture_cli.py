@@ -132,6 +132,15 @@ def run(
         bool,
         typer.Option("--retry-on-start", help="Retry a first connection that fails instead of reporting it."),
     ] = False,
+    slot_busy_wait: Annotated[
+        float,
+        typer.Option(
+            "--slot-busy-wait",
+            min=0,
+            help="Seconds to wait for a slot another process holds (an instance this one took over, a "
+            "walsender not yet gone) before calling it a permanent error.",
+        ),
+    ] = 60.0,
     state_dir: Annotated[
         Path | None,
         typer.Option("--state-dir", help="Directory of the connector's key state (default: <data dir>/_capture)."),
@@ -223,6 +232,7 @@ def run(
             table_topics=_table_topics(table_topic),
             max_retry_time_s=max_retry_time,
             retry_on_start=retry_on_start,
+            slot_busy_wait_s=slot_busy_wait,
             state_dir=state_dir,
             table_filter=TableFilter(
                 include=_split(tables),

@@ -95,7 +95,7 @@ def test_slot_active_in_another_process(db: str, tmp_path: Path) -> None:
     holder = ReplicationConnection(db)
     try:
         holder.start("f", 0, {"format-version": "2"})
-        result = run_cli(tmp_path / "first", "--dsn", db)
+        result = run_cli(tmp_path / "first", "--dsn", db, "--slot-busy-wait", "5")
         assert_one_line_error(result, "in use by another process", "--slot")
     finally:
         holder.close()

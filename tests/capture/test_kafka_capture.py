@@ -126,7 +126,7 @@ def test_second_connector_fences_the_first(db: str, kafka: LocalKafka, tmp_path:
             second = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=e2)
         assert first.wait(timeout=120) == 1, first_err.read_text()[-2000:]
         writer.join()
-        stored_equal(backend, db, second, 120)
+        stored_equal(backend, db, second, 240)  # it waits for the slot the first held (--slot-busy-wait 60 s)
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
