@@ -27,11 +27,14 @@ Thread-safety: a sink is used by the connector thread only.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from eventstore.errors import ConfigError
+from eventstore.topic import CleanupPolicy
 from schemas.registry import SchemaStore
 
 Headers = list[tuple[str, bytes | None]]
@@ -132,3 +135,33 @@ class Sink(Protocol):
     def close(self) -> None:
         """Release the producer and files (an open transaction is left for the next ``open`` to abort)."""
         ...
+
+
+def check_cleanup_policy(topic: str, spec: TopicSpec, policy: CleanupPolicy, *, what: str, setting: str) -> None:
+    """Refuse an existing topic whose cleanup policy contradicts what capture writes there.
+
+    ``what``: how the topic is named ("topic", "Kafka topic"); ``setting``: the backend's name of the
+    setting (``cleanup_policy``, ``cleanup.policy``).
+    """
+    if spec.compact and not policy.compacts:
+        raise ConfigError(
+            f"{what} {topic} exists with {setting}={policy.value}, but capture writes keyed change events there "
+            f"and needs compaction: set {setting}=compact on it, or capture under another --topic-prefix"
+        )
+    if spec.keyless and policy.compacts:
+        raise ConfigError(
+            f"{what} {topic} exists with {setting}={policy.value}, but capture writes records without keys there "
+            f"(a keyless table): set {setting}=delete on it, or capture under another --topic-prefix"
+        )
+
+
+class RoundRobin:
+    """Keyless batches rotate over a topic's partitions, from a random one (as Kafka's sticky partitioner)."""
+
+    def __init__(self) -> None:
+        self._next: dict[str, int] = {}
+
+    def next(self, topic: str, partitions: int) -> int:
+        p = self._next.get(topic, random.randrange(partitions)) + 1
+        self._next[topic] = p % partitions
+        return p % partitions

@@ -21,7 +21,6 @@ Thread-safety: none; used by the connector thread.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -29,9 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from capture.sinks import ReadBatch, TopicRecords, TopicSpec
+from capture.sinks import ReadBatch, RoundRobin, TopicRecords, TopicSpec, check_cleanup_policy
 from eventstore.consumer import Consumer, TopicPartition
-from eventstore.errors import ConfigError, TopicExistsError
+from eventstore.errors import TopicExistsError
 from eventstore.isolation import IsolationLevel, end_offset
 from eventstore.log import Log
 from eventstore.partitioner import partitions_for_keys
@@ -52,7 +51,7 @@ class EmbeddedLogSink:
         self.log = log
         self.producer: Producer | None = None
         self._partitions: dict[str, int] = {}
-        self._round_robin: dict[str, int] = {}
+        self._round_robin = RoundRobin()
         self._registered: set[tuple[str, int]] = set()  # partitions already in the open transaction
 
     def describe(self) -> str:
@@ -83,17 +82,7 @@ class EmbeddedLogSink:
             except TopicExistsError:
                 pass  # another process created it between the check and here: checked below like any other
         meta = self.log.topic(topic)
-        policy = meta.config.cleanup_policy
-        if spec.compact and not policy.compacts:
-            raise ConfigError(
-                f"topic {topic} exists with cleanup_policy={policy.value}, but capture writes keyed change events "
-                f"there and needs compaction: set cleanup_policy=compact on it, or capture under another --topic-prefix"
-            )
-        if spec.keyless and policy.compacts:
-            raise ConfigError(
-                f"topic {topic} exists with cleanup_policy={policy.value}, but capture writes records without keys "
-                f"there (a keyless table): set cleanup_policy=delete on it, or capture under another --topic-prefix"
-            )
+        check_cleanup_policy(topic, spec, meta.config.cleanup_policy, what="topic", setting="cleanup_policy")
         self._partitions[topic] = meta.partitions
         return meta.partitions
 
@@ -121,12 +110,12 @@ class EmbeddedLogSink:
             values = pa.array(records.values, pa.binary())
             headers = records.headers
             if n == 1 or keys.null_count == len(keys):
-                target = 0 if n == 1 else self._next_round_robin(topic, n)
+                target = 0 if n == 1 else self._round_robin.next(topic, n)
                 plan.append((topic, target, keys, values, headers))
                 continue
             parts = partitions_for_keys(keys, n)
             if keys.null_count:  # keyless records among keyed ones: one partition for them
-                parts[parts < 0] = self._next_round_robin(topic, n)
+                parts[parts < 0] = self._round_robin.next(topic, n)
             order = np.argsort(parts, kind="stable")
             sorted_parts = parts[order]
             uniques, starts = np.unique(sorted_parts, return_index=True)
@@ -147,12 +136,6 @@ class EmbeddedLogSink:
             first, count = placed[p]
             written[(topic, p)] = first + count
         return written
-
-    def _next_round_robin(self, topic: str, partitions: int) -> int:
-        """Keyless batches rotate over the partitions, from a random one (as Kafka's sticky partitioner)."""
-        p = self._round_robin.get(topic, random.randrange(partitions)) + 1
-        self._round_robin[topic] = p % partitions
-        return p % partitions
 
     def commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> None:
         producer = self._producer()

@@ -38,7 +38,6 @@ Thread-safety: none; used by the connector thread.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -46,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from capture.sinks import Headers, ReadBatch, TopicRecords, TopicSpec
+from capture.sinks import Headers, ReadBatch, RoundRobin, TopicRecords, TopicSpec, check_cleanup_policy
 from eventstore.errors import ConfigError, TopicExistsError, UnknownTopicError
 from eventstore.kafka import KafkaAdmin, KafkaProducer, KafkaReader
 from eventstore.kafka.schema_store import KafkaSchemaStore
@@ -90,7 +89,7 @@ class KafkaLogSink:
         self._reader: KafkaReader | None = None
         self._schemas: KafkaSchemaStore | None = None
         self._partitions: dict[str, int] = {}
-        self._round_robin: dict[str, int] = {}
+        self._round_robin = RoundRobin()
 
     def describe(self) -> str:
         return f"Kafka at {self.bootstrap_servers}"
@@ -133,18 +132,7 @@ class KafkaLogSink:
             except TopicExistsError:
                 pass  # created meanwhile by another process: checked below like any other
         meta = self._topic(topic)
-        policy = meta.config.cleanup_policy
-        if spec.compact and not policy.compacts:
-            raise ConfigError(
-                f"Kafka topic {topic} exists with cleanup.policy={policy.value}, but capture writes keyed change "
-                f"events there and needs compaction: set cleanup.policy=compact on it, or capture under another "
-                "--topic-prefix"
-            )
-        if spec.keyless and policy.compacts:
-            raise ConfigError(
-                f"Kafka topic {topic} exists with cleanup.policy={policy.value}, but capture writes records without "
-                "keys there (a keyless table): set cleanup.policy=delete on it, or capture under another --topic-prefix"
-            )
+        check_cleanup_policy(topic, spec, meta.config.cleanup_policy, what="Kafka topic", setting="cleanup.policy")
         self._partitions[topic] = meta.partitions
         return meta.partitions
 
@@ -188,12 +176,12 @@ class KafkaLogSink:
             n = self._partitions.get(topic) or self.ensure_known(topic)
             keys, values, headers = records.keys, records.values, records.headers
             if n == 1 or all(k is None for k in keys):
-                target = 0 if n == 1 else self._next_round_robin(topic, n)
+                target = 0 if n == 1 else self._round_robin.next(topic, n)
                 plan.append((topic, target, keys, values, headers))
                 continue
             parts = partitions_for_keys(pa.array(keys, pa.binary()), n)
             if (parts < 0).any():  # keyless records among keyed ones: one partition for them
-                parts[parts < 0] = self._next_round_robin(topic, n)
+                parts[parts < 0] = self._round_robin.next(topic, n)
             for p in np.unique(parts).tolist():
                 idx = np.flatnonzero(parts == p).tolist()
                 plan.append((
@@ -212,12 +200,6 @@ class KafkaLogSink:
         """The partition count of a topic capture did not create in this run (it exists: ensure_topic ran)."""
         n = self._partitions[topic] = self._topic(topic).partitions
         return n
-
-    def _next_round_robin(self, topic: str, partitions: int) -> int:
-        """Keyless batches rotate over the partitions, from a random one (as Kafka's sticky partitioner)."""
-        p = self._round_robin.get(topic, random.randrange(partitions)) + 1
-        self._round_robin[topic] = p % partitions
-        return p % partitions
 
     def commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> None:
         producer = self._producer()
