@@ -104,12 +104,15 @@ def test_bad_kafka_input_is_one_line_and_writes_nothing(db: str, kafka: LocalKaf
 
 def test_second_connector_fences_the_first(db: str, kafka: LocalKafka, tmp_path: Path) -> None:
     """Two instances with one identity (slot and prefix): the second's init_transactions fences the first,
-    which stops with "another instance took over"; the second (waiting for the slot the first held)
+    which stops with "another instance took over" at its next write (the heartbeat makes one even when
+    the writer has finished before the second started); the second (waiting for the slot the first held)
     carries on; every change once."""
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     backend = Backend.kafka(kafka.bootstrap_servers, tmp_path / "state")
     argv = tideline(kafka.bootstrap_servers, tmp_path, "capture", "run", "--dsn", db, "--slot", "twin",
-                    "--topic-prefix", backend.prefix, "--state-dir", str(backend.path))  # fmt: skip
+                    "--topic-prefix", backend.prefix, "--state-dir", str(backend.path),
+                    "--heartbeat-query", "SELECT pg_logical_emit_message(false, 'tideline-heartbeat', 'x')",
+                    "--heartbeat-interval", "1")  # fmt: skip
     first_err, second_err = tmp_path / "first.err", tmp_path / "second.err"
     writer = threading.Thread(target=insert_rows, args=(db, 1, 400, 0.01))
     with first_err.open("wb") as e1:
