@@ -103,7 +103,7 @@ class StreamingSource:
             assert isinstance(msg, XLogData)
             self.stats.server_wal_end = max(self.stats.server_wal_end, msg.wal_end)
             messages = self.decoder.decode(msg.payload, msg.data_start)
-            if type(messages) is not list:  # a replay: let the server hear from us while it runs
+            if not isinstance(messages, (list, tuple)):  # a replay: let the server hear from us while it runs
                 messages = self._keeping_alive(messages, repl, confirmed)
             for m in messages:
                 if m.kind is Kind.BEGIN:

@@ -67,7 +67,7 @@ def publishes(dsn: str, name: str) -> tuple[bool, bool, bool, bool, bool]:
 
 
 TABLES = (
-    "CREATE TABLE orders (id int PRIMARY KEY, status text)",
+    "CREATE TABLE orders (id int PRIMARY KEY, status text, twice int GENERATED ALWAYS AS (id * 2) STORED)",
     "CREATE TABLE audit (at timestamptz DEFAULT now(), actor text)",  # no key, no replica identity
     "CREATE TABLE wide (a int, b text)",
     "ALTER TABLE wide REPLICA IDENTITY FULL",  # no key, but a replica identity: UPDATEs are published
@@ -93,7 +93,10 @@ def test_filtered_publications_split_by_replica_identity_and_keyless_updates_sti
         "UPDATE wide SET b = 'x'")  # fmt: skip
     capture(tmp_path / "log", db, table_filter=tf, **PGOUTPUT)
     assert [e["after"]["actor"] for e in events(tmp_path / "log", "cdc.public.audit")] == ["ann", "cy"]
-    assert [e["op"] for e in events(tmp_path / "log", "cdc.public.orders")] == ["r", "u"]
+    orders = events(tmp_path / "log", "cdc.public.orders")
+    # pgoutput 15 sends no stored generated column: the snapshot leaves it out too
+    assert [(e["op"], e["after"]) for e in orders] == [
+        ("r", {"id": 1, "status": "new"}), ("u", {"id": 1, "status": "paid"})]  # fmt: skip
 
     # … which a FOR ALL TABLES publication (Debezium's all_tables) would have broken:
     sql(db, "CREATE PUBLICATION trap FOR ALL TABLES")
