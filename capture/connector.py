@@ -41,6 +41,7 @@ thread or a signal handler.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -62,6 +63,7 @@ from capture.errors import (
 )
 from capture.events import EventBuilder, ToastCache
 from capture.keystate import KeyState
+from capture.messages import StreamingAmbiguous
 from capture.offsets import OffsetContext
 from capture.publications import Publications, PublishableTable
 from capture.replication import ReplicationConnection
@@ -133,6 +135,7 @@ class Connector:
         self._streaming_ok = False  # streaming started since the last failure (resets the backoff)
         self._ever_connected = False
         self._slot_busy_since: float | None = None
+        self._streaming_allowed = True  # pgoutput: off for good once a streamed transaction was ambiguous
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -183,6 +186,12 @@ class Connector:
                 except SnapshotStopped:
                     self.writer.abort()
                     return self.stats
+                except StreamingAmbiguous as e:  # the server can tell what the stream could not
+                    self.writer.abort()
+                    self._streaming_allowed = False
+                    self.stats.reconnects += 1
+                    log.warning("capture: %s: reconnecting without streaming in-progress transactions (the server "
+                                "spills them and sends each whole at its commit)", e)  # fmt: skip
                 except BaseException as e:
                     self.writer.abort()
                     if self._stop.is_set() and is_connection_error(e):
@@ -262,7 +271,10 @@ class Connector:
             if self._stop.is_set():
                 return
             target = current_wal_lsn(self.config.dsn) if self.config.exit_when_caught_up else None
-            decoder = self.config.plugin.decoder(self.config.decoder_settings(self.state_path().parent))
+            settings = self.config.decoder_settings(self.state_path().parent)
+            if not self._streaming_allowed:
+                settings = dataclasses.replace(settings, streaming=False)
+            decoder = self.config.plugin.decoder(settings)
             closing.append(decoder.close)
             repl.start(self.config.slot, start_lsn, decoder.slot_options())
             self._streaming_ok = True

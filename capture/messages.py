@@ -169,3 +169,8 @@ class Decoder(Protocol):
 
 class DecodeError(TidelineError):
     """A payload from the plugin that cannot be decoded (the connector stops: nothing is written)."""
+
+
+class StreamingAmbiguous(TidelineError):
+    """A transaction streamed before its commit (``DecoderSettings.streaming``) cannot be decoded exactly from
+    the stream: the connector reconnects with streaming off, so the server sends each transaction whole."""

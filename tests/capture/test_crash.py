@@ -265,8 +265,19 @@ def reference_commits(backend: Backend) -> list[int]:
 def first_difference(a: list[Any], b: list[Any]) -> str:
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
-            return f"first difference at visible record {i}:\n  crashed   {x!r:.1500}\n  reference {y!r:.1500}"
+            return (f"first difference at visible record {i} ({'; '.join(differing_paths(x, y))}):\n"
+                    f"  crashed   {x!r:.1500}\n  reference {y!r:.1500}")  # fmt: skip
     return f"lengths differ: crashed {len(a)}, reference {len(b)}"
+
+
+def differing_paths(x: Any, y: Any, path: str = "") -> list[str]:
+    """Where two records differ: ``path: crashed != reference`` for each differing leaf (a few at most)."""
+    if isinstance(x, dict) and isinstance(y, dict):
+        keys = sorted(set(x) | set(y))
+        return [d for k in keys for d in differing_paths(x.get(k, "<absent>"), y.get(k, "<absent>"), f"{path}.{k}")][:5]
+    if isinstance(x, list | tuple) and isinstance(y, list | tuple) and len(x) == len(y):
+        return [d for i, (u, v) in enumerate(zip(x, y, strict=True)) for d in differing_paths(u, v, f"{path}[{i}]")][:5]
+    return [] if x == y else [f"{path or 'record'}: {x!r:.200} != {y!r:.200}"]
 
 
 # ---------------------------------------------------------------------------- the scenario

@@ -37,6 +37,7 @@ from capture.decoders import decoder_for
 from capture.decoders.pgoutput import PgOutputDecoder, TypeResolver, builtin_type_name
 from capture.decoders.pgoutput import decoder as pgoutput_decoder
 from capture.decoders.pgoutput import types as pgoutput_types
+from capture.decoders.pgoutput.streams import StreamedAbortAmbiguous
 from capture.decoders.pgoutput.types import BUILTIN_ARRAYS, BUILTIN_TYPES
 from capture.decoders.wal2json import Wal2JsonDecoder
 from capture.messages import ChangeMessage, Column, DecodeError, DecoderSettings, Kind, Plugin
@@ -645,6 +646,65 @@ def test_synthetic_streamed_relation_applies_at_commit_only(tmp_path: Path) -> N
     assert [c.name for c in first.columns] == ["id", "v"]  # the table as this transaction wrote it
     streamed = list(decoder.decode(b"c" + struct.pack("!IBQQq", 300, 0, 0x200, 0x210, 0)))
     assert [c.name for c in streamed[1].columns] == ["id", "v", "w"]
+
+
+def message(prefix: str, *, xid: int, transactional: bool = True) -> bytes:
+    """A streamed logical message (pgoutput 15 tags a transactional one with the top-level xid)."""
+    return (b"M" + struct.pack("!I", xid) + struct.pack("!BQ", int(transactional), 0x300) + prefix.encode() + b"\0"
+            + struct.pack("!I", 1) + b"x")  # fmt: skip
+
+
+def stream(decoder: PgOutputDecoder, xid: int, *payloads: bytes) -> None:
+    """One Stream Start … Stop block of ``xid`` holding ``payloads`` (decoded to nothing: spilled)."""
+    assert list(decoder.decode(b"S" + struct.pack("!IB", xid, 1))) == []
+    for i, payload in enumerate(payloads):
+        assert list(decoder.decode(payload, 0x1000 + i)) == []
+    assert list(decoder.decode(b"E")) == []
+
+
+def test_synthetic_subtransaction_abort_discards_from_its_first_record_but_keeps_descriptions(tmp_path: Path) -> None:
+    """As PostgreSQL's subscriber truncates its spool: everything after the subtransaction's first record is its
+    own (messages tagged with the top-level xid included); the Relation message it carried stays (pgoutput
+    describes a table once per streamed transaction: a later change relies on it)."""
+    decoder = PgOutputDecoder(proto_version=2, streaming=True, spill_dir=tmp_path)
+    mood = b"Y" + struct.pack("!II", 100, 16400) + b"public\0mood\0"  # a record of the parent: it was open there
+    stream(decoder, 100, message("top", xid=100), mood)
+    stream(decoder, 100, relation_message((1, "id", 23, -1), (0, "v", 1700, -1), xid=101),
+           insert(b"2", None, xid=101), message("in-sub", xid=100), insert(b"3", None, xid=102))  # fmt: skip
+    assert list(decoder.decode(b"A" + struct.pack("!II", 100, 102))) == []  # a child first, then its parent
+    assert list(decoder.decode(b"A" + struct.pack("!II", 100, 101))) == []
+    stream(decoder, 100, insert(b"4", b"4.5", xid=100), message("after", xid=100))
+    messages = list(decoder.decode(b"c" + struct.pack("!IBQQq", 100, 0, 0x500, 0x600, 0)))
+    kept = [(m.kind, m.prefix or (m.columns[0].value if m.columns else None)) for m in messages[1:-1]]
+    assert kept == [(Kind.MESSAGE, "top"), (Kind.INSERT, 4), (Kind.MESSAGE, "after")]
+
+
+@pytest.mark.parametrize(
+    "payloads",
+    [
+        pytest.param([message("whose?", xid=100), insert(b"2", None, xid=101)], id="message-before-first-change"),
+        pytest.param([insert(b"1", None, xid=100), message("whose?", xid=100)], id="message-only-subtransaction"),
+    ],
+)
+def test_synthetic_unattributable_message_of_a_rolled_back_subtransaction_is_refused(
+    payloads: list[bytes], tmp_path: Path
+) -> None:
+    """pgoutput 15 tags a transactional message with the top-level xid: one just before a rolled-back
+    subtransaction's first change may be the parent's or the subtransaction's. The decoder says so at
+    the commit (the connector then streams without ``streaming``) instead of guessing."""
+    decoder = PgOutputDecoder(proto_version=2, streaming=True, spill_dir=tmp_path)
+    decoder.decode(KEY_AND_VALUE)
+    stream(decoder, 100, *payloads)
+    assert list(decoder.decode(b"A" + struct.pack("!II", 100, 101))) == []
+    with pytest.raises(StreamedAbortAmbiguous, match=r"subtransaction 101, and 1 transactional logical message"):
+        decoder.decode(b"c" + struct.pack("!IBQQq", 100, 0, 0x500, 0x600, 0))  # refused before anything is given
+    # a change of the parent between the message and the subtransaction settles it: the parent's
+    clear = PgOutputDecoder(proto_version=2, streaming=True, spill_dir=tmp_path)
+    clear.decode(KEY_AND_VALUE)
+    stream(clear, 100, message("parent's", xid=100), insert(b"1", None, xid=100), insert(b"2", None, xid=101))
+    assert list(clear.decode(b"A" + struct.pack("!II", 100, 101))) == []
+    replayed = list(clear.decode(b"c" + struct.pack("!IBQQq", 100, 0, 0x500, 0x600, 0)))
+    assert [m.kind for m in replayed] == [Kind.BEGIN, Kind.MESSAGE, Kind.INSERT, Kind.COMMIT]
 
 
 def _truncated_insert() -> bytes:

@@ -10,6 +10,7 @@ did stream. Size: 200,000 rows (~60 MB of events); ``TIDELINE_SOAK=1``: a 1 GB t
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -53,17 +54,45 @@ def test_a_streamed_transaction_that_aborts_stores_nothing(db: str, tmp_path: Pa
         c.execute("INSERT INTO t SELECT g, repeat('b', 200) FROM generate_series(10001, 12000) g")
         with pytest.raises(psycopg.errors.UniqueViolation), c.transaction():  # a savepoint, rolled back
             c.execute("INSERT INTO t SELECT g, repeat('c', 200) FROM generate_series(20001, 23000) g")
+            c.execute("SELECT pg_logical_emit_message(true, 'rolled back', 'in the savepoint')")
             c.execute("INSERT INTO t VALUES (10001, 'duplicate')")
         c.execute("UPDATE t SET pad = 'd' WHERE id <= 10100")
+        c.execute("SELECT pg_logical_emit_message(true, 'kept', 'committed')")
         c.commit()
     stats = capture(log_dir, db, plugin=Plugin.PGOUTPUT)
     assert streamed_transactions(db, "t") >= 2  # both did stream before they ended
+    assert stats.reconnects == 0  # nothing the stream could not tell
     changes = events(log_dir, "cdc.public.t")
     assert [(e["op"], e["after"]["id"]) for e in changes] == [("c", i) for i in range(10001, 12001)] + [
         ("u", i) for i in range(10001, 10101)
     ]
     assert [e["source"]["event_index"] for e in changes] == list(range(2100))
     assert stats.transactions == 1 and len({e["source"]["txId"] for e in changes}) == 1
+    assert [m["message"]["prefix"] for m in events(log_dir, "cdc.message")] == ["kept"]
+
+
+def test_a_message_the_stream_cannot_attribute_is_settled_by_the_server(
+    db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pgoutput 15 tags a transactional message with the top-level xid: emitted in a savepoint before its
+    first change, then rolled back, it looks like its parent's. The connector reconnects without streaming
+    (the server filters the transaction itself): the message is not stored, and nothing twice."""
+    log_dir = tmp_path / "log"
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, pad text)")
+    capture(log_dir, db, plugin=Plugin.PGOUTPUT)
+    with psycopg.connect(db) as c:
+        c.execute("INSERT INTO t SELECT g, repeat('b', 200) FROM generate_series(1, 2000) g")
+        with pytest.raises(psycopg.errors.UniqueViolation), c.transaction():
+            c.execute("SELECT pg_logical_emit_message(true, 'whose', 'the savepoint''s')")
+            c.execute("INSERT INTO t SELECT g, repeat('c', 200) FROM generate_series(3001, 6000) g")
+            c.execute("INSERT INTO t VALUES (1, 'duplicate')")
+        c.commit()
+    with caplog.at_level(logging.WARNING, logger="capture.connector"):
+        stats = capture(log_dir, db, plugin=Plugin.PGOUTPUT)
+    assert any("reconnecting without streaming" in r.getMessage() for r in caplog.records), caplog.text
+    assert stats.reconnects == 1
+    assert [e["after"]["id"] for e in events(log_dir, "cdc.public.t")] == list(range(1, 2001))
+    assert events(log_dir, "cdc.message") == []
 
 
 MEMORY_CHILD = r"""

@@ -71,9 +71,10 @@ What comes out, compared with wal2json's decoder (the differential test checks i
   Start and Stop are spilled raw to a file per transaction
   (:mod:`capture.decoders.pgoutput.streams`); Stream Commit returns an *iterator* that
   decodes them then, as one ordinary Begin … Commit (Begin with the commit LSN and time,
-  as B carries them); Stream Abort drops the transaction's file or skips one
-  subtransaction's payloads. Memory stays bounded whatever the transaction's size, and
-  nothing of a transaction that aborts is ever decoded.
+  as B carries them); Stream Abort drops the transaction's file, or discards a rolled-back
+  subtransaction's payloads (raising ``StreamedAbortAmbiguous`` in the one case the stream
+  cannot tell: see that module). Memory stays bounded whatever the transaction's size,
+  and nothing of a transaction that aborts is ever decoded.
 
 Positions in errors are byte offsets into the payload; every DecodeError names the
 message type and the payload's LSN.
@@ -537,12 +538,18 @@ class PgOutputDecoder:
     def _replay(self, xid: int, commit_lsn: int, end_lsn: int, timestamp_ms: int) -> Iterator[ChangeMessage]:
         """Begin, the transaction's spilled messages decoded in stream order, Commit."""
         spilled = self._spilled.size_of(xid)
+        payloads = self._spilled.commit(xid)  # now: it may refuse (StreamedAbortAmbiguous) before anything is given
         if spilled:
             log.info("capture: streamed transaction %d committed: decoding its %.1f MiB spilled", xid, spilled / 2**20)
+        return self._replayed(xid, commit_lsn, end_lsn, timestamp_ms, payloads)
+
+    def _replayed(
+        self, xid: int, commit_lsn: int, end_lsn: int, timestamp_ms: int, payloads: Iterator[tuple[int, bytes]]
+    ) -> Iterator[ChangeMessage]:
         yield ChangeMessage(Kind.BEGIN, commit_lsn, xid=xid, timestamp_ms=timestamp_ms)
         self._replaying = _Transaction(xid, timestamp_ms)
         try:
-            for lsn, payload in self._spilled.commit(xid):
+            for lsn, payload in payloads:
                 yield from self._decode(payload, lsn)
         finally:
             self._replaying = None

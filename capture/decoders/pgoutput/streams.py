@@ -9,19 +9,35 @@ memory O(transaction). So each payload is appended, **raw**, to a temporary file
 top-level transaction, and decoded only at Stream Commit, in the order it came:
 
 * file layout: records of ``subxid (uint32) | XLogData LSN (uint64) | length (uint32) |
-  payload``, big-endian (:data:`RECORD`), appended in stream order;
+  payload``, big-endian (:data:`RECORD`), appended in stream order (which is WAL order);
 * Stream Abort of the whole transaction (subtransaction xid = xid) deletes its file:
-  nothing of it is ever decoded; Stream Abort of a subtransaction (``ROLLBACK TO
-  SAVEPOINT``, one abort per aborted subtransaction) marks its xid, and the replay skips
-  its records;
-* Relation and Type messages inside a stream are spilled and replayed with the changes,
-  as PostgreSQL's own subscriber does: they describe the table as the streamed
-  transaction saw it, and apply to the decoder's cache only once it commits (pgoutput
-  then counts that description as sent).
+  nothing of it is ever decoded;
+* Stream Abort of a subtransaction (``ROLLBACK TO SAVEPOINT``; its aborted children come
+  first, each with its own) discards **every record from the subtransaction's first one
+  on**, as PostgreSQL's own subscriber truncates its spool file there: while a
+  subtransaction is open nothing outside it writes, so everything after its first record
+  is its own or its children's — including transactional logical messages, which
+  pgoutput 15 tags with the *top-level* xid;
+* Relation and Type messages are never discarded: they describe a table as the streamed
+  transaction saw it (pgoutput sends each once per streamed transaction, so a later
+  change may rely on one sent inside a rolled-back subtransaction), and apply to the
+  decoder's cache only once the transaction commits, as in PostgreSQL's subscriber.
+
+**The one case a stream cannot tell.** A transactional logical message that a
+subtransaction emits *before its first row change* arrives tagged with the top-level xid
+and is indistinguishable from one the parent emitted just before ``SAVEPOINT``. When such
+a subtransaction aborts (messages sit between the last record of a known (sub)transaction
+before the subtransaction's first record and that record, or after the last such record
+when it has none), their fate is open; if an abort of an enclosing subtransaction
+discards them too, it is settled, else :meth:`SpilledTransactions.commit` raises
+:class:`StreamedAbortAmbiguous`: the connector then reconnects without streaming, so
+that the server, which knows, spills and filters the transaction itself. Nothing of the
+transaction was stored (it has not committed), so nothing is lost or duplicated.
 
 Files are anonymous (``tempfile.TemporaryFile``: unlinked at once, gone with the process,
 even after kill -9) in the directory given (the connector's state directory). Memory:
-one buffer per open transaction (:data:`BUFFER_BYTES`), whatever the transaction's size.
+one buffer per open transaction (:data:`BUFFER_BYTES`) and a few integers per
+subtransaction, whatever the transaction's size.
 
 Crash policy: none needed. After a crash or reconnect the server streams every open
 transaction again from its start (the slot is never confirmed past an uncommitted
@@ -39,16 +55,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from capture.messages import StreamingAmbiguous
+
 RECORD = struct.Struct("!IQI")  # subtransaction xid, XLogData LSN, payload length
 BUFFER_BYTES = 1 << 20  # per open transaction's file: its writes, then its replay's reads
+_DESCRIPTIONS = frozenset(b"RY")  # Relation, Type: never discarded
+_MESSAGE = ord("M")
+
+
+class StreamedAbortAmbiguous(StreamingAmbiguous):
+    """A rolled-back subtransaction of a streamed transaction may have emitted a logical message the stream
+    cannot attribute (see the module docstring): stream this transaction again without ``streaming``."""
 
 
 @dataclass(slots=True)
 class _Spill:
+    """One open streamed transaction: its file, and what its subtransactions' aborts need."""
+
     file: IO[bytes]
     records: int = 0
     bytes: int = 0
-    aborted: set[int] = field(default_factory=set)  # subtransactions rolled back
+    first: dict[int, int] = field(default_factory=dict)  # subxid → index of its first record
+    gap: dict[int, int] = field(default_factory=dict)  # subxid → unattributable messages just before its first
+    messages_since_change: int = 0  # top-level-tagged messages since the last record of a known (sub)transaction
+    discarded: list[tuple[int, int]] = field(default_factory=list)  # [start, end) record ranges of aborted ones
+    open_questions: list[tuple[int, int, int]] = field(default_factory=list)  # [start, end) of messages, subxid
 
 
 class SpilledTransactions:
@@ -68,6 +99,13 @@ class SpilledTransactions:
             file = tempfile.TemporaryFile(prefix=f"pgoutput-xid{xid}-", dir=self.directory,  # noqa: SIM115
                                           buffering=BUFFER_BYTES)  # fmt: skip
             spill = self._open[xid] = _Spill(file)
+        if payload[0] == _MESSAGE and subxid == xid:
+            spill.messages_since_change += 1  # whose? the parent's, or a subtransaction's not yet seen
+        else:  # a record of a known (sub)transaction: it was open here
+            if subxid != xid and subxid not in spill.first:
+                spill.first[subxid] = spill.records
+                spill.gap[subxid] = spill.messages_since_change
+            spill.messages_since_change = 0
         spill.file.write(RECORD.pack(subxid, lsn, len(payload)))
         spill.file.write(payload)
         spill.records += 1
@@ -75,33 +113,61 @@ class SpilledTransactions:
         self.spilled_bytes += RECORD.size + len(payload)
 
     def abort(self, xid: int, subxid: int) -> None:
-        """The whole transaction (``subxid == xid``: its file goes) or one subtransaction (skipped on replay)."""
+        """The whole transaction (``subxid == xid``: its file goes) or one subtransaction (module docstring)."""
+        spill = self._open.get(xid)
+        if spill is None:
+            return
         if subxid == xid:
-            spill = self._open.pop(xid, None)
-            if spill is not None:
-                spill.file.close()
-        elif xid in self._open:
-            self._open[xid].aborted.add(subxid)
+            del self._open[xid]
+            spill.file.close()
+            return
+        start = spill.first.pop(subxid, None)
+        if start is None:  # no record of its own: the trailing messages could be its own, or not
+            end, count = spill.records, spill.messages_since_change
+        else:
+            end, count = start, spill.gap.pop(subxid)
+            spill.discarded.append((start, spill.records))
+            for child in [s for s, first in spill.first.items() if first > start]:  # inside it: gone with it
+                del spill.first[child], spill.gap[child]
+            spill.messages_since_change = 0
+        if count:  # the messages just before it (none but messages sit there): settled only if discarded anyway
+            spill.open_questions.append((end - count, end, subxid))
 
     def commit(self, xid: int) -> Iterator[tuple[int, bytes]]:
         """``(lsn, payload)`` of the transaction in stream order, aborted subtransactions left out; the
-        file is closed when the iterator is exhausted or closed. Nothing spilled: nothing given."""
+        file is closed when the iterator is exhausted or closed. Nothing spilled: nothing given.
+
+        Raises :class:`StreamedAbortAmbiguous` (before anything is given) when a message's fate is open.
+        """
         spill = self._open.pop(xid, None)
         if spill is None:
             return iter(())
+        for start, end, subxid in spill.open_questions:
+            if not any(lo <= start and end <= hi for lo, hi in spill.discarded):
+                spill.file.close()
+                raise StreamedAbortAmbiguous(
+                    f"streamed transaction {xid} rolled back subtransaction {subxid}, and {end - start} "
+                    "transactional logical message(s) streamed just before its first change may be its own "
+                    "or its parent's"
+                )
         self.replayed_transactions += 1
         return self._replay(spill)
 
     @staticmethod
     def _replay(spill: _Spill) -> Iterator[tuple[int, bytes]]:
+        ranges = sorted(spill.discarded)
         file = spill.file
         try:
             file.seek(0)  # flushes what is buffered; the same buffer then serves the reads
-            for _ in range(spill.records):
-                subxid, lsn, length = RECORD.unpack(file.read(RECORD.size))
+            r = 0
+            for index in range(spill.records):
+                _subxid, lsn, length = RECORD.unpack(file.read(RECORD.size))
                 payload = file.read(length)
-                if subxid not in spill.aborted:
-                    yield lsn, payload
+                while r < len(ranges) and ranges[r][1] <= index:
+                    r += 1
+                if r < len(ranges) and ranges[r][0] <= index and payload[0] not in _DESCRIPTIONS:
+                    continue  # a rolled-back subtransaction's
+                yield lsn, payload
         finally:
             file.close()
 
