@@ -352,7 +352,8 @@ def status(
         if not pub["exists"]:
             typer.echo(f"publication {pub['name']}: missing")
             continue
-        what = "all tables" if pub["all_tables"] else f"{len(pub['tables'])} tables"
+        count = len(pub["tables"])
+        what = "all tables" if pub["all_tables"] else f"{count} table{'' if count == 1 else 's'}"
         filters = f", row filters on {', '.join(pub['row_filters'])}" if pub["row_filters"] else ""
         typer.echo(f"publication {pub['name']}: {what} ({', '.join(pub['publish'])}){filters}")
     if position is None:

@@ -25,6 +25,7 @@ import pytest
 from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, sql
 
 from capture.connector import PublicationMode
+from capture.errors import PermanentCaptureError
 from capture.messages import Plugin
 from capture.publications import Publications
 from capture.tables import TableFilter
@@ -224,6 +225,24 @@ def test_wal2json_takes_no_publication_and_names_are_checked(db: str) -> None:
     assert Publications(db, "tideline", PublicationMode.FILTERED).names == ("tideline", "tideline_keyless")
     config = CaptureConfig(dsn=db, slot="s1", plugin=Plugin.PGOUTPUT)
     assert config.publications().names == ("s1", "s1_keyless")  # named like the slot unless --publication
+
+
+def test_a_role_that_cannot_manage_the_publication_gets_one_line_saying_what_to_do(
+    db: str, tmp_path: Path, postgres: LocalPostgres
+) -> None:
+    sql(db, "CREATE TABLE orders (id int PRIMARY KEY)")
+    sql(postgres.dsn, "DO $$ BEGIN CREATE ROLE cdc_reader LOGIN REPLICATION; "
+                      "EXCEPTION WHEN duplicate_object THEN NULL; END $$")  # fmt: skip
+    sql(db, "GRANT SELECT ON ALL TABLES IN SCHEMA public TO cdc_reader")
+    reader = db.replace("postgres@", "cdc_reader@", 1)
+    with pytest.raises(PermanentCaptureError) as no_create:  # no CREATE on the database
+        capture(tmp_path / "log", reader, **PGOUTPUT)
+    assert str(no_create.value).startswith("creating a publication needs CREATE on the database")
+    sql(db, f"GRANT CREATE ON DATABASE {db.rsplit('/', 1)[1]} TO cdc_reader")
+    with pytest.raises(PermanentCaptureError) as not_owner:  # the tables belong to someone else
+        capture(tmp_path / "log", reader, **PGOUTPUT)
+    assert str(not_owner.value).startswith("only the owner of a table can add it to a publication")
+    assert "--publication-autocreate disabled" in str(not_owner.value) and "\n" not in str(not_owner.value)
 
 
 def cli(*args: str, data_dir: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
