@@ -149,9 +149,26 @@ class NonFiniteFloat(float):
 
 
 class JsonNumber(Decimal):
-    """A non-integer number inside a json/jsonb value: exact, and written back as a bare JSON number."""
+    """A non-integer number inside a json/jsonb value: exact, and written back as a bare JSON number
+    spelled as it was read (``str()`` is that text: Decimal's own would turn ``0.0000001`` into ``1E-7``).
 
-    __slots__ = ()
+    >>> str(JsonNumber("0.0000001")), str(JsonNumber("1e-7")), JsonNumber("0.0000001") == Decimal("1E-7")
+    ('0.0000001', '1e-7', True)
+    """
+
+    __slots__ = ("text",)
+    text: str
+
+    def __new__(cls, text: str) -> JsonNumber:
+        number = super().__new__(cls, text)
+        number.text = text
+        return number
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __reduce__(self) -> tuple[type[JsonNumber], tuple[str]]:  # pickled (the key state) with its spelling
+        return (JsonNumber, (self.text,))
 
 
 @dataclass(frozen=True, slots=True)

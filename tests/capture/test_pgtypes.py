@@ -472,6 +472,24 @@ def test_dumps_big_integers_inside_json() -> None:
     assert dumps(parsed) == f"[{huge}]".encode() == dumps(text)
 
 
+def test_json_numbers_read_back_from_the_log_keep_their_spelling() -> None:
+    """Regression (seen in the pgoutput kill -9 scenario): the key state, rebuilt from the log after a crash,
+    parses stored envelopes; an unchanged TOASTed jsonb filled from it was written back with Decimal's
+    spelling (``0.0000001`` → ``1E-7``), so the crashed log differed from an uninterrupted one."""
+    import pickle
+
+    from capture.converters import JsonConverter
+    from capture.tables import TableInfo
+
+    texts = ["0.0000001", "1e-7", "1E+2", "1.10", "-0.0", "123456789012345678901234567890.5"]
+    stored = b'{"op":"u","after":{"id":1,"j":[' + ",".join(texts).encode() + b"]}}"
+    table = TableInfo.make("public", "t", (), ("id",), "primary key", "d")
+    _, after = JsonConverter().read_change(table, stored)
+    assert after is not None and dumps(after["j"]) == f"[{','.join(texts)}]".encode()
+    assert dumps(pickle.loads(pickle.dumps(after["j"]))) == dumps(after["j"])  # the key state pickles them
+    assert [str(n) for n in after["j"]] == texts and after["j"][0] == Decimal("1E-7")
+
+
 def test_json_default_rejects_unknown_types() -> None:
     with pytest.raises(TypeError, match="object"):
         json_default(object())
