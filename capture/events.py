@@ -110,7 +110,7 @@ class TxnContext:
     xid: int | None
     commit_lsn: int
     ts_ms: int
-    snapshot: str = "false"  # "true" / "last" for snapshot reads
+    snapshot: str = "false"  # a snapshot read's marker: capture.snapshot.snapshot_marker
     total_order: int = 0
     per_table: dict[str, int] | None = None
     source_prefix: dict[str, bytes] = field(default_factory=dict)  # rendered once per table
@@ -336,10 +336,13 @@ class EventBuilder:
         before = identity
         to_new: list[tuple[str, bytes | None]] = [(NEWKEY_HEADER, key)]
         from_old: list[tuple[str, bytes | None]] = [(OLDKEY_HEADER, old_key)]
+        # two events, each counted in the transaction metadata (total_order, data_collection_order, END's
+        # event_count), as Debezium counts them
+        created_txn = self._transaction(table, ctx)
         return [
             Event(topic, old_key, convert(table, b"d", before, None, source, txn, now_ms), to_new),
             Event(topic, old_key, None, to_new),
-            Event(topic, key, convert(table, b"c", None, after, source, txn, now_ms), from_old),
+            Event(topic, key, convert(table, b"c", None, after, source, created_txn, now_ms), from_old),
         ]
 
     def _kept(self, table: TableInfo, column: str) -> bool:
