@@ -223,6 +223,7 @@ def run(ctx: Context, section: Section) -> None:
         "warm-up run on its own slot copy is not counted; Tideline's interpreter start is counted.",
     ]
     pg = LocalPostgres(ctx.workdir / "pg", fast=True)
+    load_before = os.getloadavg()
     try:
         pg.start()
         dsn = pg.create_database("debezium_bench")
@@ -230,3 +231,9 @@ def run(ctx: Context, section: Section) -> None:
             bench(ctx, section, sizes, dsn, kafka.bootstrap_servers)
     finally:
         pg.stop()
+        # changes/s depend on what else runs (both connectors wait on Kafka and Postgres); CPU-seconds much less
+        section.notes.append(
+            f"Load average (1 min) {load_before[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on "
+            f"{os.cpu_count()} CPUs: above the CPU count, changes/s measure the machine's contention as much as "
+            "the connectors; changes per CPU-second are the steadier figure."
+        )
