@@ -2,7 +2,8 @@
 
 Names follow Debezium's PostgreSQL connector where there is an equivalent
 (``snapshot.mode``, ``message.key.columns``, ``provide.transaction.metadata``,
-``errors.max.retries``/``retriable.restart.connector.wait.ms`` → ``max_retry_time_s``).
+``errors.max.retries``/``retriable.restart.connector.wait.ms`` → ``max_retry_time_s``,
+``publication.name``, ``publication.autocreate.mode``).
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capture.messages import Plugin
+from capture.messages import DecoderSettings, Plugin
+from capture.publications import PublicationMode, Publications
 from capture.tables import KeylessPolicy, TableFilter
 from eventstore.errors import ConfigError
 from eventstore.topic import validate_topic_name
 
-__all__ = ["CaptureConfig", "KeylessPolicy", "SnapshotMode", "ValueFormat"]
+__all__ = ["CaptureConfig", "KeylessPolicy", "PublicationMode", "SnapshotMode", "ValueFormat"]
 
 
 class SnapshotMode(enum.Enum):
@@ -90,6 +92,16 @@ class CaptureConfig:
     # commands' "public.events") become records on <outbox_topic_prefix>.<stream_type>.
     outbox_table: str | None = None
     outbox_topic_prefix: str = "events"
+    # pgoutput (capture.publications): the publication (None: named like the slot, so that two
+    # connectors with their own slots never alter each other's) and who manages it (None: filtered).
+    publication: str | None = None
+    publication_autocreate: PublicationMode | None = None
+    # pgoutput's protocol: 2 (and 3) stream transactions bigger than the server's
+    # logical_decoding_work_mem before they commit; they wait in spill_dir (None: the key
+    # state's directory) until then, so memory stays bounded. 1: the server spills them itself.
+    pgoutput_proto_version: int = 2
+    pgoutput_streaming: bool = True
+    spill_dir: Path | None = None
 
     def validate(self) -> None:
         validate_topic_name(f"{self.topic_prefix}.transaction")
@@ -97,9 +109,14 @@ class CaptureConfig:
             raise ConfigError(f"slot name {self.slot!r}: use lower-case letters, digits and _")
         if not self.plugin.implemented:
             raise ConfigError(f"plugin {self.plugin.value} is not implemented yet (wal2json is)")
-        if self.plugin.capabilities.needs_publication:  # the decoder exists; publication management does not yet
+        if self.plugin.capabilities.needs_publication:
+            self.publications()  # checks the name
+            if self.pgoutput_proto_version not in (1, 2, 3):
+                raise ConfigError(f"pgoutput protocol version must be 1, 2 or 3, not {self.pgoutput_proto_version}")
+        elif self.publication is not None or self.publication_autocreate is not None:
             raise ConfigError(
-                f"plugin {self.plugin.value}: capture does not manage publications yet; use --plugin wal2json"
+                f"--publication and --publication-autocreate are for --plugin pgoutput ({self.plugin.value} "
+                "streams every table)"
             )
         if self.partitions < 1 or self.batch_bytes < 1 or self.batch_events < 1 or self.linger_ms < 0:
             raise ConfigError("partitions, batch_bytes and batch_events must be ≥ 1, linger_ms ≥ 0")
@@ -117,6 +134,22 @@ class CaptureConfig:
             if table.count(".") < 1:
                 raise ConfigError(f"topic override for {table!r}: write the table as schema.table")
             validate_topic_name(topic)
+
+    def publications(self) -> Publications:
+        """The publications the slot streams (pgoutput; see capture.publications)."""
+        return Publications(self.dsn, self.publication or self.slot,
+                            self.publication_autocreate or PublicationMode.FILTERED)  # fmt: skip
+
+    def decoder_settings(self, default_spill_dir: Path) -> DecoderSettings:
+        """What the plugin's decoder needs from this configuration."""
+        needs = self.plugin.capabilities.needs_publication
+        return DecoderSettings(
+            dsn=self.dsn,
+            publications=self.publications().names if needs else (),
+            proto_version=self.pgoutput_proto_version,
+            streaming=self.pgoutput_streaming,
+            spill_dir=self.spill_dir or default_spill_dir,
+        )
 
     @property
     def connector_id(self) -> str:

@@ -3,6 +3,8 @@
 The parts follow Debezium's seams (DESIGN.md §1):
 
 * a **decoder** per plugin (capture.decoders, built by its :class:`~capture.messages.Plugin`),
+  and for pgoutput the slot's **publications** (capture.publications), created and
+  altered to the captured tables at every start, before the slot,
 * the **snapshot source** (capture.snapshot) and the **streaming source** (capture.streaming),
 * the **offset context** (capture.offsets; the record itself is schemas.position),
 * the **event builder** (capture.events) with a **value converter** (capture.converters),
@@ -39,14 +41,16 @@ thread or a signal handler.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 
-from capture.config import CaptureConfig, KeylessPolicy, SnapshotMode, ValueFormat
+from capture.config import CaptureConfig, KeylessPolicy, PublicationMode, SnapshotMode, ValueFormat
 from capture.converters import converter_for
 from capture.errors import (
     PermanentCaptureError,
@@ -59,7 +63,9 @@ from capture.errors import (
 )
 from capture.events import EventBuilder, ToastCache
 from capture.keystate import KeyState
+from capture.messages import StreamingAmbiguous
 from capture.offsets import OffsetContext
+from capture.publications import Publications, PublishableTable
 from capture.replication import ReplicationConnection
 from capture.sinks import Sink
 from capture.sinks.embedded import EmbeddedLogSink
@@ -89,6 +95,7 @@ __all__ = [
     "Connector",
     "KeylessPolicy",
     "Position",
+    "PublicationMode",
     "SlotLostError",
     "SnapshotMode",
     "Stats",
@@ -111,7 +118,15 @@ class Connector:
         self.log = log_
         self.stats = Stats()
         self._stop = threading.Event()
-        self.catalog = TableCatalog(config.dsn, config.table_filter, config.keyless_tables)
+        capabilities = config.plugin.capabilities
+        self.publications: Publications | None = config.publications() if capabilities.needs_publication else None
+        self.catalog = TableCatalog(
+            config.dsn,
+            config.table_filter,
+            config.keyless_tables,
+            publications=self.publications,
+            generated_columns=capabilities.emits_generated_columns,
+        )
         self.router = TopicRouter(config.topic_prefix, config.table_topics)
         self.key = connector_key(config.topic_prefix, config.slot)
         self.keystate: KeyState | None = None
@@ -120,6 +135,7 @@ class Connector:
         self._streaming_ok = False  # streaming started since the last failure (resets the backoff)
         self._ever_connected = False
         self._slot_busy_since: float | None = None
+        self._streaming_allowed = True  # pgoutput: off for good once a streamed transaction was ambiguous
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -170,6 +186,12 @@ class Connector:
                 except SnapshotStopped:
                     self.writer.abort()
                     return self.stats
+                except StreamingAmbiguous as e:  # the server can tell what the stream could not
+                    self.writer.abort()
+                    self._streaming_allowed = False
+                    self.stats.reconnects += 1
+                    log.warning("capture: %s: reconnecting without streaming in-progress transactions (the server "
+                                "spills them and sends each whole at its commit)", e)  # fmt: skip
                 except BaseException as e:
                     self.writer.abort()
                     if self._stop.is_set() and is_connection_error(e):
@@ -228,6 +250,7 @@ class Connector:
     def _run_once(self, builder: EventBuilder) -> None:
         assert self.writer is not None
         self.offsets = OffsetContext(self.read_position())
+        self._sync_publications()
         tables = self.catalog.load()
         self._ever_connected = True
         self.router.check(
@@ -239,6 +262,7 @@ class Connector:
         assert self.keystate is not None
         self.stats.key_state_caught_up = self.keystate.records_caught_up
         repl = ReplicationConnection(self.config.dsn)
+        closing: list[Callable[[], None]] = []
         try:
             snapshot = SnapshotSource(
                 self.config, self.catalog, builder, self.writer, self.offsets, self.stats, self._stop
@@ -247,7 +271,11 @@ class Connector:
             if self._stop.is_set():
                 return
             target = current_wal_lsn(self.config.dsn) if self.config.exit_when_caught_up else None
-            decoder = self.config.plugin.decoder()
+            settings = self.config.decoder_settings(self.state_path().parent)
+            if not self._streaming_allowed:
+                settings = dataclasses.replace(settings, streaming=False)
+            decoder = self.config.plugin.decoder(settings)
+            closing.append(decoder.close)
             repl.start(self.config.slot, start_lsn, decoder.slot_options())
             self._streaming_ok = True
             log.info(
@@ -269,7 +297,34 @@ class Connector:
             )
             streaming.run(repl, target)
         finally:
+            for close in closing:
+                close()
             repl.close()
+
+    def _sync_publications(self) -> None:
+        """pgoutput: the publications hold the captured tables (capture.publications), before the slot exists."""
+        if self.publications is None:
+            return
+        table_filter, policy = self.config.table_filter, self.config.keyless_tables
+
+        def wanted(table: PublishableTable) -> bool:
+            return table_filter.captures(table.schema, table.name) and (table.keyed or policy is KeylessPolicy.KEYLESS)
+
+        result = self.publications.sync(wanted)
+        for name in result.created:
+            log.info("capture: created publication %s", name)
+        for what, changes in (("added", result.added), ("dropped", result.dropped)):
+            for name, tables in changes.items():
+                log.info("capture: publication %s: %s %s", name, what, ", ".join(f"{s}.{t}" for s, t in tables))
+        new = result.newly_published()
+        stored = self.offsets.stored
+        if new and stored is not None and stored.snapshot_done and self.config.snapshot is not SnapshotMode.ALWAYS:
+            for schema, table in new:
+                log.warning(
+                    "capture: table %s.%s joined publication %s only now: PostgreSQL streams its changes from now "
+                    "on, not those written since the stored position; take a new snapshot (--snapshot always) "
+                    "if its earlier rows matter", schema, table, self.publications.name,
+                )  # fmt: skip
 
     def _warn_keyless(self) -> None:
         if self.stats.keyless_tables != self.catalog.keyless:
@@ -282,6 +337,17 @@ class Connector:
                 log.warning("capture: table %s has no primary key and no replica identity: skipped "
                             "(--keyless-tables skip)", name)  # fmt: skip
             self.stats.skipped_tables = list(self.catalog.skipped)
+        # Managed publications hold every captured table but partitioned parents (published through
+        # their partitions) and unlogged tables (no WAL): only a user's publication can miss one.
+        pubs = self.publications
+        if pubs is not None and pubs.mode is PublicationMode.DISABLED and self.stats.unpublished_tables != (
+            self.catalog.unpublished
+        ):
+            for name in self.catalog.unpublished:
+                if name not in self.stats.unpublished_tables:
+                    log.warning("capture: table %s is not in publication %s: not captured (add it: "
+                                "ALTER PUBLICATION %s ADD TABLE %s)", name, pubs.name, pubs.name, name)  # fmt: skip
+            self.stats.unpublished_tables = list(self.catalog.unpublished)
 
 
 def _one_line(e: BaseException) -> str:

@@ -17,6 +17,9 @@ plugin not installed      could not access file "wal2json"                      
 plugin not allowed        library "…" may not be used as an output plugin       (15.19+)
 slot limit reached        all replication slots are in use                      53400
 slot active elsewhere     replication slot "…" is active for PID …              55006
+publication missing       publication "…" does not exist (pgoutput, decoding)   (42704)
+not the tables' owner     must be owner of table … (a publication is altered)   42501
+no CREATE on the database permission denied for database … (publication)       42501
 table refused (``fail``)  capture.tables.TableRefusedError                      —
 configuration             eventstore.errors.ConfigError (bad options, topics)   —
 ========================  ====================================================  =========
@@ -76,6 +79,17 @@ _PERMANENT: tuple[tuple[re.Pattern[str], str | None, str, str], ...] = tuple(
          "the role does not exist", "create it (CREATE ROLE … LOGIN REPLICATION) or fix the user in --dsn"),
         (r'database "[^"]*" does not exist', "3D000",
          "the database does not exist", "fix the database name in --dsn"),
+        (r"must be owner of (table|relation|publication)", None,
+         "only the owner of a table can add it to a publication", "run the connector as the captured tables' "
+         "owner, or create the publication yourself (CREATE PUBLICATION … FOR TABLE …) and pass "
+         "--publication-autocreate disabled --publication NAME"),
+        (r"permission denied for database", None,
+         "creating a publication needs CREATE on the database", "GRANT CREATE ON DATABASE … TO the connector's "
+         "role, or create the publication yourself and pass --publication-autocreate disabled --publication NAME"),
+        (r'publication "[^"]*" does not exist', None,
+         "the slot's changes predate the publication (or it was dropped)", "PostgreSQL 15 decodes each change with "
+         "the publications as they were when it was written: create the publication before the slot (drop the "
+         "slot, restart with --snapshot when_needed) or check --publication"),
         (r"must be superuser or replication role|permission denied|must have REPLICATION|insufficient privilege",
          "42501", "permission denied", "grant the role REPLICATION (ALTER ROLE … REPLICATION) and SELECT on the "
          "captured tables"),

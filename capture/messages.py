@@ -2,8 +2,10 @@
 
 A decoder (:class:`Decoder`) turns one payload of the replication stream into zero or
 more :class:`ChangeMessage` values; everything after it (envelopes, TOAST filling,
-transactions, the log) only sees those. Adding ``pgoutput`` means adding a decoder and a
-:class:`Plugin` member, nothing else.
+transactions, the log) only sees those. A plugin is a decoder and a :class:`Plugin`
+member whose :class:`Capabilities` say what its stream can and cannot tell; what a
+decoder needs from the connector comes in :class:`DecoderSettings` (pgoutput: the
+publications, the protocol, where streamed transactions spill).
 
 Positions: ``lsn`` is the WAL position of the change (``BEGIN`` shares the first
 change's LSN; one statement's rows may share one), so an event is identified by
@@ -16,14 +18,17 @@ json/jsonb, lists for arrays, ``bytes`` for bytea, ``datetime``/``date``/``time`
 ``Interval`` for temporal types, ``str`` for what Python cannot hold exactly. A column
 missing from an UPDATE's ``columns`` (unchanged TOAST: wal2json omits it, the pgoutput
 decoder leaves its 'u' columns out the same way) is simply absent (capture.events fills
-it). wal2json skips UPDATE/DELETE of tables without a replica identity (capture.tables
-refuses such tables).
+it). Neither plugin sends UPDATE/DELETE of tables without a replica identity (wal2json
+skips them; pgoutput gets such tables through an insert/truncate-only publication,
+capture.publications): capture.tables captures them keyless, inserts only.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from eventstore.errors import TidelineError
@@ -33,7 +38,7 @@ class Plugin(enum.Enum):
     """Logical decoding output plugins, with what each can and cannot tell us."""
 
     WAL2JSON = "wal2json"
-    PGOUTPUT = "pgoutput"  # decoding only so far: the connector does not manage publications yet
+    PGOUTPUT = "pgoutput"  # streams the tables of publications (capture.publications)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -43,11 +48,22 @@ class Plugin(enum.Enum):
     def implemented(self) -> bool:
         return self.capabilities.decoder is not None
 
-    def decoder(self) -> Decoder:
+    def decoder(self, settings: DecoderSettings | None = None) -> Decoder:
         """A fresh decoder for one replication stream of this plugin (capture.decoders)."""
         from capture.decoders import decoder_for  # the decoders import this module
 
-        return decoder_for(self)
+        return decoder_for(self, settings)
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderSettings:
+    """What a connector tells the decoder of its stream; each plugin takes what applies to it."""
+
+    dsn: str | None = None  # the source database (pgoutput names non-built-in types with its format_type)
+    publications: tuple[str, ...] = ()  # pgoutput: publication_names
+    proto_version: int = 2  # pgoutput: 1-3 (2 and 3 can stream in-progress transactions)
+    streaming: bool = True  # pgoutput, protocol >= 2: big transactions arrive before their commit, spilled to disk
+    spill_dir: Path | None = None  # where streamed transactions wait for their commit (None: the system's temp dir)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +153,24 @@ class Decoder(Protocol):
         """Options for ``START_REPLICATION … LOGICAL … (options)``."""
         ...
 
-    def decode(self, payload: bytes) -> list[ChangeMessage]:
-        """Messages of one payload; raises :class:`DecodeError` naming what is wrong."""
+    def decode(self, payload: bytes, lsn: int) -> Iterable[ChangeMessage]:
+        """Messages of one payload whose XLogData message starts at WAL position ``lsn``.
+
+        Raises :class:`DecodeError` naming what is wrong. Usually a list; may be an iterator
+        when one payload stands for very many messages (pgoutput's Stream Commit replays a
+        whole streamed transaction): consume it before the next call.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release what the decoder holds (files of streamed transactions, catalog connections)."""
         ...
 
 
 class DecodeError(TidelineError):
     """A payload from the plugin that cannot be decoded (the connector stops: nothing is written)."""
+
+
+class StreamingAmbiguous(TidelineError):
+    """A transaction streamed before its commit (``DecoderSettings.streaming``) cannot be decoded exactly from
+    the stream: the connector reconnects with streaming off, so the server sends each transaction whole."""

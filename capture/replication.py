@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 import psycopg
+from psycopg.pq.abc import PGconn
 
 from capture.messages import Plugin
 from capture.pgtypes import SESSION_OPTIONS
@@ -120,9 +121,7 @@ class ReplicationConnection:
                         return None
                     continue
             if n < 0:
-                raise psycopg.OperationalError(
-                    f"replication stream ended: {pg.error_message.decode(errors='replace') or 'copy done'}"
-                )
+                raise psycopg.OperationalError(f"replication stream ended: {_end_reason(pg)}")
             raw = bytes(data)
             kind = raw[:1]
             if kind == b"w":
@@ -158,6 +157,16 @@ class ReplicationConnection:
                 pass
         self._streaming = False
         self.conn.close()
+
+
+def _end_reason(pg: PGconn) -> str:
+    """Why the copy-both stream ended: the server's ERROR (e.g. pgoutput's "publication … does not exist",
+    which decides whether the failure is permanent), else libpq's message."""
+    reason = pg.error_message.decode(errors="replace").strip()
+    result = pg.get_result()  # the stream's outcome: an ErrorResponse lands here
+    if result is not None and result.error_message:
+        reason = result.error_message.decode(errors="replace").strip()
+    return " ".join(reason.split()) or "copy done"
 
 
 def _ident(name: str) -> str:

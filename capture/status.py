@@ -45,6 +45,7 @@ class Stats:
     stored_lag_ms: int = 0  # when the last position was stored: that moment − its transaction's commit time
     keyless_tables: list[str] = field(default_factory=list)  # captured with null keys (updates/deletes invisible)
     skipped_tables: list[str] = field(default_factory=list)  # keyless, left out (--keyless-tables skip)
+    unpublished_tables: list[str] = field(default_factory=list)  # pgoutput: captured by the filter, not published
 
     def batch_stored(self, commit_lsn: int | None) -> None:
         """A log transaction committed; ``commit_lsn``: its position's (None: it carried none)."""
@@ -76,6 +77,7 @@ class Stats:
             "key_state_caught_up": self.key_state_caught_up,
             "keyless_tables": self.keyless_tables,
             "skipped_tables": self.skipped_tables,
+            "unpublished_tables": self.unpublished_tables,
         }
 
 

@@ -15,6 +15,12 @@ tables are idle, the keepalive's WAL end is confirmed when no transaction is in 
 (so WAL does not pile up); an optional heartbeat query writes to the source so that such
 confirmations happen at all on a database with no traffic.
 
+The decoder gets each payload with its XLogData position (pgoutput's row messages carry
+no LSN of their own). It usually returns a list; a pgoutput Stream Commit returns an
+iterator that replays a whole streamed transaction from disk, which can take minutes:
+while it is consumed, a standby status update goes out every :data:`KEEPALIVE_S`, so the
+walsender (which stops a silent client after ``wal_sender_timeout``) keeps waiting.
+
 Thread-safety: none; run by the connector thread.
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -39,6 +46,8 @@ from eventstore.topic import now_ms
 from schemas.position import format_lsn
 
 log = logging.getLogger("capture.connector")
+
+KEEPALIVE_S = 5.0  # while one payload's messages take long (a replayed streamed transaction)
 
 
 @dataclass(slots=True)
@@ -93,11 +102,13 @@ class StreamingSource:
                 continue
             assert isinstance(msg, XLogData)
             self.stats.server_wal_end = max(self.stats.server_wal_end, msg.wal_end)
-            try:
-                decoded = self.decoder.decode(msg.payload)
-            except DecodeError as e:  # name where: the operator can look at the WAL there
+            try:  # name where: the operator can look at the WAL there
+                messages = self.decoder.decode(msg.payload, msg.data_start)
+            except DecodeError as e:
                 raise DecodeError(f"at WAL {format_lsn(msg.data_start)}: {e}") from e
-            for m in decoded:
+            if not isinstance(messages, (list, tuple)):  # a replay: let the server hear from us while it runs
+                messages = self._keeping_alive(messages, repl, confirmed, msg.data_start)
+            for m in messages:
                 if m.kind is Kind.BEGIN:
                     ctx = TxnContext(m.xid, m.lsn, m.timestamp_ms or 0, per_table={})
                     ctx_next = m.next_lsn or m.lsn
@@ -140,6 +151,21 @@ class StreamingSource:
             if writer.in_txn and (writer.full or (ctx is None and self._batch_due(repl))):
                 self._commit()
                 confirmed = max(confirmed, self._confirm(repl))
+
+    def _keeping_alive(self, messages: Iterable[ChangeMessage], repl: ReplicationConnection,
+                       confirmed: int, at: int) -> Iterator[ChangeMessage]:  # fmt: skip
+        """The messages, with a status update (confirming nothing new) every KEEPALIVE_S; a decode error
+        met on the way names the WAL position of the message that started the replay."""
+        due = time.monotonic() + KEEPALIVE_S
+        try:
+            for i, m in enumerate(messages):
+                if i & 1023 == 0 and time.monotonic() >= due:
+                    repl.send_status(confirmed)
+                    self.status.tick()
+                    due = time.monotonic() + KEEPALIVE_S
+                yield m
+        except DecodeError as e:
+            raise DecodeError(f"at WAL {format_lsn(at)}: {e}") from e
 
     # ------------------------------------------------------------------ one change
 

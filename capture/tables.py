@@ -21,6 +21,12 @@ Keys (the record key of every change event, JSON ``{column: value}`` in key orde
    :attr:`TableCatalog.keyless` lists the keyless tables captured, :attr:`TableCatalog.skipped`
    those left out.
 
+With pgoutput the catalog also follows the slot's publications (capture.publications): a
+table they do not hold is not captured (:attr:`TableCatalog.unpublished`), a column list
+restricts the columns (it must cover the key), a row filter is kept
+(:attr:`TableInfo.row_filter`) for the snapshot to apply, and stored generated columns are
+left out (pgoutput 15 does not send them).
+
 Thread-safety: :class:`TableCatalog` is used by the connector thread only.
 """
 
@@ -38,6 +44,7 @@ from psycopg.pq.abc import PGresult
 
 from capture.messages import Column
 from capture.pgtypes import parse_array, text_converter
+from capture.publications import Publications, PublishedTable
 from eventstore.errors import ConfigError
 
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
@@ -103,6 +110,7 @@ class TableInfo:
     column_names: frozenset[str] = frozenset()
     column_types: frozenset[tuple[str, int]] = frozenset()  # (name, type OID): what a change must match
     qualified: str = ""  # "schema.table" (set from schema and name; a field: read for every change)
+    row_filter: str | None = None  # the publication's WHERE (pgoutput): the snapshot reads only these rows
 
     def __post_init__(self) -> None:
         if not self.qualified:
@@ -110,7 +118,14 @@ class TableInfo:
 
     @classmethod
     def make(
-        cls, schema: str, name: str, columns: tuple[TableColumn, ...], key: tuple[str, ...], source: str, ident: str
+        cls,
+        schema: str,
+        name: str,
+        columns: tuple[TableColumn, ...],
+        key: tuple[str, ...],
+        source: str,
+        ident: str,
+        row_filter: str | None = None,
     ) -> TableInfo:
         toastable = tuple(c.name for c in columns if c.toastable and c.name not in key)
         return cls(
@@ -123,7 +138,22 @@ class TableInfo:
             toastable,
             frozenset(c.name for c in columns),
             frozenset((c.name, c.type_oid) for c in columns),
+            row_filter=row_filter,
         )
+
+    def as_published(self, published: PublishedTable) -> TableInfo:
+        """This table as a publication streams it: its column list (which must hold the key), its row filter."""
+        listed = set(published.columns)
+        columns = tuple(c for c in self.columns if c.name in listed)
+        key = tuple(c.name for c in columns) if self.key_source == "replica identity full" else self.key
+        missing = [k for k in key if k not in listed]
+        if missing:
+            raise TableRefusedError(
+                f"the publication's column list of {self.qualified} leaves out its key column(s) {missing}: "
+                f"add them to the list (ALTER PUBLICATION … SET TABLE {self.qualified} (…)) or exclude the table"
+            )
+        return TableInfo.make(self.schema, self.name, columns, key, self.key_source, self.replica_identity,
+                              published.row_filter)  # fmt: skip
 
     @property
     def keyless(self) -> bool:
@@ -182,7 +212,7 @@ ORDER BY 1, 2
 _COLUMNS_SQL = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
        CASE WHEN a.atthasmissing THEN a.attmissingval::text END
-FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum
+FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped {generated} ORDER BY a.attnum
 """
 _INDEX_KEY_SQL = """
 SELECT a.attname FROM pg_index i
@@ -195,30 +225,47 @@ WHERE i.indrelid = %s AND {which} ORDER BY k.ord
 class TableCatalog:
     """Table metadata read from the source database, refreshed when the stream shows something new."""
 
-    def __init__(self, dsn: str, table_filter: TableFilter, keyless: KeylessPolicy = KeylessPolicy.KEYLESS) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        table_filter: TableFilter,
+        keyless: KeylessPolicy = KeylessPolicy.KEYLESS,
+        *,
+        publications: Publications | None = None,
+        generated_columns: bool = True,
+    ) -> None:
         self.dsn = dsn
         self.filter = table_filter
         self.keyless_policy = keyless
+        self.publications = publications  # pgoutput: only what they publish is captured
+        self._columns_sql = _COLUMNS_SQL.format(generated="" if generated_columns else "AND a.attgenerated = ''")
         self._tables: dict[tuple[str, str], TableInfo] = {}
         self.keyless: list[str] = []  # captured without a key (policy keyless), "schema.table"
         self.skipped: list[str] = []  # keyless and left out (policy skip)
+        self.unpublished: list[str] = []  # captured by the filter, but in none of the publications (pgoutput)
 
     def load(self, conn: psycopg.Connection[Any] | None = None) -> list[TableInfo]:
-        """Every captured table (keyless ones as the policy says)."""
+        """Every captured table (keyless ones as the policy says; with publications, as they publish it)."""
         own = conn is None
         c = conn or psycopg.connect(self.dsn, autocommit=True)
         try:
-            tables, skipped = [], []
+            tables, skipped, unpublished = [], [], []
+            published = None if self.publications is None else self.publications.published(c)
             for schema, name, ident, oid in c.execute(_TABLES_SQL).fetchall():
                 if self.filter.captures(schema, name):
                     table = self._describe(c, schema, name, ident, oid)
                     if table.keyless and self.keyless_policy is KeylessPolicy.SKIP:
                         skipped.append(table.qualified)
-                    else:
+                    elif published is None:
                         tables.append(table)
+                    elif (schema, name) in published:
+                        tables.append(table.as_published(published[(schema, name)]))
+                    else:
+                        unpublished.append(table.qualified)
             self._tables = {(t.schema, t.name): t for t in tables}
             self.keyless = [t.qualified for t in tables if t.keyless]
             self.skipped = skipped
+            self.unpublished = unpublished
             return tables
         finally:
             if own:
@@ -240,7 +287,7 @@ class TableCatalog:
     def _describe(self, c: psycopg.Connection[Any], schema: str, name: str, ident: str, oid: int) -> TableInfo:
         columns = tuple(
             TableColumn(n, t, int(o), None if m is None else parse_array(m)[0])
-            for n, t, o, m in c.execute(_COLUMNS_SQL, (oid,)).fetchall()
+            for n, t, o, m in c.execute(self._columns_sql.encode(), (oid,)).fetchall()
         )
         qualified = f"{schema}.{name}"
         names = {col.name for col in columns}
@@ -275,9 +322,17 @@ class TableCatalog:
 
 
 def select_columns_sql(table: TableInfo) -> str:
-    """``SELECT`` of every column, uncast: a text-format result then holds each type's output text."""
-    cols = ", ".join(f'"{col.name}"' for col in table.columns)
-    return f'SELECT {cols} FROM "{table.schema}"."{table.name}"'
+    """``SELECT`` of every column, uncast: a text-format result then holds each type's output text.
+
+    Rows of a publication's row filter only (pgoutput): the snapshot holds what the stream would.
+    """
+    cols = ", ".join(_quote(col.name) for col in table.columns)
+    select = f"SELECT {cols} FROM {_quote(table.schema)}.{_quote(table.name)}"
+    return select if table.row_filter is None else f"{select} WHERE {table.row_filter}"
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def result_rows(res: PGresult, table: TableInfo) -> Iterator[list[Column]]:

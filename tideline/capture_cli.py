@@ -21,13 +21,23 @@ if TYPE_CHECKING:
     from capture.sinks import Sink
     from eventstore.log import Log
 
-app = typer.Typer(help="Capture Postgres changes (logical replication, wal2json) into the log.", no_args_is_help=True)
+app = typer.Typer(
+    help="Capture Postgres changes (logical replication: wal2json or pgoutput) into the log.", no_args_is_help=True
+)
 
 DsnOption = Annotated[
     str, typer.Option("--dsn", envvar="TIDELINE_DSN", help="libpq connection string or URL of the source database.")
 ]
 SlotOption = Annotated[str, typer.Option("--slot", help="Replication slot name (created if missing).")]
 PrefixOption = Annotated[str, typer.Option("--topic-prefix", help="Topics are <prefix>.<schema>.<table>.")]
+PublicationOption = Annotated[
+    str | None,
+    typer.Option(
+        "--publication",
+        help="pgoutput: the publication to stream (default: the slot's name); managed ones also have "
+        "<name>_keyless for tables without a replica identity.",
+    ),
+]
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -147,7 +157,18 @@ def run(
     ] = None,
     topic_prefix: PrefixOption = "tideline",
     partitions: Annotated[int, typer.Option("--partitions", min=1, help="Partitions of new table topics.")] = 1,
-    plugin: Annotated[str, typer.Option("--plugin", help="Logical decoding plugin (wal2json).")] = "wal2json",
+    plugin: Annotated[
+        str, typer.Option("--plugin", help="Logical decoding plugin: wal2json (default) or pgoutput.")
+    ] = "wal2json",
+    publication: PublicationOption = None,
+    publication_autocreate: Annotated[
+        str | None,
+        typer.Option(
+            "--publication-autocreate",
+            help="pgoutput: filtered (default: the captured tables), all_tables (every table), or disabled "
+            "(use an existing publication as it is).",
+        ),
+    ] = None,
     heartbeat_query: Annotated[
         str | None, typer.Option("--heartbeat-query", help="SQL run every --heartbeat-interval on the source.")
     ] = None,
@@ -211,7 +232,7 @@ def run(
     With ``tideline --kafka HOST:PORT capture run …`` the log is that Kafka cluster (one Kafka
     transaction per batch, the position in ``__tideline_capture_offsets``); the key state stays
     local (``--state-dir``, default ``<data dir>/_capture``)."""
-    from capture.connector import CaptureConfig, Connector, KeylessPolicy, SnapshotMode, ValueFormat
+    from capture.connector import CaptureConfig, Connector, KeylessPolicy, PublicationMode, SnapshotMode, ValueFormat
     from capture.messages import Plugin
     from capture.tables import TableFilter
     from tideline.cli import State
@@ -221,12 +242,16 @@ def run(
         try:
             plugin_ = Plugin(plugin)
         except ValueError:
-            raise fail(f"--plugin must be wal2json (pgoutput later), not {plugin!r}") from None
+            raise fail(f"--plugin must be wal2json or pgoutput, not {plugin!r}") from None
         config = CaptureConfig(
             dsn=dsn,
             slot=slot,
             topic_prefix=topic_prefix,
             plugin=plugin_,
+            publication=publication,
+            publication_autocreate=None if publication_autocreate is None else PublicationMode.parse(
+                publication_autocreate
+            ),
             snapshot=SnapshotMode.parse(snapshot),
             keyless_tables=KeylessPolicy.parse(keyless_tables),
             table_topics=_table_topics(table_topic),
@@ -308,15 +333,22 @@ def status(
     tables: Annotated[list[str] | None, typer.Option("--tables", help="schema.table patterns captured.")] = None,
     exclude_tables: Annotated[list[str] | None, typer.Option("--exclude-tables", help="Patterns skipped.")] = None,
     keyless_tables: KeylessOption = "keyless",
+    publication: PublicationOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """The slot (confirmed LSN, retained WAL), the last stored position, the lag, and tables needing attention."""
+    """The slot (confirmed LSN, retained WAL), the last stored position, the lag, the publications (pgoutput),
+    and tables needing attention."""
     from capture.connector import CaptureConfig, Connector, KeylessPolicy, slot_status
+    from capture.publications import PublicationMode, Publications
     from capture.tables import KEYLESS_WARNING, TableCatalog, TableFilter
     from schemas.position import parse_lsn
 
     with one_line_errors():
         info = slot_status(dsn, slot)
+        publications = []
+        if publication is not None or (info is not None and info["plugin"] == "pgoutput"):
+            publications = Publications(dsn, publication or slot, PublicationMode.FILTERED).describe()
+            publications = [p for p in publications if p["exists"] or not p["name"].endswith("_keyless")]
         policy = KeylessPolicy.parse(keyless_tables)
         catalog = TableCatalog(dsn, TableFilter(include=_split(tables), exclude=_split(exclude_tables)), policy)
         catalog.load()
@@ -330,6 +362,7 @@ def status(
         "stored_position": None if position is None else json.loads(position.to_json()),
         "keyless_tables": catalog.keyless,
         "skipped_tables": catalog.skipped,
+        "publications": publications,
         "warnings": warnings,
     }
     if info is not None and position is not None:
@@ -344,6 +377,14 @@ def status(
             f"slot {slot}: plugin {info['plugin']}, active {info['active']}, confirmed {info['confirmed_flush_lsn']}, "
             f"retained WAL {info['retained_wal_bytes']:,} bytes, wal_status {info['wal_status']}"
         )
+    for pub in publications:
+        if not pub["exists"]:
+            typer.echo(f"publication {pub['name']}: missing")
+            continue
+        count = len(pub["tables"])
+        what = "all tables" if pub["all_tables"] else f"{count} table{'' if count == 1 else 's'}"
+        filters = f", row filters on {', '.join(pub['row_filters'])}" if pub["row_filters"] else ""
+        typer.echo(f"publication {pub['name']}: {what} ({', '.join(pub['publish'])}){filters}")
     if position is None:
         typer.echo("no position stored in the log")
     else:

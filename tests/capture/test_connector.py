@@ -1,4 +1,4 @@
-"""The connector against the real local Postgres with wal2json: ops, envelope, keys, TOAST, restarts."""
+"""The connector against the real local Postgres: ops, envelope, keys, TOAST (with both plugins), restarts."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from capture_util import capture, drop_slots, events, fresh_database, latest_by_
 
 from capture.connector import CaptureConfig, Connector, KeylessPolicy, SlotLostError, SnapshotMode
 from capture.events import UNAVAILABLE
+from capture.messages import Plugin
 from capture.tables import TableFilter, TableRefusedError
 from eventstore.errors import ConfigError
 from eventstore.log import Log
@@ -128,39 +129,42 @@ def test_truncate_tombstones_every_live_key(db: str, tmp_path: Path) -> None:
     assert latest_by_key(tmp_path / "log", "cdc.public.t") == {b'{"id":9}': {"id": 9, "v": "after"}}
 
 
-def test_unchanged_toast_survives_100_updates(db: str, tmp_path: Path) -> None:
+def test_unchanged_toast_survives_100_updates(db: str, tmp_path: Path, plugin: Plugin) -> None:
+    """wal2json omits the unchanged TOASTed column, pgoutput marks it 'u': filled the same way."""
     big = "x" * (1 << 20)
     sql(db, "CREATE TABLE docs (id int PRIMARY KEY, body text, n int)")
     sql(db, "ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")  # TOASTed, uncompressed
-    capture(tmp_path / "log", db)
+    capture(tmp_path / "log", db, plugin=plugin)
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("INSERT INTO docs VALUES (1, %s, 0)", (big,))
         for i in range(100):
             c.execute("UPDATE docs SET n = %s WHERE id = 1", (i + 1,))
-    capture(tmp_path / "log", db)
+    capture(tmp_path / "log", db, plugin=plugin)
     evs = events(tmp_path / "log", "cdc.public.docs")
     assert len(evs) == 101
     assert all(e["after"]["body"] == big for e in evs), "an unchanged TOAST value was lost"
     # after a restart the cache is empty: the value comes from the log
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("UPDATE docs SET n = -1 WHERE id = 1")
-    capture(tmp_path / "log", db)
+    capture(tmp_path / "log", db, plugin=plugin)
     assert events(tmp_path / "log", "cdc.public.docs")[-1]["after"]["body"] == big
 
 
-def test_toast_unavailable_marker_when_nothing_is_known(db: str, tmp_path: Path) -> None:
+def test_toast_unavailable_marker_when_nothing_is_known(db: str, tmp_path: Path, plugin: Plugin) -> None:
     big = "y" * (1 << 20)
     sql(db, "CREATE TABLE docs (id int PRIMARY KEY, body text, n int)")
     sql(db, "ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL")
     with psycopg.connect(db, autocommit=True) as c:
         c.execute("INSERT INTO docs VALUES (1, %s, 0)", (big,))
-    capture(tmp_path / "log", db, snapshot=SnapshotMode.NEVER)  # creates the slot after the insert
+    capture(tmp_path / "log", db, snapshot=SnapshotMode.NEVER, plugin=plugin)  # creates the slot after the insert
     sql(db, "UPDATE docs SET n = 1 WHERE id = 1")
-    capture(tmp_path / "log", db, snapshot=SnapshotMode.NEVER)
+    capture(tmp_path / "log", db, snapshot=SnapshotMode.NEVER, plugin=plugin)
     assert events(tmp_path / "log", "cdc.public.docs")[-1]["after"]["body"] == UNAVAILABLE
 
 
-def test_replica_identity_full_fills_toast_and_keys_tables_without_pk(db: str, tmp_path: Path) -> None:
+def test_replica_identity_full_fills_toast_and_keys_tables_without_pk(
+    db: str, tmp_path: Path, plugin: Plugin
+) -> None:
     sql(
         db,
         "CREATE TABLE nopk (a int, b text)",
@@ -169,10 +173,10 @@ def test_replica_identity_full_fills_toast_and_keys_tables_without_pk(db: str, t
         "ALTER TABLE keyed REPLICA IDENTITY FULL",
     )
     tf = TableFilter(key_columns={"public.keyed": ["a"]})
-    capture(tmp_path / "log", db, table_filter=tf)
+    capture(tmp_path / "log", db, table_filter=tf, plugin=plugin)
     sql(db, "INSERT INTO nopk VALUES (1, 'p')", "UPDATE nopk SET b = 'q'", "INSERT INTO keyed VALUES (7, 'k')")
     sql(db, "UPDATE keyed SET b = 'l'", "DELETE FROM keyed")
-    capture(tmp_path / "log", db, table_filter=tf)
+    capture(tmp_path / "log", db, table_filter=tf, plugin=plugin)
     nopk = records(tmp_path / "log", "cdc.public.nopk")
     assert [k for k, _, _ in nopk] == [{"a": 1, "b": "p"}] * 3 + [{"a": 1, "b": "q"}]  # full-row keys
     keyed = records(tmp_path / "log", "cdc.public.keyed")

@@ -13,6 +13,9 @@ columns read uncast in text format under capture.pgtypes.SESSION_OPTIONS, conver
 ``text_converter`` for the catalog's type name and OID, written with
 ``capture.pgtypes.dumps``. JSON is compared with numbers kept as their digits.
 
+Both plugins: wal2json (JSON and Avro) and pgoutput (JSON; its publications managed by the
+connector, the keyless table in the insert/truncate-only one).
+
 Size: ``TIDELINE_SOAK=1`` runs ~20x more transactions and rows.
 """
 
@@ -34,6 +37,7 @@ from workload import KEYLESS, TABLES, Workload, soak
 
 from capture.connector import CaptureConfig, ValueFormat
 from capture.events import UNAVAILABLE, table_topic
+from capture.messages import Plugin
 from capture.pgtypes import SESSION_OPTIONS, dumps, text_converter
 from capture.tables import TableCatalog, TableFilter, TableInfo
 from eventstore.cleaner import compact_partition
@@ -254,10 +258,13 @@ def compact_table_topics(log_dir: Path, dsn: str) -> dict[str, int]:
     return dict(totals)
 
 
-@pytest.mark.parametrize("value_format", ["json", "avro"])
-def test_compacted_log_equals_tables(db: str, tmp_path: Path, value_format: str) -> None:
+@pytest.mark.parametrize(
+    ("value_format", "plugin"), [("json", "wal2json"), ("avro", "wal2json"), ("json", "pgoutput")]
+)
+def test_compacted_log_equals_tables(db: str, tmp_path: Path, value_format: str, plugin: str) -> None:
     """Also the Avro round trip: every type of the workload's tables, written as Avro, reads back as the row."""
     fmt = ValueFormat(value_format)
+    options: dict[str, Any] = {"partitions": PARTITIONS, "value_format": fmt, "plugin": Plugin(plugin)}
     initial_rows, during_snapshot, round1, round2 = SIZES["soak" if soak() else "ci"]
     log_dir = tmp_path / "log"
     workload = Workload(db, seed=20240331)
@@ -277,21 +284,21 @@ def test_compacted_log_equals_tables(db: str, tmp_path: Path, value_format: str)
     writer = threading.Thread(target=write, name="workload")
     writer.start()
     try:
-        stats = capture(log_dir, db, partitions=PARTITIONS, value_format=fmt)
+        stats = capture(log_dir, db, **options)
     finally:
         writer.join()
     assert not errors, errors
     assert stats.snapshot_rows > 0
 
     # 2. Restart: stream what the snapshot run did not reach, then compare.
-    capture(log_dir, db, partitions=PARTITIONS, value_format=fmt)
+    capture(log_dir, db, **options)
     assert_log_equals_tables(log_dir, db, "after the snapshot and the first restart", value_format)
 
     # 3. More workload, restart, compare (uncompacted).
     workload.run(round1)
-    capture(log_dir, db, partitions=PARTITIONS, value_format=fmt)
+    capture(log_dir, db, **options)
     workload.run(round2)
-    capture(log_dir, db, partitions=PARTITIONS, value_format=fmt)
+    capture(log_dir, db, **options)
     ops = assert_log_equals_tables(log_dir, db, "before compaction", value_format)
     assert {"r", "c", "u", "d", "t"} <= set(ops), ops
     print(f"workload: {workload.stats.summary()}; log events by op: {dict(ops)}")
@@ -327,12 +334,15 @@ def test_compacted_log_equals_tables(db: str, tmp_path: Path, value_format: str)
         pytest.param("1e400", id="beyond-double"),
     ],
 )
-@pytest.mark.parametrize("value_format", ["json", "avro"])
+@pytest.mark.parametrize(
+    ("value_format", "plugin"), [("json", "wal2json"), ("avro", "wal2json"), ("json", "pgoutput")]
+)
 def test_unchanged_toasted_jsonb_filled_from_the_log_is_exact(
-    db: str, tmp_path: Path, number: str, value_format: str
+    db: str, tmp_path: Path, number: str, value_format: str, plugin: str
 ) -> None:
     log_dir = tmp_path / "log"
     fmt = ValueFormat(value_format)
+    options: dict[str, Any] = {"value_format": fmt, "plugin": Plugin(plugin)}
     sql = [
         "CREATE TABLE docs (id int PRIMARY KEY, meta jsonb, n int)",
         "ALTER TABLE docs ALTER COLUMN meta SET STORAGE EXTERNAL",
@@ -340,14 +350,14 @@ def test_unchanged_toasted_jsonb_filled_from_the_log_is_exact(
     with psycopg.connect(db, autocommit=True) as c:
         for s in sql:
             c.execute(s.encode())
-    capture(log_dir, db, value_format=fmt)
+    capture(log_dir, db, **options)
     doc = f'{{"x": {number}, "pad": "{"ab" * 3000}"}}'  # 6 KB: TOASTed out of line
     with psycopg.connect(db, autocommit=True) as c:
         c.execute(b"INSERT INTO docs VALUES (1, %s::jsonb, 0)", [doc])
-    capture(log_dir, db, value_format=fmt)  # a new run: its TOAST cache is empty, the value comes from the log
+    capture(log_dir, db, **options)  # a new run: its TOAST cache is empty, the value comes from the log
     with psycopg.connect(db, autocommit=True) as c:
-        c.execute(b"UPDATE docs SET n = 1 WHERE id = 1")  # meta unchanged: wal2json omits it
-    capture(log_dir, db, value_format=fmt)
+        c.execute(b"UPDATE docs SET n = 1 WHERE id = 1")  # meta unchanged: wal2json omits it, pgoutput sends 'u'
+    capture(log_dir, db, **options)
     table = tables_named(db, "docs")
     avro = table if fmt is ValueFormat.AVRO else None
     assert log_state(log_dir, "cdc.public.docs", avro_table=avro) == table_state(db, table)

@@ -6,7 +6,8 @@ routes each row to ``events.<stream_type>``: key = stream id, value = the event,
 ``event_type``. Checked: every stored event exactly once, per stream in version order,
 per partition in commit order — also when the connector is killed (SIGKILL) again and
 again while commands run; the table's own topic is never written; an UPDATE of an event
-row (possible only with the append-only trigger disabled) is flagged, not routed.
+row (possible only with the append-only trigger disabled) is flagged, not routed. The routing
+and the kill test run with both plugins.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from workload import soak
 
 import migrations
 from capture.connector import SnapshotMode
+from capture.messages import Plugin
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
 from eventstore.topic import CleanupPolicy
@@ -105,12 +107,12 @@ def issue_commands(dsn: str, n: int, seed: int, stop: threading.Event | None = N
     return sum(done.accepted.values())
 
 
-def test_commands_are_routed_to_event_topics(db: str, tmp_path: Path) -> None:
+def test_commands_are_routed_to_event_topics(db: str, tmp_path: Path, plugin: Plugin) -> None:
     log_dir = tmp_path / "log"
     before = issue_commands(db, 30, seed=1)  # already in the table: routed by the snapshot, in id order
-    capture(log_dir, db, **OUTBOX)
+    capture(log_dir, db, plugin=plugin, **OUTBOX)
     after = issue_commands(db, 60, seed=2)
-    capture(log_dir, db, **OUTBOX)
+    capture(log_dir, db, plugin=plugin, **OUTBOX)
     n = assert_routed_exactly_once(log_dir, db)
     assert n == len(stored_events(db)) and before > 0 and after > 0
     assert set(routed(log_dir)) == {"events.user", "events.reservation"}
@@ -150,18 +152,20 @@ def test_an_update_of_an_event_row_is_flagged_not_routed(db: str, tmp_path: Path
 CHILD = r"""
 import sys
 from capture.connector import CaptureConfig, Connector
+from capture.messages import Plugin
 from eventstore.log import Log
-log_dir, dsn = sys.argv[1:3]
-config = CaptureConfig(dsn=dsn, slot="t", topic_prefix="cdc", outbox_table="public.events", partitions=2)
+log_dir, dsn, plugin = sys.argv[1:4]
+config = CaptureConfig(dsn=dsn, slot="t", topic_prefix="cdc", outbox_table="public.events", partitions=2,
+                       plugin=Plugin(plugin))
 with Log(log_dir) as log:
     Connector(config, log).run()
 """
 
 
-def test_exactly_once_across_connector_kills(db: str, tmp_path: Path) -> None:
+def test_exactly_once_across_connector_kills(db: str, tmp_path: Path, plugin: Plugin) -> None:
     log_dir = tmp_path / "log"
     kills = 40 if soak() else 6
-    capture(log_dir, db, **OUTBOX)  # the slot and the (empty) snapshot
+    capture(log_dir, db, plugin=plugin, **OUTBOX)  # the slot and the (empty) snapshot
     stop = threading.Event()
     counts: list[int] = []
     writer = threading.Thread(target=lambda: counts.append(issue_commands(db, 100_000, seed=4, stop=stop)))
@@ -170,7 +174,8 @@ def test_exactly_once_across_connector_kills(db: str, tmp_path: Path) -> None:
     rng = random.Random(5)
     try:
         for _ in range(kills):
-            child = subprocess.Popen([sys.executable, "-c", CHILD, str(log_dir), db], env=env, stderr=subprocess.PIPE)
+            argv = [sys.executable, "-c", CHILD, str(log_dir), db, plugin.value]
+            child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
             time.sleep(rng.uniform(0.8, 2.0))
             child.send_signal(signal.SIGKILL)
             _, err = child.communicate(timeout=30)
@@ -179,6 +184,6 @@ def test_exactly_once_across_connector_kills(db: str, tmp_path: Path) -> None:
         stop.set()
         writer.join()
     assert counts and counts[0] > 0
-    capture(log_dir, db, **OUTBOX)  # the rest, uninterrupted
+    capture(log_dir, db, plugin=plugin, **OUTBOX)  # the rest, uninterrupted
     n = assert_routed_exactly_once(log_dir, db)
     assert n == len(stored_events(db)) > 0

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -36,9 +37,10 @@ from capture.decoders import decoder_for
 from capture.decoders.pgoutput import PgOutputDecoder, TypeResolver, builtin_type_name
 from capture.decoders.pgoutput import decoder as pgoutput_decoder
 from capture.decoders.pgoutput import types as pgoutput_types
+from capture.decoders.pgoutput.streams import StreamedAbortAmbiguous
 from capture.decoders.pgoutput.types import BUILTIN_ARRAYS, BUILTIN_TYPES
 from capture.decoders.wal2json import Wal2JsonDecoder
-from capture.messages import ChangeMessage, Column, DecodeError, Kind, Plugin
+from capture.messages import ChangeMessage, Column, DecodeError, DecoderSettings, Kind, Plugin
 from capture.pgtypes import Interval, JsonText, NonFiniteFloat, dumps
 from tideline.pgharness import LocalPostgres, require_wal2json
 
@@ -459,20 +461,34 @@ def test_docstring_examples_run() -> None:
     assert doctest.testmod(pgoutput_types).failed == 0
 
 
-def test_decoder_meets_the_protocol() -> None:
+def test_decoder_meets_the_protocol(tmp_path: Path) -> None:
     decoder = decoder_for(Plugin.PGOUTPUT)
     assert isinstance(decoder, PgOutputDecoder) and decoder.plugin is Plugin.PGOUTPUT
     assert Plugin.PGOUTPUT.implemented and Plugin.PGOUTPUT.capabilities.numeric_nan_distinct
-    assert decoder.slot_options() == {"proto_version": "1", "publication_names": "tideline", "messages": "true"}
+    # the connector's default: protocol 2, in-progress transactions streamed (and spilled)
+    assert decoder.slot_options() == {
+        "proto_version": "2", "publication_names": "tideline", "messages": "true", "streaming": "on"}  # fmt: skip
+    assert PgOutputDecoder("p").slot_options() == {"proto_version": "1", "publication_names": "p", "messages": "true"}
     options = PgOutputDecoder("My Pub", proto_version=2, streaming=True).slot_options()
     assert options == {"proto_version": "2", "publication_names": '"My Pub"', "messages": "true", "streaming": "on"}
-    decoder.slot_options()["proto_version"] = "2"
-    assert decoder.slot_options()["proto_version"] == "1"  # a copy
+    decoder.slot_options()["proto_version"] = "1"
+    assert decoder.slot_options()["proto_version"] == "2"  # a copy
     assert PgOutputDecoder("a,b").slot_options()["publication_names"] == '"a,b"'
-    with pytest.raises(ValueError, match="proto_version 2"):
+    # the connector's two publications, and what it says in DecoderSettings
+    settings = DecoderSettings(publications=("cdc", "cdc_keyless"), proto_version=3, spill_dir=tmp_path / "spill")
+    configured = decoder_for(Plugin.PGOUTPUT, settings)
+    assert isinstance(configured, PgOutputDecoder) and configured.spilled.directory == tmp_path / "spill"
+    assert configured.slot_options() == {
+        "proto_version": "3", "publication_names": "cdc,cdc_keyless", "messages": "true", "streaming": "on",
+    }  # fmt: skip
+    one = decoder_for(Plugin.PGOUTPUT, DecoderSettings(publications=("p",), proto_version=1))
+    assert "streaming" not in one.slot_options()  # protocol 1 cannot stream: the server spills instead
+    with pytest.raises(ValueError, match="proto_version 2 or 3"):
         PgOutputDecoder("p", streaming=True)
-    with pytest.raises(ValueError, match="1 or 2"):
-        PgOutputDecoder("p", proto_version=3)
+    with pytest.raises(ValueError, match="1, 2 or 3"):
+        PgOutputDecoder("p", proto_version=4)
+    with pytest.raises(ValueError, match="at least one publication"):
+        PgOutputDecoder(())
 
 
 def test_publication_name_is_quoted_for_the_server(conn: psycopg.Connection[Any]) -> None:
@@ -580,27 +596,115 @@ def test_synthetic_unchanged_toast_null_and_key_tuples() -> None:
     assert [c.value for c in i.columns] == [4, None]
 
 
-def test_synthetic_streaming_with_subtransaction_abort() -> None:
-    decoder = PgOutputDecoder(proto_version=2, streaming=True)
-    assert decoder.decode(b"S" + struct.pack("!IB", 100, 1)) == []
-    assert decoder.decode(relation_message((1, "id", 23, -1), (0, "v", 1700, -1), xid=100)) == []
-    assert decoder.decode(insert(b"1", b"1.5", xid=100)) == []
-    assert decoder.decode(insert(b"2", b"2.5", xid=101)) == []  # in subtransaction 101
-    assert decoder.decode(b"E") == []
-    assert decoder.decode(b"A" + struct.pack("!II", 100, 101)) == []  # ROLLBACK TO SAVEPOINT
-    assert decoder.decode(b"S" + struct.pack("!IB", 200, 1)) == []
-    assert decoder.decode(insert(b"9", None, xid=200)) == []
-    assert decoder.decode(b"E") == []
-    assert decoder.decode(b"A" + struct.pack("!II", 200, 200)) == []  # the whole transaction
-    messages = decoder.decode(b"c" + struct.pack("!IBQQq", 100, 0, 0x500, 0x600, 0))
+def test_synthetic_streaming_with_subtransaction_abort(tmp_path: Path) -> None:
+    """Streamed payloads go to disk raw and are decoded only at Stream Commit; an aborted transaction's never
+    are (its malformed insert would raise), an aborted subtransaction's are skipped."""
+    decoder = PgOutputDecoder(proto_version=2, streaming=True, spill_dir=tmp_path)
+    assert list(decoder.decode(b"S" + struct.pack("!IB", 100, 1))) == []
+    assert list(decoder.decode(relation_message((1, "id", 23, -1), (0, "v", 1700, -1), xid=100), 0x400)) == []
+    assert list(decoder.decode(insert(b"1", b"1.5", xid=100), 0x410)) == []
+    assert list(decoder.decode(insert(b"2", b"2.5", xid=101), 0x420)) == []  # in subtransaction 101
+    assert list(decoder.decode(b"E")) == []
+    assert list(decoder.decode(b"A" + struct.pack("!II", 100, 101))) == []  # ROLLBACK TO SAVEPOINT
+    assert list(decoder.decode(b"S" + struct.pack("!IB", 200, 1))) == []
+    assert list(decoder.decode(insert(b"9", b"not a number", xid=200))) == []  # never decoded: 200 aborts
+    assert list(decoder.decode(b"E")) == []
+    assert len(decoder.spilled) == 4 and decoder.spilled.held_bytes() > 0  # on disk, not decoded
+    assert list(decoder.decode(b"A" + struct.pack("!II", 200, 200))) == []  # the whole transaction
+    assert len(decoder.spilled) == 3
+    replay = decoder.decode(b"c" + struct.pack("!IBQQq", 100, 0, 0x500, 0x600, 0))
+    assert not isinstance(replay, list)  # an iterator: decoded as it is consumed
+    messages = list(replay)
     start_2000 = 946684800000
-    assert [(m.kind, m.xid, m.timestamp_ms) for m in messages] == [
-        (Kind.BEGIN, 100, start_2000), (Kind.INSERT, 100, start_2000), (Kind.COMMIT, 100, start_2000)]  # fmt: skip
-    assert (messages[0].lsn, messages[2].lsn, messages[2].next_lsn) == (0x500, 0x500, 0x600)
+    assert [(m.kind, m.xid, m.timestamp_ms, m.lsn) for m in messages] == [
+        (Kind.BEGIN, 100, start_2000, 0x500), (Kind.INSERT, 100, start_2000, 0x410),
+        (Kind.COMMIT, 100, start_2000, 0x500)]  # fmt: skip
+    assert messages[2].next_lsn == 0x600
     assert [c.value for c in messages[1].columns] == [1, Decimal("1.5")]
-    assert decoder.decode(b"c" + struct.pack("!IBQQq", 200, 0, 0x700, 0x800, 0))[1:] == [  # nothing left of 200
+    assert list(decoder.decode(b"c" + struct.pack("!IBQQq", 200, 0, 0x700, 0x800, 0)))[1:] == [  # nothing of 200
         ChangeMessage(Kind.COMMIT, 0x700, xid=200, timestamp_ms=946684800000, next_lsn=0x800)
     ]
+    assert len(decoder.spilled) == 0 and decoder.spilled.replayed_transactions == 1
+    # the Relation message streamed with xid 100 described the table only once 100 committed
+    [after] = decoder.decode(insert(b"3", None), 0x900)
+    assert [c.name for c in after.columns] == ["id", "v"]
+
+
+def test_synthetic_streamed_relation_applies_at_commit_only(tmp_path: Path) -> None:
+    """A Relation message inside a stream (the table altered by the streamed transaction) must not describe
+    the rows of transactions that commit before it: pgoutput re-describes the table only after it commits."""
+    decoder = PgOutputDecoder(proto_version=2, streaming=True, spill_dir=tmp_path)
+    decoder.decode(KEY_AND_VALUE)
+    decoder.decode(b"S" + struct.pack("!IB", 300, 1))
+    wider = relation_message((1, "id", 23, -1), (0, "v", 1700, -1), (0, "w", 25, -1), xid=300)
+    decoder.decode(wider)
+    decoder.decode(insert(b"5", None, b"new", xid=300))
+    decoder.decode(b"E")
+    decoder.decode(b"B" + struct.pack("!QqI", 0x100, 0, 7))  # an ordinary transaction commits first
+    [first] = decoder.decode(insert(b"4", b"4.5"))
+    decoder.decode(b"C" + struct.pack("!BQQq", 0, 0x100, 0x110, 0))
+    assert [c.name for c in first.columns] == ["id", "v"]  # the table as this transaction wrote it
+    streamed = list(decoder.decode(b"c" + struct.pack("!IBQQq", 300, 0, 0x200, 0x210, 0)))
+    assert [c.name for c in streamed[1].columns] == ["id", "v", "w"]
+
+
+def message(prefix: str, *, xid: int, transactional: bool = True) -> bytes:
+    """A streamed logical message (pgoutput 15 tags a transactional one with the top-level xid)."""
+    return (b"M" + struct.pack("!I", xid) + struct.pack("!BQ", int(transactional), 0x300) + prefix.encode() + b"\0"
+            + struct.pack("!I", 1) + b"x")  # fmt: skip
+
+
+def stream(decoder: PgOutputDecoder, xid: int, *payloads: bytes) -> None:
+    """One Stream Start … Stop block of ``xid`` holding ``payloads`` (decoded to nothing: spilled)."""
+    assert list(decoder.decode(b"S" + struct.pack("!IB", xid, 1))) == []
+    for i, payload in enumerate(payloads):
+        assert list(decoder.decode(payload, 0x1000 + i)) == []
+    assert list(decoder.decode(b"E")) == []
+
+
+def test_synthetic_subtransaction_abort_discards_from_its_first_record_but_keeps_descriptions(tmp_path: Path) -> None:
+    """As PostgreSQL's subscriber truncates its spool: everything after the subtransaction's first record is its
+    own (messages tagged with the top-level xid included); the Relation message it carried stays (pgoutput
+    describes a table once per streamed transaction: a later change relies on it)."""
+    decoder = PgOutputDecoder(proto_version=2, streaming=True, spill_dir=tmp_path)
+    mood = b"Y" + struct.pack("!II", 100, 16400) + b"public\0mood\0"  # a record of the parent: it was open there
+    stream(decoder, 100, message("top", xid=100), mood)
+    stream(decoder, 100, relation_message((1, "id", 23, -1), (0, "v", 1700, -1), xid=101),
+           insert(b"2", None, xid=101), message("in-sub", xid=100), insert(b"3", None, xid=102))  # fmt: skip
+    assert list(decoder.decode(b"A" + struct.pack("!II", 100, 102))) == []  # a child first, then its parent
+    assert list(decoder.decode(b"A" + struct.pack("!II", 100, 101))) == []
+    stream(decoder, 100, insert(b"4", b"4.5", xid=100), message("after", xid=100))
+    messages = list(decoder.decode(b"c" + struct.pack("!IBQQq", 100, 0, 0x500, 0x600, 0)))
+    kept = [(m.kind, m.prefix or (m.columns[0].value if m.columns else None)) for m in messages[1:-1]]
+    assert kept == [(Kind.MESSAGE, "top"), (Kind.INSERT, 4), (Kind.MESSAGE, "after")]
+
+
+@pytest.mark.parametrize(
+    "payloads",
+    [
+        pytest.param([message("whose?", xid=100), insert(b"2", None, xid=101)], id="message-before-first-change"),
+        pytest.param([insert(b"1", None, xid=100), message("whose?", xid=100)], id="message-only-subtransaction"),
+    ],
+)
+def test_synthetic_unattributable_message_of_a_rolled_back_subtransaction_is_refused(
+    payloads: list[bytes], tmp_path: Path
+) -> None:
+    """pgoutput 15 tags a transactional message with the top-level xid: one just before a rolled-back
+    subtransaction's first change may be the parent's or the subtransaction's. The decoder says so at
+    the commit (the connector then streams without ``streaming``) instead of guessing."""
+    decoder = PgOutputDecoder(proto_version=2, streaming=True, spill_dir=tmp_path)
+    decoder.decode(KEY_AND_VALUE)
+    stream(decoder, 100, *payloads)
+    assert list(decoder.decode(b"A" + struct.pack("!II", 100, 101))) == []
+    with pytest.raises(StreamedAbortAmbiguous, match=r"subtransaction 101, and 1 transactional logical message"):
+        decoder.decode(b"c" + struct.pack("!IBQQq", 100, 0, 0x500, 0x600, 0))  # refused before anything is given
+    # a change of the parent between the message and the subtransaction settles it: the parent's
+    clear = PgOutputDecoder(proto_version=2, streaming=True, spill_dir=tmp_path)
+    clear.decode(KEY_AND_VALUE)
+    stream(clear, 100, message("parent's", xid=100), insert(b"1", None, xid=100), insert(b"2", None, xid=101))
+    assert list(clear.decode(b"A" + struct.pack("!II", 100, 101))) == []
+    replayed = list(clear.decode(b"c" + struct.pack("!IBQQq", 100, 0, 0x500, 0x600, 0)))
+    assert [m.kind for m in replayed] == [Kind.BEGIN, Kind.MESSAGE, Kind.INSERT, Kind.COMMIT]
 
 
 def _truncated_insert() -> bytes:

@@ -1,9 +1,9 @@
-"""The pgoutput decoder: PostgreSQL 15's logical replication protocol (versions 1 and 2) → ChangeMessages.
+"""The pgoutput decoder: PostgreSQL 15's logical replication protocol (versions 1 to 3) → ChangeMessages.
 
 One payload (the body of an XLogData message, or a ``data`` of
 ``pg_logical_slot_get_binary_changes``) holds one protocol message. Integers are
 big-endian; a String is NUL-terminated (UTF-8: the database encoding must be UTF8);
-``[xid]`` is an Int32 present only inside a streamed transaction (protocol 2, between
+``[xid]`` is an Int32 present only inside a streamed transaction (protocol ≥ 2, between
 Stream Start and Stream Stop). Layouts, as the decoder reads them::
 
   B  Begin          Int64 final (commit) LSN, Int64 commit time, Int32 xid
@@ -21,12 +21,16 @@ Stream Start and Stream Stop). Layouts, as the decoder reads them::
   T  Truncate       [xid] Int32 relation count, Int8 options (1 CASCADE, 2 RESTART IDENTITY),
                     Int32 relation OID per relation
   M  Message        [xid] Int8 flags (1 = transactional), Int64 LSN, String prefix, Int32 length, content
-  S  Stream Start   Int32 xid, Int8 first segment (1 = first)                      (protocol 2)
-  E  Stream Stop    (nothing)                                                      (protocol 2)
+  S  Stream Start   Int32 xid, Int8 first segment (1 = first)                      (protocol ≥ 2)
+  E  Stream Stop    (nothing)                                                      (protocol ≥ 2)
   c  Stream Commit  Int32 xid, Int8 flags (0), Int64 commit LSN, Int64 end LSN, Int64 commit time
   A  Stream Abort   Int32 xid, Int32 subtransaction xid (= xid: the whole transaction)
   TupleData         Int16 column count, per column: Byte1 kind, then for 't' (text) and 'b' (binary)
                     Int32 length and the value's bytes; 'n' is NULL, 'u' an unchanged TOASTed value
+
+Protocol 3 adds two-phase commit messages (b, P, K, r, p), sent only when the slot was
+asked for ``two_phase``; the decoder never asks, so version 3 streams as version 2 does,
+and a two-phase message is refused by name.
 
 What comes out, compared with wal2json's decoder (the differential test checks it):
 
@@ -63,11 +67,14 @@ What comes out, compared with wal2json's decoder (the differential test checks i
   ALTER TABLE to capture.streaming's column check).
 * The one-byte ``"char"`` type is named ``"char"`` (format_type, the snapshot's name);
   wal2json names it ``char``.
-* Streamed transactions (protocol 2 with ``streaming``): the changes between Stream
-  Start and Stop are held in memory per transaction and given out at Stream Commit as
-  one ordinary Begin … Commit (Begin with the commit LSN and time, as B carries them);
-  Stream Abort drops the transaction or one subtransaction's changes. Holding them is
-  O(transaction): the decoder asks for streaming only when told to.
+* Streamed transactions (protocol ≥ 2 with ``streaming``): the payloads between Stream
+  Start and Stop are spilled raw to a file per transaction
+  (:mod:`capture.decoders.pgoutput.streams`); Stream Commit returns an *iterator* that
+  decodes them then, as one ordinary Begin … Commit (Begin with the commit LSN and time,
+  as B carries them); Stream Abort drops the transaction's file, or discards a rolled-back
+  subtransaction's payloads (raising ``StreamedAbortAmbiguous`` in the one case the stream
+  cannot tell: see that module). Memory stays bounded whatever the transaction's size,
+  and nothing of a transaction that aborts is ever decoded.
 
 Positions in errors are byte offsets into the payload; every DecodeError names the
 message type and the payload's LSN.
@@ -77,16 +84,20 @@ Thread safety: none (it caches relations and holds the open transaction): one de
 
 from __future__ import annotations
 
+import logging
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from capture.decoders.pgoutput.reader import PayloadReader
-from capture.decoders.pgoutput.streams import StreamedTransactions
-from capture.decoders.pgoutput.types import TypeResolver, builtin_type_name, catalog_type_name
-from capture.messages import ChangeMessage, Column, Kind, Plugin
+from capture.decoders.pgoutput.streams import SpilledTransactions
+from capture.decoders.pgoutput.types import CatalogTypeResolver, TypeResolver, builtin_type_name, catalog_type_name
+from capture.messages import ChangeMessage, Column, DecoderSettings, Kind, Plugin
 from capture.pgtypes import text_converter
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PUBLICATION = "tideline"
 
@@ -102,6 +113,10 @@ _TRUNCATE = struct.Struct("!IB")  # relation count, options
 _MESSAGE = struct.Struct("!BQ")  # flags, LSN
 _STREAM_START = struct.Struct("!IB")  # xid, first segment
 _STREAM_ABORT = struct.Struct("!II")  # xid, subtransaction xid
+_STREAMED_XID = struct.Struct("!xI")  # message type, then the [xid] of a message inside a stream block
+
+PROTO_VERSIONS = (1, 2, 3)  # PostgreSQL 15's; streaming needs 2 or more
+_IN_STREAM = frozenset(b"RYIUDTM")  # the messages that carry [xid] inside a stream block (spilled there)
 
 _NULL, _UNCHANGED_TOAST, _TEXT, _BINARY = b"nutb"  # TupleData column kinds
 _KEY_COLUMN = 1  # Relation column flag: part of the replica identity key
@@ -150,10 +165,12 @@ class _Transaction:
 class PgOutputDecoder:
     """Decodes pgoutput payloads (see the module docstring for the layouts and the mapping).
 
-    ``publication``: the publication whose tables the slot streams; ``proto_version`` 1
-    or 2 (2 also understands streamed transactions, requested with ``streaming=True``);
-    ``type_resolver(type_oid, typmod) -> format_type name`` names non-built-in types
-    (without it, pgoutput's Type messages name them: see :mod:`~capture.decoders.pgoutput.types`).
+    ``publication``: the publication (or publications) whose tables the slot streams;
+    ``proto_version`` 1, 2 or 3 (2 and 3 also understand streamed transactions,
+    requested with ``streaming=True``, spilled to ``spill_dir``: None is the system's
+    temporary directory); ``type_resolver(type_oid, typmod) -> format_type name`` names
+    non-built-in types (without it, or when it answers None, pgoutput's Type messages
+    name them: see :mod:`~capture.decoders.pgoutput.types`).
 
     Not thread-safe: one per replication stream (it caches Relation messages).
 
@@ -173,40 +190,85 @@ class PgOutputDecoder:
 
     def __init__(
         self,
-        publication: str = DEFAULT_PUBLICATION,
+        publication: str | Sequence[str] = DEFAULT_PUBLICATION,
         *,
         proto_version: int = 1,
         streaming: bool = False,
         type_resolver: TypeResolver | None = None,
+        spill_dir: Path | None = None,
     ) -> None:
-        if proto_version not in (1, 2):
-            raise ValueError(f"pgoutput proto_version must be 1 or 2, not {proto_version}")
+        if proto_version not in PROTO_VERSIONS:
+            raise ValueError(f"pgoutput proto_version must be 1, 2 or 3, not {proto_version}")
         if streaming and proto_version < 2:
-            raise ValueError("streaming of in-progress transactions needs proto_version 2")
-        self.publication, self.proto_version, self.streaming = publication, proto_version, streaming
+            raise ValueError("streaming of in-progress transactions needs proto_version 2 or 3")
+        self.publications = (publication,) if isinstance(publication, str) else tuple(publication)
+        if not self.publications:
+            raise ValueError("pgoutput needs at least one publication")
+        self.proto_version, self.streaming = proto_version, streaming
         self._resolver = type_resolver
         self._relations: dict[int, Relation] = {}
         self._type_names: dict[int, str] = {}  # from Type messages
         self._transaction: _Transaction | None = None
         self._stream_xid: int | None = None  # set between Stream Start and Stream Stop
-        self._streamed = StreamedTransactions()
+        self._replaying: _Transaction | None = None  # set while a Stream Commit replays its transaction
+        self._spilled = SpilledTransactions(spill_dir)
+
+    @classmethod
+    def configured(cls, settings: DecoderSettings) -> PgOutputDecoder:
+        """The connector's decoder: its publications, protocol and spill directory, types named by the catalog."""
+        resolver = CatalogTypeResolver(settings.dsn) if settings.dsn is not None else None
+        return cls(
+            settings.publications or DEFAULT_PUBLICATION,
+            proto_version=settings.proto_version,
+            streaming=settings.streaming and settings.proto_version >= 2,
+            type_resolver=resolver,
+            spill_dir=settings.spill_dir,
+        )
+
+    @property
+    def publication(self) -> str:
+        """The first (main) publication."""
+        return self.publications[0]
+
+    @property
+    def spilled(self) -> SpilledTransactions:
+        """The streamed transactions waiting for their commit (sizes for logs and tests)."""
+        return self._spilled
 
     def slot_options(self) -> dict[str, str]:
         """Options for ``START_REPLICATION … LOGICAL … (options)`` or ``pg_logical_slot_get_binary_changes``."""
         options = {
             "proto_version": str(self.proto_version),
-            "publication_names": _quote_identifier(self.publication),
+            "publication_names": ",".join(_quote_identifier(name) for name in self.publications),
             "messages": "true",
         }
         if self.streaming:
             options["streaming"] = "on"
         return options
 
-    def decode(self, payload: bytes, lsn: int = 0) -> list[ChangeMessage]:
+    def close(self) -> None:
+        """Delete the files of streamed transactions still open, close the type resolver's connection."""
+        self._spilled.close()
+        close = getattr(self._resolver, "close", None)
+        if close is not None:
+            close()
+
+    def decode(self, payload: bytes, lsn: int = 0) -> Iterable[ChangeMessage]:
         """Messages of one payload; ``lsn`` is its XLogData WAL start (the LSN of a row change).
 
+        A list, but for Stream Commit: an iterator over the whole streamed transaction,
+        decoded from its spill file as it is consumed (consume it before the next call).
         Raises DecodeError naming the message, the byte offset and the payload's LSN.
         """
+        if self._stream_xid is not None and payload and payload[0] in _IN_STREAM:
+            if len(payload) < _STREAMED_XID.size:
+                raise PayloadReader(payload, lsn).error("truncated: a streamed message without its xid")
+            (subxid,) = _STREAMED_XID.unpack_from(payload)
+            self._spilled.append(self._stream_xid, subxid, lsn, payload)  # decoded at Stream Commit
+            return ()
+        return self._decode(payload, lsn)
+
+    def _decode(self, payload: bytes, lsn: int) -> Iterable[ChangeMessage]:
         reader = PayloadReader(payload, lsn)
         tag = reader.byte("message type")
         handle = _HANDLERS.get(tag)
@@ -278,14 +340,14 @@ class PgOutputDecoder:
     # -- changes -------------------------------------------------------------------------
 
     def _insert(self, reader: PayloadReader) -> list[ChangeMessage]:
-        subxid = self._streamed_xid(reader)
+        self._streamed_xid(reader)
         relation = self._relation_of(reader)
         self._expect(reader, "N", "new tuple marker")
         columns = self._tuple(reader, relation, keys_only=False)
-        return self._change(subxid, Kind.INSERT, relation, reader.lsn, columns, [])
+        return self._change(Kind.INSERT, relation, reader.lsn, columns, [])
 
     def _update(self, reader: PayloadReader) -> list[ChangeMessage]:
-        subxid = self._streamed_xid(reader)
+        self._streamed_xid(reader)
         relation = self._relation_of(reader)
         marker = reader.byte("tuple marker")
         identity: list[Column] | None = None
@@ -299,23 +361,23 @@ class PgOutputDecoder:
         if identity is None:  # the key did not change: the new row's key, as wal2json gives it
             keys = {c.name for c in relation.columns if c.is_key}
             identity = [c for c in columns if c.name in keys]
-        return self._change(subxid, Kind.UPDATE, relation, reader.lsn, columns, identity)
+        return self._change(Kind.UPDATE, relation, reader.lsn, columns, identity)
 
     def _delete(self, reader: PayloadReader) -> list[ChangeMessage]:
-        subxid = self._streamed_xid(reader)
+        self._streamed_xid(reader)
         relation = self._relation_of(reader)
         marker = reader.byte("old tuple marker")
         if marker not in ("K", "O"):
             reader.pos -= 1
             raise reader.error(f"expected tuple marker 'K' or 'O', found {marker!r}")
         identity = self._tuple(reader, relation, keys_only=marker == "K")
-        return self._change(subxid, Kind.DELETE, relation, reader.lsn, [], identity)
+        return self._change(Kind.DELETE, relation, reader.lsn, [], identity)
 
     def _truncate(self, reader: PayloadReader) -> list[ChangeMessage]:
-        subxid = self._streamed_xid(reader)
+        self._streamed_xid(reader)
         count, options = reader.unpack(_TRUNCATE, "relation count, options")
         relations = [self._relation_of(reader) for _ in range(count)]
-        transaction = self._current(subxid)
+        transaction = self._current()
         messages = []
         for relation in relations:
             message = ChangeMessage(
@@ -328,16 +390,16 @@ class PgOutputDecoder:
                 truncate_cascade=bool(options & _TRUNCATE_CASCADE),
                 truncate_restart_identity=bool(options & _TRUNCATE_RESTART_IDENTITY),
             )
-            messages += self._hold(subxid, message)
+            messages.append(message)
         return messages
 
     def _message(self, reader: PayloadReader) -> list[ChangeMessage]:
-        subxid = self._streamed_xid(reader)
+        self._streamed_xid(reader)
         flags, lsn = reader.unpack(_MESSAGE, "flags, LSN")
         prefix = reader.string("prefix")
         content = reader.take(reader.uint32("content length"), "content")
         transactional = bool(flags & _TRANSACTIONAL)
-        transaction = self._current(subxid) if transactional else _Transaction(None, None)
+        transaction = self._current() if transactional else _Transaction(None, None)
         message = ChangeMessage(
             Kind.MESSAGE,
             lsn,
@@ -347,7 +409,7 @@ class PgOutputDecoder:
             prefix=prefix,
             content=content,
         )
-        return self._hold(subxid, message) if transactional else [message]
+        return [message]
 
     def _relation_of(self, reader: PayloadReader) -> Relation:
         oid = reader.uint32("relation OID")
@@ -422,14 +484,13 @@ class PgOutputDecoder:
 
     def _change(
         self,
-        subxid: int | None,
         kind: Kind,
         relation: Relation,
         lsn: int,
         columns: list[Column],
         identity: list[Column],
     ) -> list[ChangeMessage]:
-        transaction = self._current(subxid)
+        transaction = self._current()
         message = ChangeMessage(
             kind,
             lsn,
@@ -441,26 +502,20 @@ class PgOutputDecoder:
             columns,
             identity,
         )
-        return self._hold(subxid, message)
+        return [message]
 
-    # -- streamed transactions (protocol 2) ------------------------------------------------
+    # -- streamed transactions (protocol >= 2) ----------------------------------------------
 
-    def _streamed_xid(self, reader: PayloadReader) -> int | None:
-        """The [xid] field: present only inside a Stream Start … Stream Stop block."""
-        return None if self._stream_xid is None else reader.uint32("streamed xid")
+    def _streamed_xid(self, reader: PayloadReader) -> None:
+        """Skip the [xid] field: present only in messages of a streamed transaction (replayed at its commit,
+        where the subtransaction no longer matters: its aborts were applied to the spill)."""
+        if self._replaying is not None:
+            reader.uint32("streamed xid")
 
-    def _current(self, subxid: int | None) -> _Transaction:
-        if subxid is not None:
-            return _Transaction(self._stream_xid, None)  # the commit time comes with Stream Commit
+    def _current(self) -> _Transaction:
+        if self._replaying is not None:
+            return self._replaying  # the top-level xid and the commit time, from Stream Commit
         return self._transaction if self._transaction is not None else _Transaction(None, None)
-
-    def _hold(self, subxid: int | None, message: ChangeMessage) -> list[ChangeMessage]:
-        """Give a message out now, or keep it until its streamed transaction commits."""
-        if subxid is None:
-            return [message]
-        assert self._stream_xid is not None
-        self._streamed.hold(self._stream_xid, subxid, message)
-        return []
 
     def _stream_start(self, reader: PayloadReader) -> list[ChangeMessage]:
         xid, _first_segment = reader.unpack(_STREAM_START, "xid, first segment")
@@ -475,24 +530,38 @@ class PgOutputDecoder:
         self._stream_xid = None
         return []
 
-    def _stream_commit(self, reader: PayloadReader) -> list[ChangeMessage]:
+    def _stream_commit(self, reader: PayloadReader) -> Iterator[ChangeMessage]:
         xid = reader.uint32("xid")
         _flags, commit_lsn, end_lsn, commit_time = reader.unpack(_COMMIT, "flags, commit LSN, end LSN, commit time")
-        timestamp_ms = _epoch_ms(commit_time)
-        messages = [ChangeMessage(Kind.BEGIN, commit_lsn, xid=xid, timestamp_ms=timestamp_ms)]
-        for message in self._streamed.commit(xid):
-            message.xid, message.timestamp_ms = xid, timestamp_ms
-            messages.append(message)
-        messages.append(ChangeMessage(Kind.COMMIT, commit_lsn, xid=xid, timestamp_ms=timestamp_ms, next_lsn=end_lsn))
-        return messages
+        return self._replay(xid, commit_lsn, end_lsn, _epoch_ms(commit_time))
+
+    def _replay(self, xid: int, commit_lsn: int, end_lsn: int, timestamp_ms: int) -> Iterator[ChangeMessage]:
+        """Begin, the transaction's spilled messages decoded in stream order, Commit."""
+        spilled = self._spilled.size_of(xid)
+        payloads = self._spilled.commit(xid)  # now: it may refuse (StreamedAbortAmbiguous) before anything is given
+        if spilled:
+            log.info("capture: streamed transaction %d committed: decoding its %.1f MiB spilled", xid, spilled / 2**20)
+        return self._replayed(xid, commit_lsn, end_lsn, timestamp_ms, payloads)
+
+    def _replayed(
+        self, xid: int, commit_lsn: int, end_lsn: int, timestamp_ms: int, payloads: Iterator[tuple[int, bytes]]
+    ) -> Iterator[ChangeMessage]:
+        yield ChangeMessage(Kind.BEGIN, commit_lsn, xid=xid, timestamp_ms=timestamp_ms)
+        self._replaying = _Transaction(xid, timestamp_ms)
+        try:
+            for lsn, payload in payloads:
+                yield from self._decode(payload, lsn)
+        finally:
+            self._replaying = None
+        yield ChangeMessage(Kind.COMMIT, commit_lsn, xid=xid, timestamp_ms=timestamp_ms, next_lsn=end_lsn)
 
     def _stream_abort(self, reader: PayloadReader) -> list[ChangeMessage]:
         xid, subxid = reader.unpack(_STREAM_ABORT, "xid, subtransaction xid")
-        self._streamed.abort(xid, subxid)
+        self._spilled.abort(xid, subxid)
         return []
 
 
-_HANDLERS: dict[str, Callable[[PgOutputDecoder, PayloadReader], list[ChangeMessage]]] = {
+_HANDLERS: dict[str, Callable[[PgOutputDecoder, PayloadReader], Iterable[ChangeMessage]]] = {
     "B": PgOutputDecoder._begin,
     "C": PgOutputDecoder._commit,
     "O": PgOutputDecoder._origin,

@@ -10,7 +10,9 @@ wal2json and the snapshot give it. Three sources, in this order:
    ``pg_type`` with ``format_type(oid, NULL)``, plus the typmod rendering of
    ``format_type`` for the types that have one (:func:`builtin_type_name`).
 2. A **resolver** given to the decoder, ``(type_oid, typmod) -> name`` (the connector
-   passes one that asks the catalog's ``format_type``): exact for every other type.
+   passes a :class:`CatalogTypeResolver`, which asks the catalog's ``format_type``): exact
+   for every other type. It answers None for a type the catalog no longer has (dropped
+   since the change was written), and the Type message names it.
 3. Without a resolver, pgoutput's own **Type message** ('Y'), which it sends before the
    Relation message of a table that has a column of a type with OID ≥ 10000: namespace
    and name from ``pg_type``. Its name is turned into what ``format_type`` would print
@@ -23,14 +25,17 @@ wal2json and the snapshot give it. Three sources, in this order:
    values); a domain over a user type is named like that type. The resolver has none
    of these blind spots.
 
-Thread safety: pure functions and constant tables.
+Thread safety: pure functions and constant tables; a :class:`CatalogTypeResolver` belongs to one decoder.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-TypeResolver = Callable[[int, int], str]  # (type OID, typmod) -> format_type(oid, typmod)
+import psycopg
+
+TypeResolver = Callable[[int, int], "str | None"]  # (type OID, typmod) -> format_type(oid, typmod), None: unknown
 
 FIRST_NON_BUILTIN_OID = 10000  # FirstGenbkiObjectId: pgoutput sends a Type message for OIDs from here on
 
@@ -131,3 +136,32 @@ def catalog_type_name(namespace: str, name: str) -> str:
     if name.startswith("_") and len(name) > 1:
         return catalog_type_name(namespace, name[1:]) + "[]"
     return name if namespace == "public" else f"{namespace}.{name}"
+
+
+class CatalogTypeResolver:
+    """``format_type(oid, typmod)`` from the source database, one query per type and typmod, cached.
+
+    The connection opens on the first question (most streams hold built-in types only)
+    and stays open until :meth:`close`. Connection errors propagate (the connector retries).
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._conn: psycopg.Connection[Any] | None = None
+        self._names: dict[tuple[int, int], str | None] = {}
+
+    def __call__(self, type_oid: int, typmod: int) -> str | None:
+        key = (type_oid, typmod)
+        if key not in self._names:
+            if self._conn is None or self._conn.closed:
+                self._conn = psycopg.connect(self.dsn, autocommit=True)
+            row = self._conn.execute(
+                "SELECT format_type(t.oid, %s) FROM pg_type t WHERE t.oid = %s", (typmod, type_oid)
+            ).fetchone()
+            self._names[key] = None if row is None else str(row[0])
+        return self._names[key]
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -46,7 +46,7 @@ from typing import Any
 
 import orjson
 
-from capture.messages import ChangeMessage, Column, DecodeError, Kind, Plugin
+from capture.messages import ChangeMessage, Column, DecodeError, DecoderSettings, Kind, Plugin
 from capture.pgtypes import InexactValueError, converter
 
 # Options for START_REPLICATION / pg_logical_slot_get_changes (wal2json 2.5 names).
@@ -94,12 +94,24 @@ class Wal2JsonDecoder:
         self._timestamp_ms: int | None = None
         self._converters: dict[int | str, Callable[[Any], Any] | None] = {}
 
+    @classmethod
+    def configured(cls, settings: DecoderSettings) -> Wal2JsonDecoder:
+        """The connector's decoder: wal2json needs none of the settings (it streams every table)."""
+        return cls()
+
     def slot_options(self) -> dict[str, str]:
         """Options for ``START_REPLICATION … LOGICAL … (options)`` or ``pg_logical_slot_get_changes``."""
         return dict(SLOT_OPTIONS)
 
-    def decode(self, payload: bytes) -> list[ChangeMessage]:
-        """The one message of a payload; raises DecodeError naming what is wrong."""
+    def close(self) -> None:
+        """Forget the cached converters (the decoder holds nothing else)."""
+        self._converters.clear()
+
+    def decode(self, payload: bytes, lsn: int = 0) -> list[ChangeMessage]:
+        """The one message of a payload; raises DecodeError naming what is wrong.
+
+        ``lsn`` (the XLogData position) is not needed: every wal2json record carries its own.
+        """
         try:
             record = orjson.loads(_quote_numeric_values(payload) if _NUMERIC_VALUE in payload else payload)
         except ValueError:  # orjson.JSONDecodeError, or no '}' after a numeric value
