@@ -24,7 +24,11 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
      transactional producer, acks=all, one Kafka transaction per log batch with the
      position record); the topic must then hold exactly ``changes`` committed records.
 
-   Changes/s = row changes / seconds; best of ``runs``.
+   Changes/s = row changes / seconds; best of ``runs``. All of it for both plugins (wal2json, and
+   pgoutput streaming the publication ``bench_pub FOR TABLE bench``, each compared with
+   ``pg_recvlogical`` given the connector's own options for that plugin) and for two workloads:
+   the one above, and a mixed one (30 % INSERTs, 50 % UPDATEs, 20 % DELETEs in each transaction;
+   embedded log only).
 
 2. **Latency** (DESIGN.md §3: p99 < 50 ms at 10k changes/s). The connector runs as its own
    process (default settings) on a fresh slot; a writer process commits 10-row INSERT
@@ -56,6 +60,8 @@ import psycopg
 from bench.report import Section, measured
 from capture.connector import CaptureConfig, Connector, SnapshotMode
 from capture.decoders.wal2json import SLOT_OPTIONS
+from capture.messages import Plugin
+from capture.publications import PublicationMode
 from capture.sinks.kafka import KafkaLogSink
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.kafka import KafkaAdmin, KafkaReader
@@ -70,6 +76,8 @@ KEY = "capture"
 TITLE = "Capture: WAL → durable, partitioned log"
 
 PREFIX = "bench"
+PUBLICATION = "bench_pub"  # pgoutput: FOR TABLE bench, used as it is (--publication-autocreate disabled)
+PLUGINS = (Plugin.WAL2JSON, Plugin.PGOUTPUT)
 TABLE = "bench"
 TXN_ROWS = 100
 LATENCY_TXN_ROWS = 10
@@ -125,6 +133,39 @@ def generate_changes(dsn: str, changes: int) -> None:
             c.execute(UPDATE_RANGE.encode(), (start, min(start + TXN_ROWS, changes - inserts) - 1))
 
 
+def prepare_mixed(dsn: str, changes: int) -> None:
+    """The rows the mixed workload updates and deletes (written before its slots exist: not captured)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f"TRUNCATE {TABLE}".encode())
+        c.execute(INSERT_RANGE.encode(), (0, changes // 2 - 1))
+
+
+def generate_mixed(dsn: str, changes: int) -> int:
+    """``changes`` row changes, 30 % INSERTs, 50 % UPDATEs and 20 % DELETEs, in transactions of
+    ``TXN_ROWS`` changes of each kind in that proportion (over the rows :func:`prepare_mixed` wrote:
+    DELETEs take ids from 0 up, UPDATEs cycle over the ids no DELETE reaches, INSERTs add new ids).
+    Returns the number of DELETEs."""
+    base, deletes_total = changes // 2, changes // 5
+    inserted = deleted = updated = 0
+    with psycopg.connect(dsn) as c:
+        for start in range(0, changes, TXN_ROWS):
+            n = min(TXN_ROWS, changes - start)
+            ins, dels = n * 3 // 10, n // 5
+            upd = n - ins - dels
+            dels = min(dels, deletes_total - deleted)
+            upd = n - ins - dels
+            with c.transaction():
+                if ins:
+                    c.execute(INSERT_RANGE.encode(), (base + inserted, base + inserted + ins - 1))
+                if upd:
+                    lo = deletes_total + (updated % (base - deletes_total - upd))
+                    c.execute(UPDATE_RANGE.encode(), (lo, lo + upd - 1))
+                if dels:
+                    c.execute(f"DELETE FROM {TABLE} WHERE id BETWEEN %s AND %s".encode(), (deleted, deleted + dels - 1))
+            inserted, updated, deleted = inserted + ins, updated + upd, deleted + dels
+    return deleted
+
+
 def count_records(log_dir: Path, topic: str) -> int:
     n = 0
     with Log(log_dir, create=False) as log, Consumer(log, enable_auto_commit=False) as consumer:
@@ -144,10 +185,32 @@ def percentile(sorted_values: list[float], q: float) -> float:
 # ---------------------------------------------------------------------------- throughput
 
 
-def run_recvlogical(dsn: str, slot: str, end_lsn: str) -> float:
+def plugin_config(plugin: Plugin, dsn: str, slot: str, prefix: str) -> CaptureConfig:
+    """The connector's configuration: defaults, no snapshot, exit when caught up; pgoutput streams the
+    benchmark's own publication (``disabled``: used as it is)."""
+    extra: dict[str, object] = {}
+    if plugin.capabilities.needs_publication:
+        extra = {"publication": PUBLICATION, "publication_autocreate": PublicationMode.DISABLED}
+    return CaptureConfig(dsn=dsn, slot=slot, topic_prefix=prefix, plugin=plugin, snapshot=SnapshotMode.NEVER,
+                         exit_when_caught_up=True, **extra)  # type: ignore[arg-type]  # fmt: skip
+
+
+def slot_options(plugin: Plugin, dsn: str, workdir: Path) -> dict[str, str]:
+    """The options the connector's decoder starts replication with (pg_recvlogical gets the same)."""
+    if plugin is Plugin.WAL2JSON:
+        return dict(SLOT_OPTIONS)
+    config = plugin_config(plugin, dsn, "options", PREFIX)
+    decoder = plugin.decoder(config.decoder_settings(workdir))
+    try:
+        return dict(decoder.slot_options())
+    finally:
+        decoder.close()
+
+
+def run_recvlogical(dsn: str, slot: str, end_lsn: str, options: dict[str, str]) -> float:
     argv = [str(DEFAULT_BIN_DIR / "pg_recvlogical"), "-d", dsn, "--slot", slot, "--start", "--no-loop",
             "-f", "/dev/null", "--endpos", end_lsn]  # fmt: skip
-    for name, value in SLOT_OPTIONS.items():
+    for name, value in options.items():
         argv += ["-o", f"{name}={value}"]
     start = time.perf_counter()
     result = subprocess.run(argv, capture_output=True, text=True, timeout=600)
@@ -158,19 +221,14 @@ def run_recvlogical(dsn: str, slot: str, end_lsn: str) -> float:
 
 
 def run_connector(
-    dsn: str,
-    slot: str,
+    config: CaptureConfig,
     log_dir: Path,
     series: list[tuple[float, int]] | None = None,
     *,
     kafka: str | None = None,
-    prefix: str = PREFIX,
 ) -> float:
     """Seconds to store the slot's WAL; ``series`` gets (seconds since start, events stored) every 50 ms.
     ``kafka``: into that cluster (``log_dir`` holds the key state) instead of the embedded log."""
-    config = CaptureConfig(
-        dsn=dsn, slot=slot, topic_prefix=prefix, snapshot=SnapshotMode.NEVER, exit_when_caught_up=True
-    )
     start = time.perf_counter()
     done = threading.Event()
     with ExitStack() as stack:
@@ -204,63 +262,116 @@ def count_kafka_records(bootstrap: str, topic: str) -> int:
             break
         time.sleep(0.05)
     with KafkaReader(bootstrap) as reader:
-        return sum(
-            len(chunk) for i in infos for chunk in reader.read_chunks_to_end(TopicPartition(topic, i.partition))
-        )
+        return sum(len(chunk) for i in infos for chunk in reader.read_chunks_to_end(TopicPartition(topic, i.partition)))
+
+
+WORKLOADS = {
+    "bench": "{n} row changes ({half} INSERTs then {rest} UPDATEs)",
+    "mixed": "{n} row changes (30 % INSERTs, 50 % UPDATEs, 20 % DELETEs: {deletes} DELETEs, each a `d` event and "
+    "a tombstone)",
+}
 
 
 def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka: str) -> None:
-    n = sizes.changes
+    """Each workload's WAL once; per plugin, pg_recvlogical and the connector on copies of one slot
+    (Kafka: the bench workload)."""
     execute(dsn, CREATE_TABLE)
-    execute(dsn, "SELECT pg_create_logical_replication_slot('src', 'wal2json')")
-    started = time.perf_counter()
-    generate_changes(dsn, n)
-    end_lsn = wal_lsn(dsn)
-    ctx.say(f"generated {n:,} changes in {time.perf_counter() - started:.1f} s (WAL up to {end_lsn})")
+    execute(dsn, f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE}")
+    n = sizes.changes
+    best_series: list[tuple[float, int]] = []
+    for workload in WORKLOADS:
+        if workload == "mixed":
+            prepare_mixed(dsn, n)
+        for plugin in PLUGINS:
+            execute(dsn, "SELECT pg_create_logical_replication_slot(%s, %s)", (f"src_{plugin.value}", plugin.value))
+        started = time.perf_counter()
+        deletes = generate_mixed(dsn, n) if workload == "mixed" else 0
+        if workload == "bench":
+            generate_changes(dsn, n)
+        end_lsn = wal_lsn(dsn)
+        ctx.say(f"{workload}: generated {n:,} changes in {time.perf_counter() - started:.1f} s (WAL up to {end_lsn})")
+        for plugin in PLUGINS:
+            series = throughput_of(ctx, section, sizes, dsn, kafka if workload == "bench" else None, plugin,
+                                   workload, deletes, end_lsn)  # fmt: skip
+            if workload == "bench" and plugin is Plugin.WAL2JSON:
+                best_series = series
+            execute(dsn, "SELECT pg_drop_replication_slot(%s)", (f"src_{plugin.value}",))
+    if not ctx.quick and best_series:
+        plot = plot_throughput(best_series, *THROUGHPUT_RATES)
+        section.notes.append(
+            f"Throughput over time (wal2json, bench workload, best run): ![capture throughput]({plot})"
+        )
 
+
+THROUGHPUT_RATES: list[float] = [0.0, 0.0]  # pg_recvlogical and connector, wal2json bench workload (the plot)
+
+
+def throughput_of(
+    ctx: Context,
+    section: Section,
+    sizes: Sizes,
+    dsn: str,
+    kafka: str | None,
+    plugin: Plugin,
+    workload: str,
+    deletes: int,
+    end_lsn: str,
+) -> list[tuple[float, int]]:
+    """``sizes.runs`` interleaved runs of pg_recvlogical, the connector into the embedded log and (when
+    ``kafka``) into Kafka on copies of ``src_<plugin>``; their results; the best embedded run's series."""
+    n = sizes.changes
+    expected = n + deletes  # a DELETE is a `d` event and a tombstone
+    options = slot_options(plugin, dsn, ctx.workdir)
     recv_s: list[float] = []
     conn_s: list[float] = []
     kafka_s: list[float] = []
     best_series: list[tuple[float, int]] = []
+    consumers = ("recv", "tl", "kf") if kafka else ("recv", "tl")
     for i in range(sizes.runs):
-        for consumer in ("recv", "tl", "kf"):
-            execute(dsn, "SELECT pg_copy_logical_replication_slot('src', %s)", (f"{consumer}_{i}",))
-        recv_s.append(run_recvlogical(dsn, f"recv_{i}", end_lsn))
+        for consumer in consumers:
+            execute(dsn, "SELECT pg_copy_logical_replication_slot(%s, %s)", (f"src_{plugin.value}", f"{consumer}_{i}"))
+        recv_s.append(run_recvlogical(dsn, f"recv_{i}", end_lsn, options))
         log_dir = ctx.workdir / f"log-{i}"
         series: list[tuple[float, int]] = []
-        conn_s.append(run_connector(dsn, f"tl_{i}", log_dir, series))
+        conn_s.append(run_connector(plugin_config(plugin, dsn, f"tl_{i}", PREFIX), log_dir, series))
         if conn_s[-1] == min(conn_s):
             best_series = series
         stored = count_records(log_dir, f"{PREFIX}.public.{TABLE}")
-        if stored != n:
-            raise AssertionError(f"the connector stored {stored} change events, expected {n}")
+        if stored != expected:
+            raise AssertionError(f"the connector ({plugin.value}) stored {stored} records, expected {expected}")
         shutil.rmtree(log_dir)
-        kafka_s.append(run_connector(dsn, f"kf_{i}", ctx.workdir / f"kafka-state-{i}", kafka=kafka, prefix=f"kf{i}"))
-        stored = count_kafka_records(kafka, f"kf{i}.public.{TABLE}")
-        if stored != n:
-            raise AssertionError(f"the connector stored {stored} change events in Kafka, expected {n}")
-        for consumer in ("recv", "tl", "kf"):
+        if kafka:
+            prefix = f"kf{plugin.value}{i}"
+            state = ctx.workdir / f"kafka-state-{plugin.value}-{i}"
+            kafka_s.append(run_connector(plugin_config(plugin, dsn, f"kf_{i}", prefix), state, kafka=kafka))
+            stored = count_kafka_records(kafka, f"{prefix}.public.{TABLE}")
+            if stored != expected:
+                raise AssertionError(
+                    f"the connector ({plugin.value}) stored {stored} records in Kafka, expected {expected}"
+                )
+        for consumer in consumers:
             execute(dsn, "SELECT pg_drop_replication_slot(%s)", (f"{consumer}_{i}",))
         ctx.say(
-            f"run {i + 1}: pg_recvlogical {n / recv_s[-1]:,.0f} changes/s, connector {n / conn_s[-1]:,.0f} changes/s"
-            f" into the embedded log, {n / kafka_s[-1]:,.0f} changes/s into Kafka"
+            f"{plugin.value}, {workload} workload, run {i + 1}: pg_recvlogical {n / recv_s[-1]:,.0f} changes/s, "
+            f"connector {n / conn_s[-1]:,.0f} changes/s into the embedded log"
+            + (f", {n / kafka_s[-1]:,.0f} changes/s into Kafka" if kafka_s else "")
         )
-    execute(dsn, "SELECT pg_drop_replication_slot('src')")
+    if plugin is Plugin.WAL2JSON and workload == "bench":
+        THROUGHPUT_RATES[:] = [n / min(recv_s), n / min(conn_s)]
     ratios = [r / c for r, c in zip(recv_s, conn_s, strict=True)]
-    if not ctx.quick:
-        plot = plot_throughput(best_series, n / min(recv_s), n / min(conn_s))
-        section.notes.append(f"Throughput over time (best connector run): ![capture throughput]({plot})")
+    half = n // 2
+    what = WORKLOADS[workload].format(n=f"{n:,}", half=f"{half:,}", rest=f"{n - half:,}", deletes=f"{deletes:,}")
+    baseline = f"pg_recvlogical ({plugin.value}) -f /dev/null, same WAL"
     section.results.append(
         measured(
-            "capture throughput, WAL → durable log",
+            f"capture throughput, {plugin.value}, {workload} workload, WAL → durable log",
             n / min(conn_s),
             "changes/s",
-            baseline_name="pg_recvlogical -f /dev/null, same WAL",
+            baseline_name=baseline,
             baseline_value=n / min(recv_s),
             min_ratio=0.7,
             note=(
-                f"{n:,} row changes ({n // 2:,} INSERTs then {n - n // 2:,} UPDATEs) in {TXN_ROWS}-row transactions, "
-                f"6 columns; best of {sizes.runs}; connector runs "
+                f"{what} in {TXN_ROWS}-change transactions, 6 columns; best of {sizes.runs}; connector runs "
                 + ", ".join(f"{n / s:,.0f}" for s in conn_s)
                 + ", pg_recvlogical "
                 + ", ".join(f"{n / s:,.0f}" for s in recv_s)
@@ -268,22 +379,24 @@ def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kaf
             ),
         )
     )
-    section.results.append(
-        measured(
-            "capture throughput, WAL → Kafka (1 broker, exactly once)",
-            n / min(kafka_s),
-            "changes/s",
-            baseline_name="pg_recvlogical -f /dev/null, same WAL",
-            baseline_value=n / min(recv_s),
-            min_ratio=0.7,
-            note=(
-                "the same WAL into a local single-broker Kafka (KRaft, `tideline.kafkaharness`): transactional "
-                "producer, acks=all, one Kafka transaction per log batch with the position; "
-                + f"runs {', '.join(f'{n / s:,.0f}' for s in kafka_s)} changes/s = "
-                + f"{min(conn_s) / min(kafka_s):.2f}× the embedded log's best"
-            ),
+    if kafka_s:
+        section.results.append(
+            measured(
+                f"capture throughput, {plugin.value}, {workload} workload, WAL → Kafka (1 broker, exactly once)",
+                n / min(kafka_s),
+                "changes/s",
+                baseline_name=baseline,
+                baseline_value=n / min(recv_s),
+                min_ratio=0.7,
+                note=(
+                    "the same WAL into a local single-broker Kafka (KRaft, `tideline.kafkaharness`): transactional "
+                    "producer, acks=all, one Kafka transaction per log batch with the position; "
+                    + f"runs {', '.join(f'{n / s:,.0f}' for s in kafka_s)} changes/s = "
+                    + f"{min(conn_s) / min(kafka_s):.2f}× the embedded log's best"
+                ),
+            )
         )
-    )
+    return best_series
 
 
 # ---------------------------------------------------------------------------- latency
@@ -543,11 +656,14 @@ def run(ctx: Context, section: Section) -> None:
         "Source: a private PostgreSQL 15 cluster (`tideline.pgharness.LocalPostgres`, fsync off, wal2json 2.5) "
         "on this machine; table `bench (id bigint PK, account int, amount numeric(12,2), status text, "
         "created timestamptz, note text)`.",
-        f"Throughput: {sizes.changes:,} changes in {TXN_ROWS}-row transactions; for each run two copies of one slot "
-        "(`pg_copy_logical_replication_slot`) so both consumers decode the identical WAL from the same point to "
-        "the same end LSN. `pg_recvlogical --start -f /dev/null --endpos <end>` with the connector's wal2json "
-        "options (`capture.decoders.wal2json.SLOT_OPTIONS`) vs the connector in-process (default settings, "
-        "snapshot never, exit when caught up) writing a fresh log directory; pg_recvlogical and connector "
+        f"Throughput: two workloads of {sizes.changes:,} changes in {TXN_ROWS}-change transactions (bench: half "
+        "INSERTs then UPDATEs of them; mixed: 30 % INSERTs, 50 % UPDATEs, 20 % DELETEs), each decoded by both "
+        "plugins (wal2json, and pgoutput streaming publication `bench_pub FOR TABLE bench`). For each run, copies "
+        "of one slot (`pg_copy_logical_replication_slot`) so every consumer decodes the identical WAL from the "
+        "same point to the same end LSN: `pg_recvlogical --start -f /dev/null --endpos <end>` with the "
+        "connector's own plugin options (wal2json: `capture.decoders.wal2json.SLOT_OPTIONS`; pgoutput: "
+        "proto_version 2, messages, streaming) vs the connector in-process (default settings, snapshot never, "
+        "exit when caught up) writing a fresh log directory, and (bench workload) into a single-broker Kafka; "
         "interleaved run by run.",
         f"Latency: connector in its own process (default settings: 4 MiB / linger 20 ms log transactions, fsync "
         f"per log transaction), a writer process committing {LATENCY_TXN_ROWS}-row INSERTs on a fixed schedule of "

@@ -22,12 +22,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, BinaryIO
+from typing import TYPE_CHECKING, Annotated, Any, BinaryIO, Protocol
 
 import orjson
 import typer
@@ -373,34 +373,55 @@ def produce_lines(
     compacted = log.topic(topic).config.cleanup_policy.compacts
     if partition is not None:
         log.partition(topic, partition)  # raises ConfigError naming the valid range
+    with Producer(log) as producer:
+        return send_lines(producer, topic, stream, compacted=compacted, partition=partition, chunk_bytes=chunk_bytes)
+
+
+class BatchSender(Protocol):
+    """What :func:`send_lines` needs of a producer: the embedded log's and Kafka's both have it."""
+
+    def send_batch(
+        self, topic: str, values: list[bytes | None], keys: list[bytes | None] | None = None, *, partition: int | None
+    ) -> Mapping[int, tuple[int, int]]: ...
+
+
+def send_lines(
+    producer: BatchSender,
+    topic: str,
+    stream: BinaryIO,
+    *,
+    compacted: bool,
+    partition: int | None = None,
+    chunk_bytes: int = PRODUCE_CHUNK_BYTES,
+) -> ProduceSummary:
+    """The chunked ``KEY<TAB>VALUE`` produce loop of :func:`produce_lines`, for any producer."""
     summary = ProduceSummary(topic)
     started = time.monotonic()
     line_number = 0
-    with Producer(log) as producer:
-        for lines in iter_line_chunks(stream, chunk_bytes):
-            keys: list[bytes | None] = []
-            values: list[bytes | None] = []
-            for line in lines:
-                line_number += 1
-                if not line:
-                    continue
-                key, value = parse_line(line)
-                if key is None and compacted:
-                    raise InvalidRecordError(
-                        f"line {line_number} has no key but topic {topic!r} is compacted (write KEY<TAB>VALUE); "
-                        f"{summary.records} records before it were produced"
-                    )
-                keys.append(key)
-                values.append(value)
-            if not values:
+    for lines in iter_line_chunks(stream, chunk_bytes):
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        for line in lines:
+            line_number += 1
+            if not line:
                 continue
-            keyless = keys.count(None)
-            sent = producer.send_batch(topic, values, None if keyless == len(keys) else keys, partition=partition)
-            for p, (_, count) in sent.items():
-                summary.per_partition[p] = summary.per_partition.get(p, 0) + count
-            summary.records += len(values)
-            summary.keyless += keyless
-            summary.tombstones += values.count(None)
+            key, value = parse_line(line)
+            if key is None and compacted:
+                raise InvalidRecordError(
+                    f"line {line_number} has no key but topic {topic!r} is compacted (write KEY<TAB>VALUE); "
+                    f"{summary.records} records before it were produced"
+                )
+            keys.append(key)
+            values.append(value)
+        if not values:
+            continue
+        keyless = keys.count(None)
+        sent = producer.send_batch(topic, values, None if keyless == len(keys) else keys, partition=partition)
+        for p, (_, count) in sent.items():
+            summary.per_partition[p] = summary.per_partition.get(p, 0) + count
+        summary.records += len(values)
+        summary.keyless += keyless
+        summary.tombstones += values.count(None)
     summary.seconds = time.monotonic() - started
     return summary
 

@@ -21,11 +21,11 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
 
-from eventstore.errors import ConfigError, InvalidRecordError, TidelineError
+from eventstore.errors import ConfigError, TidelineError
 from eventstore.kafka import KafkaAdmin, KafkaProducer, client_config
 from eventstore.kafka.config import translate
 from eventstore.topic import TopicConfig
-from tideline.log_cli import ProduceSummary, TailRows, iter_line_chunks, parse_line
+from tideline.log_cli import ProduceSummary, TailRows, send_lines
 
 POLL_SECONDS = 0.5
 TAIL_BATCH = 10_000
@@ -56,36 +56,8 @@ def topics(bootstrap: str) -> list[dict[str, Any]]:
 def produce_lines(bootstrap: str, topic: str, stream: BinaryIO, *, partition: int | None = None) -> ProduceSummary:
     """``KEY<TAB>VALUE`` lines of ``stream`` to ``topic``, one ``send_batch`` per chunk (as on the embedded log)."""
     compacted = KafkaAdmin(bootstrap).topic(topic).config.cleanup_policy.compacts
-    summary = ProduceSummary(topic)
-    started = time.monotonic()
-    line_number = 0
     with KafkaProducer(bootstrap) as producer:
-        for lines in iter_line_chunks(stream):
-            keys: list[bytes | None] = []
-            values: list[bytes | None] = []
-            for line in lines:
-                line_number += 1
-                if not line:
-                    continue
-                key, value = parse_line(line)
-                if key is None and compacted:
-                    raise InvalidRecordError(
-                        f"line {line_number} has no key but topic {topic!r} is compacted (write KEY<TAB>VALUE); "
-                        f"{summary.records} records before it were produced"
-                    )
-                keys.append(key)
-                values.append(value)
-            if not values:
-                continue
-            keyless = keys.count(None)
-            sent = producer.send_batch(topic, values, None if keyless == len(keys) else keys, partition=partition)
-            for p, (_, count) in sent.items():
-                summary.per_partition[p] = summary.per_partition.get(p, 0) + count
-            summary.records += len(values)
-            summary.keyless += keyless
-            summary.tombstones += values.count(None)
-    summary.seconds = time.monotonic() - started
-    return summary
+        return send_lines(producer, topic, stream, compacted=compacted, partition=partition)
 
 
 # ---------------------------------------------------------------------------- tail
@@ -210,12 +182,15 @@ def describe_groups(bootstrap: str) -> list[dict[str, Any]]:
         group_ids = sorted(g.group_id for g in listed.valid)
         if not group_ids:
             return []
-        descriptions = {g: f.result(timeout=TIMEOUT_S + 5)
-                        for g, f in admin.describe_consumer_groups(group_ids, request_timeout=TIMEOUT_S).items()}
+        descriptions = {
+            g: f.result(timeout=TIMEOUT_S + 5)
+            for g, f in admin.describe_consumer_groups(group_ids, request_timeout=TIMEOUT_S).items()
+        }
         committed = {}
         for group_id in group_ids:  # librdkafka answers one group per request
-            (future,) = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)],
-                                                          request_timeout=TIMEOUT_S).values()
+            (future,) = admin.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group_id)], request_timeout=TIMEOUT_S
+            ).values()
             committed[group_id] = future.result(timeout=TIMEOUT_S + 5).topic_partitions or []
     except KafkaException as e:
         translate(e, what="describing consumer groups", bootstrap=bootstrap)
@@ -224,8 +199,11 @@ def describe_groups(bootstrap: str) -> list[dict[str, Any]]:
     out = []
     for group_id in group_ids:
         description = descriptions[group_id]
-        owners = {(tp.topic, tp.partition): m.member_id
-                  for m in description.members for tp in (m.assignment.topic_partitions if m.assignment else [])}
+        owners = {
+            (tp.topic, tp.partition): m.member_id
+            for m in description.members
+            for tp in (m.assignment.topic_partitions if m.assignment else [])
+        }
         offsets = {(tp.topic, tp.partition): tp.offset for tp in committed[group_id] if tp.offset >= 0}
         rows = []
         for topic, p in sorted(set(offsets) | set(owners)):

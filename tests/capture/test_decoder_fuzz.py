@@ -127,10 +127,7 @@ def json_edit(record: Any, draw: st.DrawFn) -> Any:
 def decode_all(decoder: Any, stream: list[tuple[int, bytes]], plugin: str) -> None:
     for lsn, payload in stream:
         try:
-            if plugin == "pgoutput":
-                decoder.decode(payload, lsn)
-            else:
-                decoder.decode(payload)
+            list(decoder.decode(payload, lsn))  # a streamed transaction's replay decodes as it is iterated
         except DecodeError as e:
             assert str(e).strip(), "a DecodeError with no message"
 
@@ -176,15 +173,15 @@ class CorruptingDecoder:
     def __init__(self, inner: Any, nth: int) -> None:
         self.inner, self.nth, self.seen = inner, nth, 0
 
-    def slot_options(self) -> dict[str, str]:
-        return dict(self.inner.slot_options())
+    def __getattr__(self, name: str) -> Any:  # the rest of the Decoder protocol: the real decoder's
+        return getattr(self.inner, name)
 
-    def decode(self, payload: bytes) -> Any:
+    def decode(self, payload: bytes, lsn: int) -> Any:
         if b'"action":"I"' in payload:
             self.seen += 1
             if self.seen == self.nth:
                 payload = payload[: len(payload) // 2]  # cut in the middle: not JSON
-        return self.inner.decode(payload)
+        return self.inner.decode(payload, lsn)
 
 
 def test_decode_error_mid_transaction_stops_and_stores_nothing_of_it(
@@ -206,7 +203,11 @@ def test_decode_error_mid_transaction_stops_and_stores_nothing_of_it(
             row = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         assert row is not None
         real = Plugin.decoder
-        monkeypatch.setattr(Plugin, "decoder", lambda self: CorruptingDecoder(real(self), nth=4))  # id 4
+
+        def corrupting(self: Plugin, settings: Any = None) -> CorruptingDecoder:
+            return CorruptingDecoder(real(self, settings), nth=4)  # the INSERT of id 4
+
+        monkeypatch.setattr(Plugin, "decoder", corrupting)
         errors: list[BaseException] = []
         with backend.sink() as (log, _):
             connector = Connector(config, log)
@@ -240,4 +241,3 @@ def catch(run: Any) -> BaseException | None:
     except BaseException as e:
         return e
     return None
-

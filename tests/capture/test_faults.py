@@ -34,7 +34,7 @@ from workload import soak
 
 from capture.connector import CaptureConfig, Connector, SlotLostError
 from capture.slots import current_wal_lsn
-from schemas.position import parse_lsn
+from schemas.position import format_lsn, parse_lsn
 from tideline.faults import SmallFilesystem
 from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
@@ -97,10 +97,14 @@ def count_rows(dsn: str) -> int:
     return 0
 
 
-def stack_of(thread: threading.Thread) -> str:
-    """Where a connector thread that did not recover is (for the failure message)."""
+def stack_of(thread: threading.Thread, connector: Connector | None = None, target: int = 0) -> str:
+    """Where a connector thread that did not recover is, and how far it got (for the failure message)."""
     frame = sys._current_frames().get(thread.ident or 0)
-    return "capture did not recover; connector thread at:\n" + "".join(traceback.format_stack(frame)[-12:])
+    where = ""
+    if connector is not None:
+        where = (f" (confirmed {format_lsn(connector.offsets.confirm_lsn)}, waiting for {format_lsn(target)}; "
+                 f"{connector.stats})")  # fmt: skip
+    return f"capture did not recover{where}; connector thread at:\n" + "".join(traceback.format_stack(frame)[-12:])
 
 
 def sentinel(dsn: str, k: int) -> int:
@@ -153,7 +157,8 @@ def capture_through(
                 target = sentinel(dsn, k)  # a change committed once the source answers again
                 deadline = time.monotonic() + 240  # generous: retries back off, a loaded machine is slow
                 while connector.offsets.confirm_lsn < target:  # stored (and confirmed) past it
-                    assert thread.is_alive() and time.monotonic() < deadline, errors or stack_of(thread)
+                    alive = thread.is_alive() and time.monotonic() < deadline
+                    assert alive, errors or stack_of(thread, connector, target)
                     time.sleep(0.05)
                 recovered.append(time.monotonic() - injected)
             assert writer.done.wait(300), "the workload did not finish"
@@ -218,13 +223,20 @@ class Proxy:
                 s.shutdown(socket.SHUT_RDWR)
 
     def cut(self) -> int:
-        """Reset every open connection (RST to both ends); new ones are accepted as before."""
+        """Reset every open connection (RST to both ends); new ones are accepted as before.
+
+        ``shutdown`` first: a plain ``close`` while a pump thread is blocked in ``recv`` on the socket
+        releases it (and sends the RST) only when that ``recv`` returns, so one end might learn of the
+        cut only at its next send, seconds or minutes later."""
         with self.lock:
             pairs, self.pairs = self.pairs, []
         for pair in pairs:
             for s in pair:
                 with contextlib.suppress(OSError):
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):
                     s.close()
         self.cuts += 1
         return len(pairs)

@@ -34,6 +34,7 @@ from schemas_serve_util import serving
 from test_avro_interop import by_key, json_form
 
 from capture.connector import CaptureConfig, Connector, ValueFormat
+from capture.messages import Plugin
 from eventstore.kafka import KafkaAdmin
 from eventstore.kafka.schema_store import KafkaSchemaStore
 from schemas.position import POSITIONS_TOPIC
@@ -55,18 +56,26 @@ def tideline(kafka: str, data_dir: Path, *args: str) -> list[str]:
     return [TIDELINE, "--data-dir", str(data_dir), "--kafka", kafka, *args]
 
 
-def test_cli_captures_into_kafka_with_replication_settings(db: str, kafka3: LocalKafka, tmp_path: Path) -> None:
+def test_cli_captures_into_kafka_with_replication_settings(
+    db: str, kafka3: LocalKafka, tmp_path: Path, plugin: Plugin
+) -> None:
+    """Snapshot, then a restart that streams, into Kafka with either plugin."""
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     insert_rows(db, 1, 20)
     backend = Backend.kafka(kafka3.bootstrap_servers, tmp_path / "state", brokers=3)
     argv = tideline(kafka3.bootstrap_servers, tmp_path, "capture", "run", "--dsn", db, "--slot", "cli",
                     "--topic-prefix", backend.prefix, "--partitions", "2", "--replication-factor", "3",
                     "--min-insync-replicas", "2", "--state-dir", str(backend.path), "--exit-when-caught-up",
-                    "--json")  # fmt: skip
+                    "--plugin", plugin.value, "--json")  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["snapshot_rows"] == 20
     assert assert_each_change_once(backend, db) == 20
+    insert_rows(db, 21, 20)  # streamed by the next start: 20 inserts, 19 updates
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["events"] == 39
+    assert assert_each_change_once(backend, db) == 40
     admin = KafkaAdmin(kafka3.bootstrap_servers)
     described = admin.describe_json(f"{backend.prefix}.public.t")
     assert (described["partitions"], described["replication_factor"], described["min_insync_replicas"]) == (2, 3, 2)
