@@ -36,8 +36,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## jars: Apache Kafka (KRaft broker) and Spark's Kafka source of the installed PySpark's version into
-## $(JAR_CACHE), fetched once with Maven; fails when either cannot be fetched.
+## jars: Apache Kafka (KRaft broker), Spark's Kafka source of the installed PySpark's version, and Kafka
+## Connect + Debezium's PostgreSQL connector (the envelope comparison test, `python -m bench --only debezium`)
+## into $(JAR_CACHE), fetched once with Maven; fails when any cannot be fetched.
 jars: system venv
 	@bash jvm/fetch-jars.sh $(JAR_CACHE) $(PY)
 

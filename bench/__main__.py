@@ -35,6 +35,7 @@ MODULES: list[str] = [
     "bench.log_bench",
     "bench.notify_bench",
     "bench.capture_bench",
+    "bench.debezium_bench",
     "bench.schemas_bench",
     "bench.commands_bench",
     "bench.projections_bench",

@@ -110,7 +110,7 @@ class TxnContext:
     xid: int | None
     commit_lsn: int
     ts_ms: int
-    snapshot: str = "false"  # "true" / "last" for snapshot reads
+    snapshot: str = "false"  # a snapshot read's marker: capture.snapshot.snapshot_marker
     total_order: int = 0
     per_table: dict[str, int] | None = None
     source_prefix: dict[str, bytes] = field(default_factory=dict)  # rendered once per table
@@ -255,6 +255,16 @@ class EventBuilder:
         n = ctx.per_table[table.qualified] = ctx.per_table.get(table.qualified, 0) + 1
         return n
 
+    def count_stored(self, m: ChangeMessage, table: TableInfo, ctx: TxnContext) -> None:
+        """Advance the transaction's counters past a change stored before a restart, as :meth:`change`
+        counted it: a primary-key change twice (its delete and its create)."""
+        self.count(table, ctx)
+        if m.kind is Kind.UPDATE and m.identity and table.key:
+            after = self._image(table, m.columns)
+            whole = all(k in after for k in table.key)  # a key column left out is an unchanged TOAST value
+            if whole and self.key_of(table, after) != self.key_of(table, self._image(table, m.identity)):
+                self.count(table, ctx)
+
     def _transaction(self, table: TableInfo, ctx: TxnContext) -> bytes | None:
         if ctx.xid is None:
             return None
@@ -336,10 +346,13 @@ class EventBuilder:
         before = identity
         to_new: list[tuple[str, bytes | None]] = [(NEWKEY_HEADER, key)]
         from_old: list[tuple[str, bytes | None]] = [(OLDKEY_HEADER, old_key)]
+        # two events, each counted in the transaction metadata (total_order, data_collection_order, END's
+        # event_count), as Debezium counts them
+        created_txn = self._transaction(table, ctx)
         return [
             Event(topic, old_key, convert(table, b"d", before, None, source, txn, now_ms), to_new),
             Event(topic, old_key, None, to_new),
-            Event(topic, key, convert(table, b"c", None, after, source, txn, now_ms), from_old),
+            Event(topic, key, convert(table, b"c", None, after, source, created_txn, now_ms), from_old),
         ]
 
     def _kept(self, table: TableInfo, column: str) -> bool:

@@ -46,6 +46,24 @@ from schemas.position import format_lsn
 log = logging.getLogger("capture.connector")
 
 SNAPSHOT_FETCH_ROWS = 5_000
+SNAPSHOT_MARKERS = ("first", "first_in_data_collection", "true", "last_in_data_collection", "last")
+
+
+def snapshot_marker(*, first: bool, last: bool, first_in_table: bool, last_in_table: bool) -> str:
+    """``source.snapshot`` of a snapshot read, as Debezium marks them (its setSnapshotMarker): ``last``
+    for the snapshot's last read, else ``first`` for its first, else ``last_in_data_collection`` /
+    ``first_in_data_collection`` for a table's last / first read, else ``true``. One difference:
+    Debezium's first and last are those of its first and last *table*, so an empty first or last table
+    leaves the snapshot without one; here they are the first and last read, whichever table they are of."""
+    if last:
+        return "last"
+    if first:
+        return "first"
+    if last_in_table:
+        return "last_in_data_collection"
+    if first_in_table:
+        return "first_in_data_collection"
+    return "true"
 
 
 class SnapshotStopped(Exception):
@@ -121,8 +139,13 @@ class SnapshotSource:
         """Every captured table in the exported snapshot, in one log transaction."""
         tables = self.catalog.load()
         ctx = TxnContext(None, consistent_point, now_ms(), snapshot="true")
+        # one context per source.snapshot marker: each renders its source prefix once (see snapshot_marker)
+        marked = {marker: TxnContext(None, consistent_point, ctx.ts_ms, snapshot=marker) for marker in SNAPSHOT_MARKERS}
         index = 0
-        held: tuple[TableInfo, list[Column], int] | None = None  # the latest read, emitted when the next one comes
+        # the latest read (table, columns, index, first of its table), emitted when the next one comes: only
+        # then is it known whether it was the last of its table, or of the snapshot
+        held: tuple[TableInfo, list[Column], int, bool] | None = None
+        first_read = True
         self.writer.begin()
         # Values are read uncast in text format: the type's output function, as wal2json prints
         # it (``::text`` differs: char(n) padding, inet netmasks), under the same session settings.
@@ -138,6 +161,7 @@ class SnapshotSource:
                     self.writer.ensure_table_topic(table, self.builder.topic(table))
                 cursor = f"tideline_snapshot_{t_i}"
                 c.execute(f"DECLARE {cursor} NO SCROLL CURSOR FOR {select}".encode())
+                first_in_table = True
                 while True:
                     res = c.execute(f"FETCH {SNAPSHOT_FETCH_ROWS} FROM {cursor}".encode()).pgresult
                     if res is None or res.ntuples == 0:
@@ -146,9 +170,14 @@ class SnapshotSource:
                         if outbox:
                             self._route_outbox(table, columns, ctx, index)
                         else:
-                            if held is not None:  # one read held back: the last one says snapshot "last"
-                                self.writer.add(self.builder.snapshot_read(held[0], held[1], ctx, held[2], now_ms()))
-                            held = (table, columns, index)
+                            if held is not None:  # one read held back: see snapshot_marker
+                                marker = snapshot_marker(first=first_read, last=False, first_in_table=held[3],
+                                                         last_in_table=held[0] is not table)  # fmt: skip
+                                self.writer.add(self.builder.snapshot_read(held[0], held[1], marked[marker],
+                                                                           held[2], now_ms()))  # fmt: skip
+                                first_read = False
+                            held = (table, columns, index, first_in_table)
+                            first_in_table = False
                         index += 1
                         self.stats.snapshot_rows += 1
                     if self.writer.full:
@@ -156,8 +185,8 @@ class SnapshotSource:
                     if self.stop.is_set():
                         raise SnapshotStopped("stopped during the snapshot")
             if held is not None:
-                last = TxnContext(None, consistent_point, ctx.ts_ms, snapshot="last")
-                self.writer.add(self.builder.snapshot_read(held[0], held[1], last, held[2], now_ms()))
+                marker = snapshot_marker(first=first_read, last=True, first_in_table=held[3], last_in_table=True)
+                self.writer.add(self.builder.snapshot_read(held[0], held[1], marked[marker], held[2], now_ms()))
             log.info("capture: snapshot of %d tables, %d rows", len(tables), index)
         self.offsets.snapshot_done(consistent_point)
         self._commit()

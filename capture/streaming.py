@@ -223,7 +223,11 @@ class StreamingSource:
         if m.kind is Kind.MESSAGE or m.schema is None or m.table is None:
             return
         table = self.catalog.get(m.schema, m.table)
-        if table is not None and (table.qualified != self.config.outbox_table or m.kind is Kind.INSERT):
+        if table is None:
+            return
+        if table.qualified != self.config.outbox_table:
+            self.builder.count_stored(m, table, ctx)
+        elif m.kind is Kind.INSERT:
             self.builder.count(table, ctx)
 
     def _check_columns(self, table: TableInfo, m: ChangeMessage) -> TableInfo:

@@ -6,6 +6,9 @@
 # CACHE_DIR/kafka/             Apache Kafka's broker (jvm/kafka-server/pom.xml) for tideline/kafkaharness.py
 # CACHE_DIR/spark-sql-kafka-V/ Spark's Kafka source of exactly the installed PySpark's version V
 #                              (jvm/spark-kafka/pom.xml), for spark.jars (projections/spark_kafka.py)
+# CACHE_DIR/debezium/          Kafka Connect (standalone worker, JSON converter) and Debezium's PostgreSQL
+#                              connector (jvm/debezium/pom.xml), for tideline/connectharness.py: the
+#                              envelope comparison test and `python -m bench debezium`
 #
 # Each directory is complete iff it holds COMPLETE, whose one line is the version
 # it was fetched for; a directory for another version is fetched again. A fetch
@@ -57,5 +60,15 @@ if ! fetch "spark-sql-kafka-$spark_version" "$spark_version" "$here/spark-kafka/
     echo "error: org.apache.spark:spark-sql-kafka-0-10_2.13:$spark_version (the installed PySpark's version)" \
          "could not be fetched from Maven Central (see $cache/spark-sql-kafka-$spark_version.mvn.log):" \
          "pin pyspark in pyproject.toml to a version whose connector Maven Central has, then run make venv jars" >&2
+    exit 1
+fi
+
+debezium_version=$(pom_property "$here/debezium/pom.xml" debezium.version)
+connect_version=$(pom_property "$here/debezium/pom.xml" connect.version)
+if ! fetch debezium "$debezium_version/$connect_version" "$here/debezium/pom.xml"; then
+    # Fatal, like the two above: `make test` runs tests/capture/test_debezium_envelope.py, which needs
+    # these jars (a test that silently skipped without them would stop comparing anything).
+    echo "error: could not fetch Debezium $debezium_version / Kafka Connect $connect_version from Maven Central:" \
+         "see $cache/debezium.mvn.log" >&2
     exit 1
 fi

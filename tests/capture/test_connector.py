@@ -58,8 +58,8 @@ def test_snapshot_then_every_op(db: str, tmp_path: Path) -> None:
     snap = events(tmp_path / "log", "cdc.public.accounts")
     assert [e["op"] for e in snap] == ["r", "r"]
     assert snap[0]["after"] == {"id": 1, "owner": "ann", "balance": "10.5000", "tags": ["a", "b"]}
-    assert [e["source"]["snapshot"] for e in snap] == ["true", "last"]  # Debezium marks the last read
-    assert snap[0]["source"]["snapshot"] == "true"
+    assert [e["source"]["snapshot"] for e in snap] == ["first", "last"]  # as Debezium marks them
+    assert snap[0]["source"]["snapshot"] == "first"
 
     sql(
         db,
@@ -101,7 +101,10 @@ def test_snapshot_then_every_op(db: str, tmp_path: Path) -> None:
     txns = events(tmp_path / "log", "cdc.transaction")
     assert [t["status"] for t in txns] == ["BEGIN", "END"] * 5
     ends = [t for t in txns if t["status"] == "END"]
-    assert [t["event_count"] for t in ends] == [1, 1, 1, 1, 0]  # the last one only emitted a message
+    # a key change is two events (d and c), counted as Debezium counts them; the last one only emitted a message
+    assert [t["event_count"] for t in ends] == [1, 1, 1, 2, 0]
+    key_change = [streamed[4][1]["transaction"], streamed[6][1]["transaction"]]
+    assert [(t["total_order"], t["data_collection_order"]) for t in key_change] == [(1, 1), (2, 2)]
     assert ends[0]["data_collections"] == [{"data_collection": "public.accounts", "event_count": 1}]
     state = latest_by_key(tmp_path / "log", "cdc.public.accounts")
     assert set(state) == {b'{"id":1}', b'{"id":30}'}

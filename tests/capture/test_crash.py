@@ -552,34 +552,42 @@ def test_kills_landed_in_the_snapshot_and_mid_stream(outcome: Outcome) -> None:
 
 
 def test_restart_mid_transaction_keeps_transaction_metadata(postgres: LocalPostgres, tmp_path: Path) -> None:
-    """Deterministic: kill -9 once the stored position is inside a 50,000-row transaction, restart."""
-    rows = 50_000
+    """Deterministic: kill -9 once the stored position is inside a 50,000-row transaction, past its
+    1,000 primary-key changes (each a delete and a create: counted twice), restart."""
+    rows, moved = 50_000, 1_000
     dsn = fresh_database(postgres, "midtxn")
     log_dir = tmp_path / "log"
     try:
         sql(dsn, "CREATE TABLE t (id int PRIMARY KEY, payload text)")
         Run(tmp_path, "first", log_dir, dsn, "s", caught_up=True, partitions=1).finish()
-        sql(dsn, f"INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series(1, {rows}) g")  # one transaction
+        fill = "INSERT INTO t SELECT g, repeat('x', 200) FROM generate_series({}, {}) g"
+        move = f"UPDATE t SET id = id + {rows}"
+        sql(dsn, f"BEGIN; {fill.format(1, moved)}; {move}; {fill.format(moved + 1, rows)}; COMMIT")
         run = Run(tmp_path, "killed", log_dir, dsn, "s", caught_up=False, partitions=1)
         deadline = time.monotonic() + 120
-        while not ((p := stored_position(log_dir, dsn, "s")) and p.commit_lsn and not p.complete):
+        while not ((p := stored_position(log_dir, dsn, "s")) and p.commit_lsn and not p.complete
+                   and p.event_index >= 2 * moved):  # fmt: skip
             assert run.proc.poll() is None and time.monotonic() < deadline, run.stderr()[-2000:]
             time.sleep(0.01)
         run.kill()
         position = stored_position(log_dir, dsn, "s")
-        assert position is not None and not position.complete and position.event_index < rows - 1, position
+        assert position is not None and not position.complete and position.event_index < rows + moved - 1, position
         Run(tmp_path, "restart", log_dir, dsn, "s", caught_up=True, partitions=1).finish()
     finally:
         reap_runs()
         drop_slots(dsn)
     changes = events(log_dir, "cdc.public.t")
-    assert [e["after"]["id"] for e in changes] == list(range(1, rows + 1))  # nothing lost or repeated
-    assert [e["source"]["event_index"] for e in changes] == list(range(rows))
-    assert [e["transaction"]["total_order"] for e in changes] == list(range(1, rows + 1))
-    assert [e["transaction"]["data_collection_order"] for e in changes] == list(range(1, rows + 1))
+    moves = [(e["op"], (e["before"] if e["op"] == "d" else e["after"])["id"]) for e in changes[moved : 3 * moved]]
+    assert moves == [x for i in range(1, moved + 1) for x in (("d", i), ("c", i + rows))]
+    assert [e["after"]["id"] for e in changes[3 * moved :]] == list(range(moved + 1, rows + 1))  # none lost or repeated
+    indexes = [*range(moved), *(i for i in range(moved, 2 * moved) for _ in "dc"), *range(2 * moved, rows + moved)]
+    assert [e["source"]["event_index"] for e in changes] == indexes
+    total = rows + 2 * moved
+    assert [e["transaction"]["total_order"] for e in changes] == list(range(1, total + 1))
+    assert [e["transaction"]["data_collection_order"] for e in changes] == list(range(1, total + 1))
     [end] = [t for t in events(log_dir, "cdc.transaction") if t["status"] == "END" and t["event_count"]]
-    assert end["event_count"] == rows
-    assert end["data_collections"] == [{"data_collection": "public.t", "event_count": rows}]
+    assert end["event_count"] == total
+    assert end["data_collections"] == [{"data_collection": "public.t", "event_count": total}]
 
 
 # The connector commits its "snapshot under way" position *before* it creates the slot
