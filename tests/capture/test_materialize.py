@@ -123,9 +123,11 @@ def avro_as_json(log_dir: Path, table: TableInfo, records: list[Any]) -> list[An
     return out
 
 
-def topic_records(where: Path | Backend, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:
+def topic_records(
+    where: Path | Backend, topic: str, isolation: str = "read_committed"
+) -> list[tuple[int, bytes | None, bytes | None]]:
     """(partition, key, value) of every record, read_committed, partition by partition."""
-    return (where if isinstance(where, Backend) else Backend.embedded(where)).records(topic)
+    return (where if isinstance(where, Backend) else Backend.embedded(where)).records(topic, isolation)
 
 
 def log_state(
@@ -200,14 +202,19 @@ def prefix_of(where: Path | Backend) -> str:
 
 
 def history(where: Path | Backend, topic: str, key: bytes) -> str:
-    """What the log holds for one key: (partition, op, commit_lsn, event_index, snapshot) per record."""
-    out = []
-    for p, k, v in topic_records(where, topic):
-        if k == key:
-            e = exact_json(v) if v is not None else None
-            src = (e or {}).get("source") or {}
-            out.append((p, e and e.get("op"), src.get("commit_lsn"), src.get("event_index"), src.get("snapshot")))
-    return f"records of {key!r}: {out}"
+    """What the log holds for one key: (partition, op, commit_lsn, event_index, snapshot) per record
+    (on Kafka also read_uncommitted: records of aborted transactions too)."""
+    isolations = ["read_committed"] + (["read_uncommitted"] if isinstance(where, Backend) and where.bootstrap else [])
+    told = []
+    for isolation in isolations:
+        out = []
+        for p, k, v in topic_records(where, topic, isolation):
+            if k == key:
+                e = exact_json(v) if v is not None else None
+                src = (e or {}).get("source") or {}
+                out.append((p, e and e.get("op"), src.get("commit_lsn"), src.get("event_index"), src.get("snapshot")))
+        told.append(f"{isolation}: {out}")
+    return f"records of {key!r}: " + "; ".join(told)
 
 
 def assert_log_equals_tables(log_dir: Path | Backend, dsn: str, when: str, value_format: str = "json") -> Counter[str]:
