@@ -8,6 +8,12 @@ stream's) and emitted as ``op=r`` events inside **one** log transaction that end
 the position "snapshot done at the slot's consistent point". Events are appended in
 chunks as they are read (memory stays O(chunk)); nothing is visible until the commit.
 
+A table truncated or rewritten between the slot's consistent point and its read (TRUNCATE is
+not MVCC-safe: the snapshot would read it empty while the stream replays what followed) is
+noticed before it is read (``REWRITTEN_SQL``); that snapshot is aborted and taken again with a
+new slot, at most ``SNAPSHOT_ATTEMPTS`` times. Each read locks its table (ACCESS SHARE) until
+the snapshot ends, as any SELECT in a transaction does.
+
 A crash during the snapshot leaves that transaction open: the next start aborts it
 (read_committed consumers never see a partial snapshot), drops the slot the interrupted
 snapshot created, and starts over — the position "snapshot under way" is committed in a
@@ -25,11 +31,12 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
 from capture.config import CaptureConfig, SnapshotMode
-from capture.errors import SlotLostError
+from capture.errors import PermanentCaptureError, SlotLostError
 from capture.events import EventBuilder, TxnContext
 from capture.messages import Column
 from capture.offsets import OffsetContext
@@ -37,7 +44,7 @@ from capture.pgtypes import SESSION_OPTIONS
 from capture.replication import ReplicationConnection
 from capture.slots import SlotState, drop_slot
 from capture.status import Stats
-from capture.tables import TableCatalog, TableInfo, result_rows, select_columns_sql
+from capture.tables import TableCatalog, TableInfo, qualified_name, result_rows, select_columns_sql
 from capture.writer import LogWriter
 from eventstore.errors import ConfigError
 from eventstore.topic import now_ms
@@ -68,6 +75,26 @@ def snapshot_marker(*, first: bool, last: bool, first_in_table: bool, last_in_ta
 
 class SnapshotStopped(Exception):
     """``stop()`` was called during the snapshot: its transaction is aborted, the next start takes it again."""
+
+
+class TableRewritten(Exception):
+    """A captured table was truncated or rewritten after the snapshot's consistent point (see REWRITTEN_SQL)."""
+
+
+# TRUNCATE (and the rewrites of ALTER TABLE, CLUSTER, VACUUM FULL) are not MVCC-safe: a transaction
+# whose snapshot predates one that committed sees the table empty (or as rewritten), not as it was.
+# The snapshot's own reads lock each table (ACCESS SHARE, to the snapshot's end), so such a commit can
+# only fall between the slot's consistent point and the table's read. Then the table's file differs
+# from the one pg_class held in the snapshot (the catalog as of the snapshot vs the relation cache,
+# current once the lock is held); a table created since has no pg_class row in the snapshot at all.
+# Such a read would lose the table's rows as of the consistent point, while the stream replays what
+# came after (updates of rows the snapshot never emitted, a TRUNCATE removing none of them): the
+# snapshot is taken again, with a new slot, up to SNAPSHOT_ATTEMPTS times.
+REWRITTEN_SQL = (
+    "SELECT c.relfilenode = 0 OR c.relfilenode = pg_relation_filenode(c.oid) "
+    "FROM pg_class c WHERE c.oid = %s::regclass"
+)
+SNAPSHOT_ATTEMPTS = 5
 
 
 @dataclass(slots=True)
@@ -124,10 +151,25 @@ class SnapshotSource:
         if slot is not None:
             log.warning("capture: dropping slot %s to take a consistent snapshot (%s)", name, mode.value)
             drop_slot(self.config.dsn, name)
-        created = repl.create_slot(name, self.config.plugin, export_snapshot=True)
-        assert created.snapshot_name is not None
-        self.run(created.snapshot_name, created.consistent_point)
-        return created.consistent_point
+        for attempt in range(1, SNAPSHOT_ATTEMPTS + 1):
+            created = repl.create_slot(name, self.config.plugin, export_snapshot=True)
+            assert created.snapshot_name is not None
+            try:
+                self.run(created.snapshot_name, created.consistent_point)
+                return created.consistent_point
+            except TableRewritten as e:
+                self.writer.abort()  # nothing of this snapshot becomes visible
+                for table in self.catalog.load():  # the aborted reads' TOAST values
+                    self.builder.toast.drop_topic(self.builder.topic(table))
+                if attempt == SNAPSHOT_ATTEMPTS:
+                    raise PermanentCaptureError(
+                        f"{e}; {SNAPSHOT_ATTEMPTS} snapshots in a row met this: stop truncating or rewriting "
+                        "captured tables while the snapshot starts, then restart"
+                    ) from e
+                log.warning("capture: %s: taking the snapshot again with a new slot (attempt %d of %d)",
+                            e, attempt + 1, SNAPSHOT_ATTEMPTS)  # fmt: skip
+                drop_slot(self.config.dsn, name)
+        raise AssertionError("unreachable")
 
     def _commit(self) -> None:
         position = self.offsets.take_pending()
@@ -160,6 +202,7 @@ class SnapshotSource:
                 else:
                     self.writer.ensure_table_topic(table, self.builder.topic(table))
                 cursor = f"tideline_snapshot_{t_i}"
+                self._check_not_rewritten(c, table)
                 c.execute(f"DECLARE {cursor} NO SCROLL CURSOR FOR {select}".encode())
                 first_in_table = True
                 while True:
@@ -190,6 +233,17 @@ class SnapshotSource:
             log.info("capture: snapshot of %d tables, %d rows", len(tables), index)
         self.offsets.snapshot_done(consistent_point)
         self._commit()
+
+    @staticmethod
+    def _check_not_rewritten(c: psycopg.Connection[Any], table: TableInfo) -> None:
+        """Lock the table for the rest of the snapshot, then make sure the snapshot can read it as it was."""
+        name = qualified_name(table)
+        c.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE".encode())
+        row = c.execute(REWRITTEN_SQL.encode(), (name,)).fetchone()
+        if row is None or not row[0]:
+            raise TableRewritten(
+                f"table {table.qualified} was truncated, rewritten or created after the snapshot's consistent point"
+            )
 
     def _route_outbox(self, table: TableInfo, columns: list[Column], ctx: TxnContext, index: int) -> None:
         """An event already in the outbox table: routed once (a new snapshot skips what is routed)."""

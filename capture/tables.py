@@ -321,13 +321,18 @@ class TableCatalog:
         return TableInfo.make(schema, name, columns, (), "none", ident)
 
 
+def qualified_name(table: TableInfo) -> str:
+    """``"schema"."table"``, quoted for SQL."""
+    return f"{_quote(table.schema)}.{_quote(table.name)}"
+
+
 def select_columns_sql(table: TableInfo) -> str:
     """``SELECT`` of every column, uncast: a text-format result then holds each type's output text.
 
     Rows of a publication's row filter only (pgoutput): the snapshot holds what the stream would.
     """
     cols = ", ".join(_quote(col.name) for col in table.columns)
-    select = f"SELECT {cols} FROM {_quote(table.schema)}.{_quote(table.name)}"
+    select = f"SELECT {cols} FROM {qualified_name(table)}"
     return select if table.row_filter is None else f"{select} WHERE {table.row_filter}"
 
 

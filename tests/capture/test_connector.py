@@ -18,9 +18,11 @@ import pytest
 from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, records, sql
 
 from capture.connector import CaptureConfig, Connector, KeylessPolicy, SlotLostError, SnapshotMode
+from capture.errors import PermanentCaptureError
 from capture.events import UNAVAILABLE
 from capture.messages import Plugin
-from capture.tables import TableFilter, TableRefusedError
+from capture.tables import TableFilter, TableInfo, TableRefusedError
+from capture.writer import LogWriter
 from eventstore.errors import ConfigError
 from eventstore.log import Log
 from schemas.position import parse_lsn
@@ -130,6 +132,41 @@ def test_truncate_tombstones_every_live_key(db: str, tmp_path: Path) -> None:
     truncate = [v for _, v, _ in recs if v and v["op"] == "t"]
     assert len(truncate) == 1 and truncate[0]["source"]["table"] == "t"
     assert latest_by_key(tmp_path / "log", "cdc.public.t") == {b'{"id":9}': {"id": 9, "v": "after"}}
+
+
+@pytest.mark.parametrize("times", [1, 9])
+def test_truncate_between_consistent_point_and_read_retakes_the_snapshot(
+    db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, times: int
+) -> None:
+    """TRUNCATE is not MVCC-safe: one that commits after the slot's consistent point but before the
+    snapshot reads the table makes the snapshot see it empty, while the stream replays what came after
+    the point (here an update of a row the snapshot never emitted) — a key the table no longer has would
+    stay in the log. The snapshot notices and is taken again with a new slot; after five attempts in a
+    row it stops with one clear error instead."""
+    sql(db, "CREATE TABLE a (id int PRIMARY KEY)", "CREATE TABLE b (id int PRIMARY KEY, v int)",
+        "INSERT INTO a VALUES (1)", "INSERT INTO b SELECT g, 0 FROM generate_series(1, 3) g")  # fmt: skip
+    real = LogWriter.ensure_table_topic
+    hit = {"n": 0}
+
+    def ensure_table_topic(self: LogWriter, table: TableInfo, topic: str) -> int:
+        if table.name == "b" and hit["n"] < times:  # after the consistent point, before b is read
+            hit["n"] += 1
+            sql(db, "UPDATE b SET v = v + 1 WHERE id = 1", "TRUNCATE b", "INSERT INTO b VALUES (7, 7)")
+        return real(self, table, topic)
+
+    monkeypatch.setattr(LogWriter, "ensure_table_topic", ensure_table_topic)
+    if times > 1:
+        with pytest.raises(PermanentCaptureError, match=r"table public\.b was truncated.*5 snapshots in a row"):
+            capture(tmp_path / "log", db)
+        return
+    capture(tmp_path / "log", db)
+    assert latest_by_key(tmp_path / "log", "cdc.public.b") == {b'{"id":7}': {"id": 7, "v": 7}}
+    assert "taking the snapshot again with a new slot (attempt 2 of 5)" in caplog.text
+    assert [e["op"] for e in events(tmp_path / "log", "cdc.public.b")] == ["r"]  # nothing of the first attempt
+    assert [e["after"]["id"] for e in events(tmp_path / "log", "cdc.public.a")] == [1]
+    sql(db, "UPDATE b SET v = 8 WHERE id = 7")
+    capture(tmp_path / "log", db)
+    assert latest_by_key(tmp_path / "log", "cdc.public.b") == {b'{"id":7}': {"id": 7, "v": 8}}
 
 
 def test_unchanged_toast_survives_100_updates(db: str, tmp_path: Path, plugin: Plugin) -> None:
