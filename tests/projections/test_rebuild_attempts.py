@@ -29,6 +29,7 @@ from test_datasource_cluster import SPARK_HOME, _alive_workers, _free_ports, _st
 from views_util import ACCOUNTS_TOPIC, capture, change_accounts, drop_slots, issue_commands, migrated_database
 
 from examples.reservations.views import VIEWS
+from projections import attempts
 from projections.rebuild import RebuildResult, rebuild
 from projections.reference import expected_rows, view_rows
 from tideline.pgharness import LocalPostgres
@@ -285,3 +286,53 @@ def test_two_rebuilds_of_one_view_at_once_keep_apart(spark: SparkSession, worklo
     assert result.rows == len(expected)
     assert view_rows(dsn, view) == expected
     assert leftovers(dsn) == []
+
+
+KILLED_DRIVER = """
+import sys, time
+from projections import attempts
+with attempts.staging_run(sys.argv[1], "users") as run:
+    print(run.create("users"), flush=True)
+    time.sleep(600)
+"""
+
+
+def tables(dsn: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        return {r[0] for r in conn.execute("SELECT relname FROM pg_class WHERE relkind = 'r'")}
+
+
+def test_a_killed_drivers_staging_is_dropped_by_the_next_rebuild_a_running_ones_is_not(
+    workload: tuple[str, Path],
+) -> None:
+    """Crash policy of projections.attempts: a driver killed mid-rebuild (kill -9: no
+    ``finally``) leaves its staging table; the next rebuild drops it — its run's lock went
+    with the killed driver's connection — but not the table of a rebuild still running."""
+    dsn, _ = workload
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    driver = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER, dsn], env=env, stdout=subprocess.PIPE)
+    try:
+        assert driver.stdout is not None
+        abandoned = driver.stdout.readline().decode().strip()
+    finally:
+        driver.kill()
+        driver.wait()
+    assert abandoned in tables(dsn)
+    token = int(abandoned.split("__")[-2], 16)
+    deadline = time.monotonic() + 60  # until the server noticed the lost connection (a safety net only)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s",
+                (attempts.STAGING_LOCK_CLASS, token),
+            ).fetchone()
+            if row is not None and row[0] == 0:
+                break
+            time.sleep(0.05)
+    with attempts.staging_run(dsn, "seats") as running:
+        live = running.create("seats")
+        with attempts.staging_run(dsn, "users"):
+            left = tables(dsn)
+            assert abandoned not in left
+            assert live in left
+    assert live not in tables(dsn)
