@@ -303,8 +303,8 @@ def view_rebuild(
 
     def parquet_run() -> float:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            target = attempts.create(conn, view.table.name, f"{VIEW}__bench")
-            states = attempts.create(conn, projection_state.name, f"{VIEW}__bench_state")
+            target = attempts.create(conn, view.table.name, f"{VIEW}__bench__staging")
+            states = attempts.create(conn, projection_state.name, f"{VIEW}__bench_state__staging")
         t = time.perf_counter()
         folded = rebuild.fold_frame(spark, VIEWS, view, from_parquet, dsn, target, states)
         seconds = time.perf_counter() - t

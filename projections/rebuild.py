@@ -6,33 +6,35 @@
    embedded log, Spark's own ``format("kafka")`` on Kafka (:mod:`projections.sources`;
    the same columns either way, so the views cannot tell).
 3. Compute the view on the executors and COPY its rows — and a fold's states — into
-   unlogged **staging tables** tagged with the task attempt that wrote them
+   unlogged **staging tables** of this run, tagged with the task attempt that wrote them
    (:mod:`projections.attempts`). Fold views: one task per log partition
    (``wholePartitions``: a stream lives in one partition), records sorted by key and
    offset within it — no shuffle — and folded per stream with the aggregate's ``apply``.
    Count views and mirrors: Spark computes the rows; each partition COPYs its own.
-4. One Postgres transaction: delete the rows of every task attempt Spark did not keep
-   (a retried or speculative task wrote twice); build a shadow of the view's table
-   (``LIKE … INCLUDING ALL``) from the staged rows and swap it in (drop the old table,
-   rename the shadow, its constraints and indexes to the canonical names) — or merge the
-   staged rows into the shared table (``snapshots``, ``cdc_mirror``) — replace the
-   projection's states, set the projection's checkpoints to the offsets read, record the
-   run and the reached LSN.
-5. Drop the staging tables (also when the rebuild failed).
+4. One Postgres transaction: build a shadow of the view's table (``LIKE … INCLUDING
+   ALL``) from the staged rows of the task attempts Spark kept — never those of another
+   attempt (a retried, speculative or zombie task wrote twice), whenever it committed —
+   and swap it in (drop the old table, rename the shadow, its constraints and indexes to
+   the canonical names) — or merge those rows into the shared table (``snapshots``,
+   ``cdc_mirror``) — replace the projection's states from the kept attempts' states, set
+   the projection's checkpoints to the offsets read, record the run and the reached LSN.
+5. Drop the staging tables (also when the rebuild failed; a killed driver's are dropped
+   by the next rebuild).
 
 Readers see the old view until that commit and the whole new one after it; a crash before
-it leaves the view and its checkpoints as they were (the next rebuild drops the leftovers).
+it leaves the view and its checkpoints as they were.
 """
 
 from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -110,10 +112,9 @@ def _rebuild(
     lsn: int,
     stage: Stage,
 ) -> tuple[int, int, int]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows_staging = attempts.create(conn, view.table.name, view.name)
-        states_staging = attempts.create(conn, projection_state.name, f"{view.name}__state")
-    try:
+    with attempts.staging_run(dsn, view.name) as run:  # its tables dropped however this ends
+        rows_staging = run.create(view.table.name)
+        states_staging = run.create(projection_state.name, "state")
         stage(f"reading {', '.join(ends) or 'nothing'} and writing {rows_staging}")
         staged = _compute(spark, catalog, view, log, dsn, ends, rows_staging, states_staging)
         stage("swapping the view in")
@@ -125,10 +126,6 @@ def _rebuild(
             store.advance_reached(conn, view.name, lsn)
             store.finish_run(conn, view.name, "done")
             rows = _count(conn, view)
-    finally:  # also when the rebuild failed: no staged rows outlive it
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            store.drop_table(conn, rows_staging)
-            store.drop_table(conn, states_staging)
     return staged.events, rows, discarded
 
 
@@ -163,22 +160,33 @@ def _compute(
 
 
 def _commit(conn: store.Conn, view: View, staged: Staged) -> int:
-    """In the swap transaction: drop the rows of attempts Spark did not keep, then swap a
-    shadow built from the staged rows in (or merge them into a shared table), and replace
-    the projection's states; the rows dropped."""
-    discarded = attempts.keep_winners(conn, staged.rows, staged.kept)
-    discarded += attempts.keep_winners(conn, staged.states, staged.kept)
-    cols = ", ".join(f'"{c}"' for c in columns_of(view))
+    """In the swap transaction: build a shadow from the staged rows of the attempts Spark
+    kept and swap it in (or merge them into a shared table), and replace the projection's
+    states from the kept attempts' staged states; the staged rows of other attempts (never
+    read: :func:`attempts.kept_rows`)."""
+    discarded = attempts.discarded(conn, staged.rows, staged.kept)
+    discarded += attempts.discarded(conn, staged.states, staged.kept)
+    columns = columns_of(view)
+    kept = (staged.kept,)
     if owned_table(view):
         shadow = store.create_shadow(conn, view.table.name)
-        conn.execute(f'INSERT INTO "{shadow}" ({cols}) SELECT {cols} FROM "{staged.rows}"')
+        conn.execute(_insert(shadow, columns, attempts.kept_rows(staged.rows, columns)), kept)
         store.swap_in(conn, view.table.name, shadow)
     else:
-        _merge_shared(conn, view, staged.rows)
+        _merge_shared(conn, view, attempts.kept_rows(staged.rows, columns), kept)
     conn.execute("DELETE FROM projection_state WHERE projection = %s", (view.name,))
-    state_cols = ", ".join(engine.STATE_COLUMNS)
-    conn.execute(f'INSERT INTO projection_state ({state_cols}) SELECT {state_cols} FROM "{staged.states}"')
+    states = attempts.kept_rows(staged.states, engine.STATE_COLUMNS)
+    conn.execute(_insert(projection_state.name, engine.STATE_COLUMNS, states), kept)
     return discarded
+
+
+def _insert(table: str, columns: Sequence[str], select: sql.Composable) -> sql.Composed:
+    return (
+        sql.SQL("INSERT INTO {} ({}) ").format(
+            sql.Identifier(table), sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        )
+        + select
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,21 +265,22 @@ def _mirror(view: MirrorView, raw: DataFrame, dsn: str, target: str) -> tuple[in
     return events, outputs
 
 
-def _merge_shared(conn: store.Conn, view: View, staging: str) -> None:
-    cols = ", ".join(f'"{c}"' for c in columns_of(view))
+def _merge_shared(conn: store.Conn, view: View, kept_rows: sql.Composed, kept: tuple[list[int]]) -> None:
+    """Merge the kept staged rows (``kept_rows``, its parameter ``kept``) into a shared table."""
+    columns = columns_of(view)
     if isinstance(view, MirrorView):
         conn.execute("DELETE FROM cdc_mirror WHERE projection = %s", (view.name,))
-        conn.execute(f'INSERT INTO cdc_mirror ({cols}) SELECT {cols} FROM "{staging}"')
+        conn.execute(_insert("cdc_mirror", columns, kept_rows), kept)
     else:  # snapshots: newer versions (or another state_version) replace stored ones; never removed
-        conn.execute(
-            f"""
-            INSERT INTO snapshots ({cols}) SELECT {cols} FROM "{staging}"
+        upsert = sql.SQL(
+            """
             ON CONFLICT (stream_id) DO UPDATE
                SET stream_type = EXCLUDED.stream_type, version = EXCLUDED.version,
                    schema_version = EXCLUDED.schema_version, state = EXCLUDED.state, recorded_at = now()
              WHERE snapshots.version < EXCLUDED.version OR snapshots.schema_version <> EXCLUDED.schema_version
             """
         )
+        conn.execute(_insert("snapshots", columns, kept_rows) + upsert, kept)
 
 
 def _count(conn: store.Conn, view: View) -> int:

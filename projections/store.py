@@ -130,18 +130,6 @@ def create_shadow(conn: Conn, table: str) -> str:
     return shadow
 
 
-def create_staging(conn: Conn, table: str, name: str) -> str:
-    """An unlogged, constraint-free copy of ``table``'s columns for a merge into a shared table."""
-    staging = f"{name}{STAGING_SUFFIX}"
-    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(staging)))
-    conn.execute(
-        sql.SQL("CREATE UNLOGGED TABLE {} (LIKE {} INCLUDING DEFAULTS)").format(
-            sql.Identifier(staging), sql.Identifier(table)
-        )
-    )
-    return staging
-
-
 def drop_table(conn: Conn, name: str) -> None:
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
 
