@@ -101,7 +101,7 @@ class Sizes:
 
 
 CI = Sizes(bulk_rows=40_000, rows_per_table=200, snapshot_kills=3, stream_kills=8, max_sleep_s=3.0, pause_s=0.3)
-KAFKA_CI = Sizes(bulk_rows=40_000, rows_per_table=200, snapshot_kills=2, stream_kills=4, max_sleep_s=3.0, pause_s=0.3)
+KAFKA_CI = Sizes(bulk_rows=20_000, rows_per_table=200, snapshot_kills=2, stream_kills=4, max_sleep_s=3.0, pause_s=0.3)
 PGOUTPUT_CI = Sizes(bulk_rows=20_000, rows_per_table=200, snapshot_kills=2, stream_kills=5, max_sleep_s=3.0,
                     pause_s=0.3)  # fmt: skip
 SOAK = Sizes(
