@@ -48,7 +48,8 @@ but the run that created them reads them.
 Fault injection (tests): the local property :data:`FAULT_PROPERTY`, set on the driver with
 ``sparkContext.setLocalProperty``, makes the *first* attempt of chosen partitions misbehave
 right after it committed its output — the window in which a retry or a speculative copy
-duplicates output: ``fail:0,2`` raises, ``straggle:30:1`` sleeps 30 s (speculation then
+duplicates output (not the partition's attempts in a re-run of its stage, which start
+again at attempt number 0): ``fail:0,2`` raises, ``straggle:30:1`` sleeps 30 s (speculation then
 launches a copy elsewhere). Unset, it costs one property lookup per task.
 
 Thread-safety: functions are; a :class:`StagingRun` belongs to one thread (the driver's).
@@ -223,8 +224,8 @@ def inject_fault() -> None:
 
     context = TaskContext.get()
     spec = context.getLocalProperty(FAULT_PROPERTY) if context is not None else None
-    if context is None or not spec or context.attemptNumber() != 0:
-        return
+    if context is None or not spec or context.attemptNumber() != 0 or context.stageAttemptNumber() != 0:
+        return  # a task's first attempt only: not again in a re-run stage (a lost executor's shuffle output)
     kind, _, rest = spec.partition(":")
     if kind == "fail":
         if context.partitionId() in _partitions(rest):
