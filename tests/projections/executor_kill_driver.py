@@ -11,13 +11,13 @@ Usage:
   kills the executor. One JSON line per view: events, rows, staged rows discarded (written
   by attempts Spark did not keep), tasks and failed task attempts of the view's jobs.
 - ``python executor_kill_driver.py MASTER LOG_DIR DSN follow FLAG_DIR CHECKPOINT_DIR
-  MAX_RECORDS VIEW…`` — follows each view until caught up (``once``), at most MAX_RECORDS
-  records per micro-batch, the batches' read tasks passing through :func:`stalling`: while
-  the file ``FLAG_DIR/stall`` exists, a task's first attempt holds its records (after
-  reading them) and writes ``FLAG_DIR/stalled-<pid>``: the test kills the executor then,
-  in the middle of a batch, and removes the flag. One JSON line per view: batches, events,
-  and the failed task attempts and removed executors of the whole application (Spark's
-  REST API).
+  MAX_RECORDS KILLS VIEW…`` — follows each view until caught up (``once``), at most
+  MAX_RECORDS records per micro-batch, the batches' read tasks passing through
+  :func:`stalling`: before each view, KILLS tokens are put in FLAG_DIR; a read task's first
+  attempt past its partition's first batch takes one, holds its records (read) and shows
+  ``FLAG_DIR/stalled-…``: the test kills the executor then, in the middle of a batch, and
+  removes that file. One JSON line per view: batches, events, and the failed task attempts
+  and removed executors of the whole application so far (Spark's REST API).
 """
 
 from __future__ import annotations
@@ -100,19 +100,31 @@ def run_rebuilds(spark: SparkSession, log_dir: Path, dsn: str, stall_s: str, vie
 
 
 def stalling(flag_dir: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` pass-through that holds a first attempt's records while ``flag_dir/stall`` exists."""
+    """A ``mapInArrow`` pass-through: the first attempt of a task that read records past its
+    partition's first batch (something of that partition is committed) takes a token
+    ``FLAG_DIR/token-*`` if one is left — renaming it to ``FLAG_DIR/stalled-<pid>-<attempt>``
+    — and holds its records until that file is removed."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.compute as pc
         from pyspark import TaskContext
 
         held = list(batches)  # the task's records, read
         context = TaskContext.get()
-        flag = Path(flag_dir) / "stall"
-        if context is not None and context.attemptNumber() == 0 and flag.exists():
-            (Path(flag_dir) / f"stalled-{os.getpid()}").write_text(str(context.taskAttemptId()))
-            deadline = time.monotonic() + 300  # a safety net only: the test removes the flag
-            while flag.exists() and time.monotonic() < deadline:
+        first = min((pc.min(b.column("offset")).as_py() for b in held if b.num_rows), default=0)
+        if context is None or context.attemptNumber() != 0 or first <= 0:
+            yield from held
+            return
+        for token in sorted(Path(flag_dir).glob("token-*")):
+            stalled = Path(flag_dir) / f"stalled-{os.getpid()}-{context.taskAttemptId()}"
+            try:
+                token.rename(stalled)  # one task gets each token
+            except FileNotFoundError:
+                continue
+            deadline = time.monotonic() + 300  # a safety net only: the test removes the file
+            while stalled.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
+            break
         yield from held
 
     return run
@@ -133,9 +145,18 @@ class StallingSource(EmbeddedSource):
 
 
 def run_follows(
-    spark: SparkSession, log_dir: Path, dsn: str, flag_dir: str, checkpoints: str, max_records: str, views: list[str]
+    spark: SparkSession,
+    log_dir: Path,
+    dsn: str,
+    flag_dir: str,
+    checkpoints: str,
+    max_records: str,
+    kills: str,
+    views: list[str],
 ) -> None:
-    for name in views:
+    for n, name in enumerate(views):
+        for i in range(int(kills)):  # this view's stalls: the test kills the executor under each
+            (Path(flag_dir) / f"token-{n:03}-{i:03}").touch()
         source = StallingSource(log_dir, flag_dir)
         try:
             stats = follow(
@@ -163,7 +184,7 @@ def main(master: str, log_dir: str, dsn: str, mode: str, *rest_args: str) -> Non
         if mode == "rebuild":
             run_rebuilds(spark, Path(log_dir), dsn, rest_args[0], rest_args[1:])
         elif mode == "follow":
-            run_follows(spark, Path(log_dir), dsn, rest_args[0], rest_args[1], rest_args[2], list(rest_args[3:]))
+            run_follows(spark, Path(log_dir), dsn, *rest_args[:4], list(rest_args[4:]))
         else:
             raise SystemExit(f"mode must be rebuild or follow, not {mode!r}")
     finally:
