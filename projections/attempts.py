@@ -48,9 +48,12 @@ but the run that created them reads them.
 Fault injection (tests): the local property :data:`FAULT_PROPERTY`, set on the driver with
 ``sparkContext.setLocalProperty``, makes the *first* attempt of chosen partitions misbehave
 right after it committed its output — the window in which a retry or a speculative copy
-duplicates output (not the partition's attempts in a re-run of its stage, which start
-again at attempt number 0): ``fail:0,2`` raises, ``straggle:30:1`` sleeps 30 s (speculation then
-launches a copy elsewhere). Unset, it costs one property lookup per task.
+duplicates output: ``fail:0,2`` raises, ``straggle:30:1`` sleeps 30 s (speculation then
+launches a copy elsewhere), ``hold:/tmp/x/token:0`` takes the file ``/tmp/x/token`` if it is
+still there (renames it to ``token.held``: one attempt ever gets it, also across re-runs of
+the stage, whose attempts start again at attempt number 0) and waits until ``token.held``
+is removed — the test, on the same machine, kills the executor under it meanwhile. Unset,
+it costs one property lookup per task.
 
 Thread-safety: functions are; a :class:`StagingRun` belongs to one thread (the driver's).
 """
@@ -64,6 +67,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -224,8 +228,8 @@ def inject_fault() -> None:
 
     context = TaskContext.get()
     spec = context.getLocalProperty(FAULT_PROPERTY) if context is not None else None
-    if context is None or not spec or context.attemptNumber() != 0 or context.stageAttemptNumber() != 0:
-        return  # a task's first attempt only: not again in a re-run stage (a lost executor's shuffle output)
+    if context is None or not spec or context.attemptNumber() != 0:
+        return
     kind, _, rest = spec.partition(":")
     if kind == "fail":
         if context.partitionId() in _partitions(rest):
@@ -234,8 +238,26 @@ def inject_fault() -> None:
         seconds, _, partitions = rest.partition(":")
         if context.partitionId() in _partitions(partitions):
             time.sleep(float(seconds))
+    elif kind == "hold":
+        token, _, partitions = rest.rpartition(":")
+        if context.partitionId() in _partitions(partitions):
+            _hold(Path(token))
     else:
-        raise ValueError(f"{FAULT_PROPERTY} must be fail:PARTITIONS or straggle:SECONDS:PARTITIONS, not {spec!r}")
+        raise ValueError(
+            f"{FAULT_PROPERTY} must be fail:PARTITIONS, straggle:SECONDS:PARTITIONS or hold:PATH:PARTITIONS, "
+            f"not {spec!r}"
+        )
+
+
+def _hold(token: Path) -> None:
+    held = token.with_name(token.name + ".held")
+    try:
+        token.rename(held)
+    except FileNotFoundError:  # taken by an earlier attempt
+        return
+    deadline = time.monotonic() + 600  # a safety net only: the test removes the file
+    while held.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _partitions(text: str) -> set[int]:

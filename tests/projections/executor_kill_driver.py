@@ -4,12 +4,13 @@ driver runs, and Spark must relaunch an executor and re-run the lost tasks.
 
 Usage:
 
-- ``python executor_kill_driver.py MASTER LOG_DIR DSN rebuild STALL_S VIEW…`` — rebuilds
-  each view with the first attempt of partition 0 of its write job stalling ``STALL_S``
-  seconds right after it committed its staged rows
-  (:data:`projections.attempts.FAULT_PROPERTY` ``straggle``): the window in which the test
-  kills the executor. One JSON line per view: events, rows, staged rows discarded (written
-  by attempts Spark did not keep), tasks and failed task attempts of the view's jobs.
+- ``python executor_kill_driver.py MASTER LOG_DIR DSN rebuild FLAG_DIR VIEW…`` — rebuilds
+  each view (the Nth: token ``FLAG_DIR/token-N``, created here) with the first attempt of
+  partition 0 of its write job holding right after it committed its staged rows
+  (:data:`projections.attempts.FAULT_PROPERTY` ``hold``) until the test removes
+  ``token-N.held``: the window in which the test kills the executor. One JSON line per
+  view: events, rows, staged rows discarded (written by attempts Spark did not keep), tasks
+  and failed task attempts of the view's jobs.
 - ``python executor_kill_driver.py MASTER LOG_DIR DSN follow FLAG_DIR CHECKPOINT_DIR
   MAX_RECORDS KILLS VIEW…`` — follows each view until caught up (``once``), at most
   MAX_RECORDS records per micro-batch, the batches' read tasks passing through
@@ -89,10 +90,12 @@ def group_figures(spark: SparkSession, group: str) -> dict[str, int]:
     return {"tasks": sum(int(s["numTasks"]) for s in stages), "failed": sum(int(s["numFailedTasks"]) for s in stages)}
 
 
-def run_rebuilds(spark: SparkSession, log_dir: Path, dsn: str, stall_s: str, views: Iterable[str]) -> None:
+def run_rebuilds(spark: SparkSession, log_dir: Path, dsn: str, flag_dir: str, views: Iterable[str]) -> None:
     context = spark.sparkContext
-    context.setLocalProperty(FAULT_PROPERTY, f"straggle:{stall_s}:0")
-    for name in views:
+    for n, name in enumerate(views):
+        token = Path(flag_dir) / f"token-{n}"
+        token.touch()
+        context.setLocalProperty(FAULT_PROPERTY, f"hold:{token}:0")
         context.setJobGroup(name, f"rebuild {name}")
         result = rebuild(spark, VIEWS, name, log_dir=log_dir, dsn=dsn)
         out = {"view": name, "events": result.events, "rows": result.rows, "discarded": result.discarded}

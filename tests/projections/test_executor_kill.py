@@ -9,7 +9,7 @@ driver's application, found below the worker's PID (:mod:`spark_cluster`), never
 The drivers run in their own processes (executor_kill_driver.py).
 
 - Rebuild: the kill lands while the first attempt of a write task has *committed* its
-  staged rows and is still running (it stalls there: ``straggle`` of
+  staged rows and is still running (it holds there: ``hold`` of
   :data:`projections.attempts.FAULT_PROPERTY`): the lost attempt's rows stay in the
   staging table, the re-run attempt writes them again, and only one of the two may reach
   the view.
@@ -54,7 +54,6 @@ FOLLOWED = ["show_occupancy", "users", f"mirror:{ACCOUNTS_TOPIC}"] if soak() els
 FOLLOW_KILLS = 3 if soak() else 1  # per followed view
 COMMANDS = 500 if soak() else 150
 CHANGES = 300 if soak() else 120
-STALL_S = 60  # a rebuild's stalled first attempt: far longer than the test needs to see its rows and kill
 WAIT_S = 300  # safety nets only: every wait ends on the event it waits for
 
 
@@ -145,16 +144,21 @@ def lost_and_doubled(dsn: str, name: str, log_dir: Path) -> tuple[int, int]:
 
 
 def test_rebuild_survives_its_executor_killed(cluster: Cluster, workload: tuple[str, Path], tmp_path: Path) -> None:
-    """Each view's rebuild: once the stalled first attempt of its write job committed staged
+    """Each view's rebuild: once the holding first attempt of its write job committed staged
     rows, the executor is SIGKILLed; Spark relaunches one and re-runs the task, and the view
     equals the reference with the killed attempt's rows discarded."""
     dsn, log_dir = workload
-    driver = start_driver(cluster, log_dir, dsn, tmp_path, "rebuild", str(STALL_S), *REBUILT)
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    driver = start_driver(cluster, log_dir, dsn, tmp_path, "rebuild", str(flags), *REBUILT)
     killed: list[int] = []
     try:
-        for name in REBUILT:
-            wait_for(f"{name}'s staged rows", lambda name=name: staged_rows(dsn, name) > 0, driver, tmp_path)
+        for n, name in enumerate(REBUILT):
+            held = flags / f"token-{n}.held"
+            wait_for(f"{name}'s write task holding", held.exists, driver, tmp_path)
+            assert staged_rows(dsn, name) > 0, f"{name}: the holding attempt committed no staged rows"
             killed.append(kill_executor(cluster))
+            held.unlink()  # the killed attempt's Python worker, if still alive, goes on
     finally:
         results = finish(driver, tmp_path)
     assert len(set(killed)) == len(REBUILT), f"one executor per rebuild killed: {killed}"
