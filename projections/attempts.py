@@ -49,7 +49,11 @@ Fault injection (tests): the local property :data:`FAULT_PROPERTY`, set on the d
 ``sparkContext.setLocalProperty``, makes the *first* attempt of chosen partitions misbehave
 right after it committed its output — the window in which a retry or a speculative copy
 duplicates output: ``fail:0,2`` raises, ``straggle:30:1`` sleeps 30 s (speculation then
-launches a copy elsewhere). Unset, it costs one property lookup per task.
+launches a copy elsewhere), ``hold:/tmp/x/token:0`` takes the file ``/tmp/x/token`` if it is
+still there (renames it to ``token.held``: one attempt ever gets it, also across re-runs of
+the stage, whose attempts start again at attempt number 0) and waits until ``token.held``
+is removed — the test, on the same machine, kills the executor under it meanwhile. Unset,
+it costs one property lookup per task.
 
 Thread-safety: functions are; a :class:`StagingRun` belongs to one thread (the driver's).
 """
@@ -63,6 +67,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -233,8 +238,26 @@ def inject_fault() -> None:
         seconds, _, partitions = rest.partition(":")
         if context.partitionId() in _partitions(partitions):
             time.sleep(float(seconds))
+    elif kind == "hold":
+        token, _, partitions = rest.rpartition(":")
+        if context.partitionId() in _partitions(partitions):
+            _hold(Path(token))
     else:
-        raise ValueError(f"{FAULT_PROPERTY} must be fail:PARTITIONS or straggle:SECONDS:PARTITIONS, not {spec!r}")
+        raise ValueError(
+            f"{FAULT_PROPERTY} must be fail:PARTITIONS, straggle:SECONDS:PARTITIONS or hold:PATH:PARTITIONS, "
+            f"not {spec!r}"
+        )
+
+
+def _hold(token: Path) -> None:
+    held = token.with_name(token.name + ".held")
+    try:
+        token.rename(held)
+    except FileNotFoundError:  # taken by an earlier attempt
+        return
+    deadline = time.monotonic() + 600  # a safety net only: the test removes the file
+    while held.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _partitions(text: str) -> set[int]:

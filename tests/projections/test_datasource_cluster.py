@@ -7,18 +7,14 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyspark
 import pytest
 from projections_util import consumer_rows
+from spark_cluster import standalone_cluster
 from views_util import capture, drop_slots, issue_commands, migrated_database
 
 from eventstore.log import Log
@@ -29,88 +25,15 @@ from projections.reference import expected_rows, view_rows
 from tideline.pgharness import LocalPostgres
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SPARK_HOME = Path(pyspark.__file__).parent
 DRIVER = Path(__file__).with_name("cluster_driver.py")
 TIDELINE = str(Path(sys.executable).with_name("tideline"))
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports (all bound at once while choosing, so none is handed out twice)."""
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group this test started (the daemon and its executors), SIGKILL if it lingers."""
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-
-def _alive_workers(ui_port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as response:
-            state = json.load(response)
-    except (OSError, ValueError):  # not listening yet, or still starting (its /json/ answered with HTML)
-        return 0
-    return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
 
 
 @pytest.fixture(scope="module")
 def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``spark://127.0.0.1:P`` with one registered worker (1 core, 1 GiB); both stopped by PID afterwards."""
-    work = tmp_path_factory.mktemp("spark-standalone")
-    port, ui_port, worker_ui = _free_ports(3)
-    env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(work)}
-    spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    url = f"spark://127.0.0.1:{port}"
-    started: list[subprocess.Popen[bytes]] = []
-    try:
-        with open(work / "master.log", "wb") as master_log, open(work / "worker.log", "wb") as worker_log:
-            master_cmd = [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"]
-            master_cmd += ["--port", str(port), "--webui-port", str(ui_port)]
-            started.append(
-                subprocess.Popen(
-                    master_cmd, env=env, stdout=master_log, stderr=subprocess.STDOUT, start_new_session=True
-                )
-            )
-            worker_cmd = [spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1"]
-            worker_cmd += [
-                "--cores",
-                "1",
-                "--memory",
-                "1g",
-                "--webui-port",
-                str(worker_ui),
-                "--work-dir",
-                str(work / "work"),
-            ]
-            started.append(
-                subprocess.Popen(
-                    worker_cmd, env=env, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True
-                )
-            )
-        deadline = time.monotonic() + 90
-        while _alive_workers(ui_port) < 1:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in started):
-                logs = (work / "master.log").read_text()[-2000:] + (work / "worker.log").read_text()[-2000:]
-                pytest.fail(f"the standalone master and worker did not come up:\n{logs}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        for proc in reversed(started):
-            _stop(proc)
+    with standalone_cluster(tmp_path_factory.mktemp("spark-standalone"), ["127.0.0.1"]) as cluster:
+        yield cluster.url
 
 
 def test_read_on_a_standalone_cluster(standalone_master: str, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from pyspark.sql import SparkSession
-from test_datasource_cluster import SPARK_HOME, _alive_workers, _free_ports, _stop
+from spark_cluster import standalone_cluster
 from views_util import ACCOUNTS_TOPIC, capture, change_accounts, drop_slots, issue_commands, migrated_database
 
 from examples.reservations.views import VIEWS
@@ -118,41 +118,8 @@ def two_host_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A standalone master with two workers on two loopback addresses (127.0.0.1, 127.0.0.2),
     1 core and 1 GiB each: Spark never runs a speculative copy on the host of the original
     attempt, so speculation needs two hosts. All three stopped by PID afterwards."""
-    work = tmp_path_factory.mktemp("spark-two-hosts")
-    port, ui_port, worker_ui_a, worker_ui_b = _free_ports(4)
-    spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    url = f"spark://127.0.0.1:{port}"
-    base = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOG_DIR": str(work)}
-    started: list[subprocess.Popen[bytes]] = []
-
-    def launch(name: str, host: str, argv: list[str]) -> None:
-        with open(work / f"{name}.log", "wb") as log:
-            started.append(
-                subprocess.Popen(
-                    [spark_class, *argv, "--host", host],
-                    env={**base, "SPARK_LOCAL_IP": host},
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
-
-    try:
-        master = ["org.apache.spark.deploy.master.Master", "--port", str(port), "--webui-port", str(ui_port)]
-        launch("master", "127.0.0.1", master)
-        for name, host, ui in (("worker-a", "127.0.0.1", worker_ui_a), ("worker-b", "127.0.0.2", worker_ui_b)):
-            argv = ["org.apache.spark.deploy.worker.Worker", url, "--cores", "1", "--memory", "1g"]
-            launch(name, host, [*argv, "--webui-port", str(ui), "--work-dir", str(work / name)])
-        deadline = time.monotonic() + 120
-        while _alive_workers(ui_port) < 2:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in started):
-                logs = "".join(p.read_text()[-1500:] for p in sorted(work.glob("*.log")))
-                pytest.fail(f"the standalone master and two workers did not come up:\n{logs}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        for proc in reversed(started):
-            _stop(proc)
+    with standalone_cluster(tmp_path_factory.mktemp("spark-two-hosts"), ["127.0.0.1", "127.0.0.2"]) as cluster:
+        yield cluster.url
 
 
 def test_rebuild_survives_speculative_copies(two_host_cluster: str, workload: tuple[str, Path]) -> None:
