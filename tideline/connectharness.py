@@ -61,7 +61,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from eventstore.errors import TidelineError
-from tideline.kafkaharness import DEFAULT_JAR_CACHE, JAR_CACHE_ENV, _free_ports, _java, _pid_alive, _reap
+from tideline.kafkaharness import _free_ports, _java, _pid_alive, _reap, cached_jar_dir
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +106,8 @@ class ConnectHarnessError(TidelineError):
 
 def debezium_jar_dir(jar_dir: Path | None = None) -> Path:
     """The Connect + Debezium jars: ``jar_dir``, else ``$TIDELINE_JAR_CACHE/debezium``, else the repo's cache."""
-    if jar_dir is None:
-        env = os.environ.get(JAR_CACHE_ENV)
-        jar_dir = (Path(env) if env else DEFAULT_JAR_CACHE) / DEBEZIUM_JARS_SUBDIR
-    if not (jar_dir / COMPLETE_MARKER).is_file():
+    jar_dir, complete = cached_jar_dir(DEBEZIUM_JARS_SUBDIR, jar_dir)
+    if not complete:
         raise ConnectHarnessError(f"Debezium's jars not found in {jar_dir}: {JARS_HINT}")
     return jar_dir
 

@@ -561,12 +561,19 @@ logger.state.level = WARN
 """
 
 
-def kafka_jar_dir(jar_dir: Path | None = None) -> Path:
-    """The directory of Kafka's jars: ``jar_dir``, else ``$TIDELINE_JAR_CACHE/kafka``, else the repo's cache."""
+def cached_jar_dir(subdir: str, jar_dir: Path | None = None) -> tuple[Path, bool]:
+    """``jar_dir``, else ``$TIDELINE_JAR_CACHE/<subdir>``, else the repo's cache; and whether it is
+    complete (``jvm/fetch-jars.sh`` writes its COMPLETE marker last)."""
     if jar_dir is None:
         env = os.environ.get(JAR_CACHE_ENV)
-        jar_dir = (Path(env) if env else DEFAULT_JAR_CACHE) / KAFKA_JARS_SUBDIR
-    if not (jar_dir / COMPLETE_MARKER).is_file():
+        jar_dir = (Path(env) if env else DEFAULT_JAR_CACHE) / subdir
+    return jar_dir, (jar_dir / COMPLETE_MARKER).is_file()
+
+
+def kafka_jar_dir(jar_dir: Path | None = None) -> Path:
+    """The directory of Kafka's jars: ``jar_dir``, else ``$TIDELINE_JAR_CACHE/kafka``, else the repo's cache."""
+    jar_dir, complete = cached_jar_dir(KAFKA_JARS_SUBDIR, jar_dir)
+    if not complete:
         raise KafkaHarnessError(f"Apache Kafka's jars not found in {jar_dir}: {JARS_HINT}")
     return jar_dir
 

@@ -39,7 +39,16 @@ import psycopg
 import pytest
 from crash_util import checkpoints, log_end_offsets
 from spark_cluster import Cluster, kill_executor, standalone_cluster
-from views_util import ACCOUNTS_TOPIC, capture, change_accounts, drop_slots, issue_commands, migrated_database, soak
+from views_util import (
+    ACCOUNTS_TOPIC,
+    capture,
+    change_accounts,
+    drop_slots,
+    issue_commands,
+    leftovers,
+    migrated_database,
+    soak,
+)
 
 from examples.reservations.views import VIEWS
 from projections.reference import expected_rows, view_rows
@@ -126,16 +135,6 @@ def staged_rows(dsn: str, view: str) -> int:
                 continue
             total += int(row[0]) if row else 0
     return total
-
-
-def leftovers(dsn: str) -> list[str]:
-    """Staging and shadow tables still in the database."""
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            r"SELECT relname FROM pg_class WHERE relkind = 'r' AND (relname LIKE '%\_\_staging' "
-            r"OR relname LIKE '%\_\_shadow')"
-        ).fetchall()
-    return sorted(r[0] for r in rows)
 
 
 def lost_and_doubled(dsn: str, name: str, log_dir: Path) -> tuple[int, int]:

@@ -26,7 +26,16 @@ import pytest
 from psycopg import sql
 from pyspark.sql import SparkSession
 from spark_cluster import standalone_cluster
-from views_util import ACCOUNTS_TOPIC, capture, change_accounts, drop_slots, issue_commands, migrated_database, soak
+from views_util import (
+    ACCOUNTS_TOPIC,
+    capture,
+    change_accounts,
+    drop_slots,
+    issue_commands,
+    leftovers,
+    migrated_database,
+    soak,
+)
 
 from examples.reservations.views import VIEWS
 from projections import attempts
@@ -76,16 +85,6 @@ def run_driver(
     assert done.returncode == 0, done.stderr.decode()[-4000:]
     lines = [json.loads(line) for line in done.stdout.decode().splitlines() if line.startswith("{")]
     return {r["view"]: r for r in lines}
-
-
-def leftovers(dsn: str) -> list[str]:
-    """Staging and shadow tables still in the database."""
-    with psycopg.connect(dsn) as conn:
-        rows = conn.execute(
-            r"SELECT relname FROM pg_class WHERE relkind = 'r' AND (relname LIKE '%\_\_staging' "
-            r"OR relname LIKE '%\_\_shadow')"
-        ).fetchall()
-    return sorted(r[0] for r in rows)
 
 
 def assert_views_equal_reference(dsn: str, log_dir: Path, views: list[str] = SHIPPED) -> None:

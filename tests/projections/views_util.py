@@ -39,6 +39,16 @@ def migrated_database(postgres: LocalPostgres, tag: str) -> str:
     return dsn
 
 
+def leftovers(dsn: str) -> list[str]:
+    """Staging and shadow tables still in the database."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            r"SELECT relname FROM pg_class WHERE relkind = 'r' AND (relname LIKE '%\_\_staging' "
+            r"OR relname LIKE '%\_\_shadow')"
+        ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
 def drop_slots(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute(
