@@ -11,7 +11,7 @@ WAL2JSON := /usr/lib/postgresql/15/lib/wal2json.so
 APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jdk-headless maven kcat
 JAR_CACHE := .cache/jars
 
-.PHONY: demo test bench soak lint typecheck system venv jars clean
+.PHONY: demo test bench soak reliability lint typecheck system venv jars clean
 
 ## system: Debian packages (Postgres 15 + wal2json, a JDK, Maven, kcat) -- only installed when missing.
 system:
@@ -57,6 +57,16 @@ RELIABILITY_DIR := $(CURDIR)/.reliability-results
 soak: system venv jars
 	rm -rf $(RELIABILITY_DIR)
 	TIDELINE_SOAK=1 TIDELINE_RELIABILITY_DIR=$(RELIABILITY_DIR) $(VENV)/bin/pytest -q tests; status=$$?; \
+		$(PY) -m tideline.reliability --dir $(RELIABILITY_DIR) || status=1; exit $$status
+
+## reliability: only the fault tests (the files that record results), at soak size; rewrites RELIABILITY.md.
+## The part of `make soak` that the report is made of (about an hour here; the log cleaner soak alone is 30 min).
+FAULT_TESTS := tests/eventstore/test_log_cleaner.py tests/eventstore/test_storage_faults.py \
+	tests/eventstore/test_disk_full.py tests/commands/test_pg_restart.py tests/capture/test_decoder_fuzz.py \
+	tests/capture/test_faults.py tests/projections/test_executor_kill.py tests/projections/test_rebuild_attempts.py
+reliability: system venv jars
+	rm -rf $(RELIABILITY_DIR)
+	TIDELINE_SOAK=1 TIDELINE_RELIABILITY_DIR=$(RELIABILITY_DIR) $(VENV)/bin/pytest -q $(FAULT_TESTS); status=$$?; \
 		$(PY) -m tideline.reliability --dir $(RELIABILITY_DIR) || status=1; exit $$status
 
 bench: system venv jars

@@ -54,3 +54,21 @@ def test_main_writes_the_report_and_fails_on_a_failed_class(tmp_path: Path, monk
     record_fault_result("commands", "restart", injected=1, survived=1, records_lost=0, duplicates=1)
     assert main(["--dir", str(results), "--out", str(out)]) == 1
     assert "| commands | 3 | 3 | 0 | 1 | — | FAIL |" in out.read_text()
+
+
+def test_every_fault_test_file_is_in_the_reliability_target() -> None:
+    """`make reliability` runs the files whose tests record results: a new fault class's file
+    must be listed there (FAULT_TESTS), or RELIABILITY.md silently lacks its row."""
+    repo = Path(__file__).resolve().parents[2]
+    makefile = (repo / "Makefile").read_text()
+    block = makefile.split("FAULT_TESTS :=", 1)[1].split("\nreliability:", 1)[0]
+    listed = set(block.replace("\\", " ").split())
+    recording = {
+        str(path.relative_to(repo))
+        for path in (repo / "tests").rglob("test_*.py")
+        if "record_fault_result(" in path.read_text() and path.name != "test_reliability.py"
+    }
+    assert recording, "no fault test records results"
+    assert recording <= listed, f"fault tests missing from the Makefile's FAULT_TESTS: {sorted(recording - listed)}"
+    missing = [name for name in listed if not (repo / name).is_file()]
+    assert not missing, f"FAULT_TESTS names files that do not exist: {missing}"
