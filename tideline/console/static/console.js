@@ -34,8 +34,10 @@ function setValue(id, raw, text) {
   node.textContent = text;
 }
 
-function setRows(tableId, rows) {
-  document.querySelector(`#${tableId} tbody`).replaceChildren(...rows);
+function setRows(tableId, rows, emptyText) {
+  const columns = document.querySelectorAll(`#${tableId} thead th`).length;
+  const none = el("tr", { class: "none" }, el("td", { colspan: columns, class: "muted" }, emptyText || "none"));
+  document.querySelector(`#${tableId} tbody`).replaceChildren(...(rows.length ? rows : [none]));
 }
 
 function showError(panel, data) {
@@ -63,7 +65,7 @@ function renderTopics(data) {
         td(p.segments ?? "–", "num"), td(p.partition === 0 ? policy : "")));
     }
   }
-  setRows("topics-table", rows);
+  setRows("topics-table", rows, "no topics yet");
 }
 
 function renderCapture(data) {
@@ -106,7 +108,7 @@ function renderGroups(data) {
       el("td", { class: "num lag", "data-value": p.lag ?? "" }, fmtInt(p.lag)))));
     if (group.partitions.length === 0) rows.push(el("tr", {}, td(group.group), td(group.members.length, "num"), td("–"), td(""), td(""), td("")));
   }
-  setRows("groups-table", rows);
+  setRows("groups-table", rows, "no consumer groups");
 }
 
 function renderProjections(data) {
@@ -118,14 +120,15 @@ function renderProjections(data) {
     return el("tr", { "data-projection": r.projection },
       td(r.projection), td(r.mode || "–"), td(health, `health-${health}`), td(fmtInt(r.events), "num"),
       el("td", { class: "num lag", "data-value": r.lag ?? "" }, fmtInt(r.lag)), td(r.reached_lsn, "mono"), td(parts));
-  }));
+  }), "no projections have run");
 }
 
 function renderSchemas(data) {
   showError("schemas", data);
   if (data.error) return;
   setRows("schemas-table", data.subjects.map((s) => el("tr", { "data-subject": s.subject },
-    td(s.subject), td(s.versions.join(", ")), td(s.latest_version, "num"), td(s.id, "num"), td(s.compatibility))));
+    td(s.subject), td(s.versions.join(", ")), td(s.latest_version, "num"), td(s.id, "num"), td(s.compatibility))),
+    "no subjects in the registry");
 }
 
 function renderWarnings(data) {
