@@ -61,10 +61,14 @@ function renderTopics(data) {
                           class: topic.topic.startsWith("_") ? "internal" : null },
         td(p.partition === 0 ? topic.topic : ""), td(p.partition, "num"), td(fmtInt(p.log_start_offset), "num"),
         el("td", { class: "num end", "data-value": p.log_end_offset }, fmtInt(p.log_end_offset)),
-        td(fmtInt(p.last_stable_offset), "num"), td(p.size_bytes === undefined ? "–" : fmtBytes(p.size_bytes), "num"),
-        td(p.segments ?? "–", "num"), td(p.partition === 0 ? policy : "")));
+        td(fmtInt(p.last_stable_offset), "num stable"), td(p.size_bytes === undefined ? "–" : fmtBytes(p.size_bytes), "num size"),
+        td(p.segments ?? "–", "num size"), td(p.partition === 0 ? policy : "")));
     }
   }
+  const all = data.topics.flatMap((t) => t.partition_info);
+  const table = document.getElementById("topics-table");
+  table.classList.toggle("no-stable", !all.some((p) => p.last_stable_offset !== undefined));
+  table.classList.toggle("no-size", !all.some((p) => p.size_bytes !== undefined));
   setRows("topics-table", rows, "no topics yet");
 }
 
@@ -119,7 +123,7 @@ function renderProjections(data) {
     const parts = r.partitions.map((p) => `${p.topic}[${p.partition}] @${p.next_offset}`).join(", ");
     return el("tr", { "data-projection": r.projection },
       td(r.projection), td(r.mode || "–"), td(health, `health-${health}`), td(fmtInt(r.events), "num"),
-      el("td", { class: "num lag", "data-value": r.lag ?? "" }, fmtInt(r.lag)), td(r.reached_lsn, "mono"), td(parts));
+      el("td", { class: "num lag", "data-value": r.lag ?? "" }, fmtInt(r.lag)), td(r.reached_lsn, "mono"), td(parts, "wrap"));
   }), "no projections have run");
 }
 
