@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -189,18 +190,28 @@ def test_series_are_rates_of_what_was_appended_and_missing_parts_are_said(setup:
     assert capture == {"error": "no database: give --dsn or set TIDELINE_DSN", "unavailable": True}
     assert _api(state, "/api/warnings")["warnings"] == []  # a panel with nothing to watch is not a warning
 
-    broken = ConsoleState(ConsoleSettings(data_dir=setup.log_dir / "nowhere", topic_prefix=PREFIX))
+    broken = ConsoleState(ConsoleSettings(data_dir=setup.log_dir / "nowhere", topic_prefix=PREFIX,
+                                          capture_metrics="http://127.0.0.1:1/metrics"))  # fmt: skip
     broken.refresh()
     assert "nowhere" in _api(broken, "/api/topics")["error"]
-    assert any(w["panel"] == "topics" for w in _api(broken, "/api/warnings")["warnings"])
+    panels = {w["panel"]: w["message"] for w in _api(broken, "/api/warnings")["warnings"]}
+    assert "nowhere" in panels["topics"] and panels["series"].startswith("capture metrics: ")
+    assert _api(broken, "/api/series")["points"][0]["events_per_s"] is None
 
 
-def test_console_command_refuses_what_it_cannot_watch(tmp_path: Path) -> None:
+def test_console_command_refuses_what_it_cannot_watch(setup: Setup, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli_app, ["--data-dir", str(tmp_path / "none"), "console", "--port", "0"])
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [
         f"error: no log at {tmp_path / 'none'}: give --data-dir (or TIDELINE_DATA_DIR) of an existing log, or --kafka"
     ]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        busy = CliRunner().invoke(cli_app, ["--data-dir", str(setup.log_dir), "console", "--port", str(port)])
+    assert busy.exit_code == 1
+    assert busy.stderr.strip().splitlines() == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use"]
 
 
 def test_panels_on_kafka_are_what_the_commands_print(postgres: LocalPostgres, kafka: LocalKafka,

@@ -73,6 +73,8 @@ class ConsoleState:
         panels = {name: self._compute(name) for name in PANELS}
         point = self._point(panels)
         warnings = gathered_warnings(self.settings, panels)
+        if "error" in point:
+            warnings.append({"panel": "series", "message": point["error"]})
         with self._lock:
             self._panels = panels
             self._warnings = warnings
@@ -151,5 +153,8 @@ class Sampler:
         interval = self.state.settings.interval_s
         while not self._stop.is_set():
             began = time.monotonic()
-            self.state.refresh()
+            try:
+                self.state.refresh()
+            except Exception:  # a bug must not freeze the page on old figures unnoticed: log it, try again
+                log.exception("console: refresh failed")
             self._stop.wait(max(0.0, interval - (time.monotonic() - began)))
