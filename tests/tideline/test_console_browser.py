@@ -84,6 +84,13 @@ def end_offset(log_dir: Path, topic: str) -> int:
     return int(partition["log_end_offset"])
 
 
+def applied(log_dir: Path, dsn: str, offset: int) -> bool:
+    """The mirror view's checkpoint has passed ``offset`` and nothing readable waits (``project status``):
+    the log's end offset of the orders topic holds still until the next change."""
+    rows = cli_json(log_dir, "project", "status", "--dsn", dsn)
+    return any(p["next_offset"] >= offset and p["lag"] == 0 for r in rows for p in r["partitions"])
+
+
 def expect_value(page: Page, selector: str, value: object) -> None:
     expect(page.locator(selector)).to_have_attribute("data-value", str(value), timeout=PAGE_TIMEOUT_MS)
 
@@ -136,9 +143,11 @@ def test_the_page_shows_the_commands_figures_live(watched: Watched, tmp_path: Pa
                 before = end_offset(log_dir, ORDERS_TOPIC)
                 watched.insert_orders(1000, 25)
                 deadline = time.monotonic() + START_TIMEOUT_S
-                while (after := end_offset(log_dir, ORDERS_TOPIC)) < before + 25:
+                while not applied(log_dir, watched.dsn, before + 25):  # stored, committed and followed
                     assert time.monotonic() < deadline, capture.stderr_text()
                     time.sleep(0.1)
+                after = end_offset(log_dir, ORDERS_TOPIC)
+                assert after >= before + 25
                 expect_value(page, f'tr[data-topic="{ORDERS_TOPIC}"] td.end', after)
                 expect_value(page, f'tr[data-projection="{MIRROR}"] td.lag', 0)
                 expect(page.locator(f'tr[data-projection="{MIRROR}"] td.health-ok')).to_have_text("ok")
