@@ -8,15 +8,16 @@ PYPROJECT_HASH := $(shell sha256sum pyproject.toml | cut -c1-16)
 STAMP := $(VENV)/.tideline-installed-$(PYPROJECT_HASH)
 PG_BIN := /usr/lib/postgresql/15/bin
 WAL2JSON := /usr/lib/postgresql/15/lib/wal2json.so
-APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jdk-headless maven kcat
+APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jdk-headless maven kcat chromium
 JAR_CACHE := .cache/jars
 
 .PHONY: demo test bench soak reliability lint typecheck system venv jars clean
 
-## system: Debian packages (Postgres 15 + wal2json, a JDK, Maven, kcat) -- only installed when missing.
+## system: Debian packages (Postgres 15 + wal2json, a JDK, Maven, kcat, chromium for the console's browser test)
+## -- only installed when missing.
 system:
 	@if [ ! -x $(PG_BIN)/postgres ] || [ ! -f $(WAL2JSON) ] || ! command -v java >/dev/null || ! command -v mvn >/dev/null \
-		|| ! command -v kcat >/dev/null; then \
+		|| ! command -v kcat >/dev/null || ! command -v chromium >/dev/null; then \
 		echo "installing system packages: $(APT_PACKAGES)"; \
 		export DEBIAN_FRONTEND=noninteractive; \
 		apt-get update -qq && apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \

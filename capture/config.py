@@ -47,6 +47,10 @@ class ValueFormat(enum.Enum):
             raise ConfigError(f"--value-format must be json or avro, not {text!r}") from None
 
 
+# A slot holding back more WAL than this is warned about (connector log, capture status, console).
+RETAINED_WAL_WARN_BYTES = 1 << 30
+
+
 @dataclass(slots=True)
 class CaptureConfig:
     dsn: str
@@ -68,7 +72,7 @@ class CaptureConfig:
     status_interval_s: float = 1.0
     heartbeat_query: str | None = None
     heartbeat_interval_s: float = 10.0
-    retained_wal_warn_bytes: int = 1 << 30
+    retained_wal_warn_bytes: int = RETAINED_WAL_WARN_BYTES
     toast_cache_bytes: int = 64 << 20
     # The key state (capture.keystate): its directory (None: the sink's default, next to
     # the log) and the bound of its page cache in memory.

@@ -112,11 +112,17 @@ class StatusReporter:
             return  # no slot yet (a snapshot is starting): look again at the next status line
         self._wal_checked = now
         self.stats.retained_wal_bytes = int(info["retained_wal_bytes"] or 0)
-        if info["retained_wal_bytes"] > self.retained_warn_bytes:
-            log.warning(
-                "capture: slot %s retains %d bytes of WAL (threshold %d): is the connector keeping up, "
-                "or are captured tables idle while others are busy (use --heartbeat-query)?",
-                self.slot,
-                info["retained_wal_bytes"],
-                self.retained_warn_bytes,
-            )
+        warning = retained_wal_warning(self.slot, self.stats.retained_wal_bytes, self.retained_warn_bytes)
+        if warning is not None:
+            log.warning("capture: %s", warning)
+
+
+def retained_wal_warning(slot: str, retained_bytes: int, threshold_bytes: int) -> str | None:
+    """The warning for a slot holding back more WAL than ``threshold_bytes`` (None: within it); the
+    running connector logs it, ``capture status`` and the console list it."""
+    if retained_bytes <= threshold_bytes:
+        return None
+    return (
+        f"slot {slot} retains {retained_bytes} bytes of WAL (threshold {threshold_bytes}): is the connector "
+        "keeping up, or are captured tables idle while others are busy (use --heartbeat-query)?"
+    )

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -64,6 +64,17 @@ KeylessOption = Annotated[
     ),
 ]
 
+RetainedWalWarnOption = Annotated[
+    int | None,
+    typer.Option(
+        "--retained-wal-warn",
+        min=0,
+        metavar="BYTES",
+        help="Warn when the slot retains more WAL than this (default: the connector's threshold, 1 GiB).",
+        show_default=False,
+    ),
+]
+
 
 def _key_columns(values: list[str] | None) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
@@ -83,21 +94,39 @@ def _log_and_sink(
     replication_factor: int | None = None,
     min_insync_replicas: int | None = None,
 ) -> Iterator[tuple[Log | None, Sink | None]]:
-    """The embedded log under ``--data-dir`` (sink: None, the connector's default), or with
-    ``--kafka`` no embedded log and the Kafka sink."""
+    """:func:`open_log_and_sink` of ``--data-dir`` / ``--kafka``."""
+    from tideline.cli import State
+
+    with open_log_and_sink(State.data_dir, State.kafka, state_dir, create=create, replication_factor=replication_factor,
+                           min_insync_replicas=min_insync_replicas) as opened:  # fmt: skip
+        yield opened
+
+
+@contextmanager
+def open_log_and_sink(
+    data_dir: Path,
+    kafka: str | None,
+    state_dir: Path | None = None,
+    *,
+    create: bool = True,
+    replication_factor: int | None = None,
+    min_insync_replicas: int | None = None,
+) -> Iterator[tuple[Log | None, Sink | None]]:
+    """The embedded log at ``data_dir`` (sink: None, the connector's default), or with ``kafka``
+    bootstrap servers no embedded log and the Kafka sink (key state under ``state_dir``, default
+    ``<data_dir>/_capture``). The console reads capture's position through it too."""
     from capture.sinks.kafka import KafkaLogSink
     from eventstore.kafka import probe_bootstrap
     from eventstore.log import Log
-    from tideline.cli import State
 
-    if State.kafka is None:
-        with Log(State.data_dir, create=create) as log:
+    if kafka is None:
+        with Log(data_dir, create=create) as log:
             yield log, None
         return
-    probe_bootstrap(State.kafka)
+    probe_bootstrap(kafka)
     sink = KafkaLogSink(
-        State.kafka,
-        state_dir=state_dir or State.data_dir / "_capture",
+        kafka,
+        state_dir=state_dir or data_dir / "_capture",
         replication_factor=replication_factor,
         min_insync_replicas=min_insync_replicas,
     )
@@ -334,39 +363,24 @@ def status(
     exclude_tables: Annotated[list[str] | None, typer.Option("--exclude-tables", help="Patterns skipped.")] = None,
     keyless_tables: KeylessOption = "keyless",
     publication: PublicationOption = None,
+    retained_wal_warn: RetainedWalWarnOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """The slot (confirmed LSN, retained WAL), the last stored position, the lag, the publications (pgoutput),
-    and tables needing attention."""
-    from capture.connector import CaptureConfig, Connector, KeylessPolicy, slot_status
-    from capture.publications import PublicationMode, Publications
-    from capture.tables import KEYLESS_WARNING, TableCatalog, TableFilter
-    from schemas.position import parse_lsn
+    and tables needing attention (the figures of capture.report.capture_status, as the console shows them)."""
+    from capture.connector import KeylessPolicy
+    from capture.report import capture_status
+    from capture.tables import TableFilter
 
     with one_line_errors():
-        info = slot_status(dsn, slot)
-        publications = []
-        if publication is not None or (info is not None and info["plugin"] == "pgoutput"):
-            publications = Publications(dsn, publication or slot, PublicationMode.FILTERED).describe()
-            publications = [p for p in publications if p["exists"] or not p["name"].endswith("_keyless")]
         policy = KeylessPolicy.parse(keyless_tables)
-        catalog = TableCatalog(dsn, TableFilter(include=_split(tables), exclude=_split(exclude_tables)), policy)
-        catalog.load()
+        table_filter = TableFilter(include=_split(tables), exclude=_split(exclude_tables))
         with _log_and_sink(None, create=False) as (log, sink):
-            config = CaptureConfig(dsn=dsn, slot=slot, topic_prefix=topic_prefix)
-            position = Connector(config, log, sink=sink).read_position()
-    warnings = [f"table {name} {KEYLESS_WARNING}" for name in catalog.keyless]
-    warnings += [f"table {name} has no primary key and no replica identity: not captured" for name in catalog.skipped]
-    out: dict[str, Any] = {
-        "slot": info,
-        "stored_position": None if position is None else json.loads(position.to_json()),
-        "keyless_tables": catalog.keyless,
-        "skipped_tables": catalog.skipped,
-        "publications": publications,
-        "warnings": warnings,
-    }
-    if info is not None and position is not None:
-        out["lag_bytes"] = max(0, parse_lsn(info["current_wal_lsn"]) - position.confirm_lsn)
+            out = capture_status(dsn, slot=slot, topic_prefix=topic_prefix, log=log, sink=sink,
+                                 table_filter=table_filter, keyless=policy, publication=publication,
+                                 retained_wal_warn_bytes=retained_wal_warn)  # fmt: skip
+    info, publications, warnings = out["slot"], out["publications"], out["warnings"]
+    position = out["stored_position"]
     if as_json:
         typer.echo(json.dumps(out))
         return
@@ -389,7 +403,7 @@ def status(
         typer.echo("no position stored in the log")
     else:
         typer.echo(
-            f"stored up to commit {json.loads(position.to_json())['commit_lsn_text']} event {position.event_index}"
+            f"stored up to commit {position['commit_lsn_text']} event {position['event_index']}"
             + (f"; lag {out['lag_bytes']:,} bytes" if "lag_bytes" in out else "")
         )
     for warning in warnings:

@@ -29,7 +29,7 @@ class State:
 
 # Commands that work with Kafka as the log, or do not touch the log at all. The others
 # refuse --kafka / TIDELINE_KAFKA_BOOTSTRAP rather than quietly use the embedded log.
-KAFKA_READY_COMMANDS = frozenset({"log", "capture", "project", "kafka", "pg", "db", "schemas"})
+KAFKA_READY_COMMANDS = frozenset({"log", "capture", "project", "kafka", "pg", "db", "schemas", "console"})
 
 
 @app.callback()
@@ -52,7 +52,7 @@ def _root(
             metavar="HOST:PORT[,…]",
             help="Use the Apache Kafka cluster at these bootstrap servers as the log "
             "(so far: `tideline log create|topics|describe|produce|tail|groups|mirror`, `tideline capture run|status`, "
-            "`tideline schemas …`, `tideline project rebuild|follow|status`).",
+            "`tideline schemas …`, `tideline project rebuild|follow|status`, `tideline console`).",
             show_default=False,
         ),
     ] = None,
@@ -62,13 +62,14 @@ def _root(
     if State.kafka is not None and ctx.invoked_subcommand not in KAFKA_READY_COMMANDS:
         raise fail(
             f"`tideline {ctx.invoked_subcommand}` does not support Kafka yet (`tideline log`, `capture`, "
-            "`schemas` and `project` do): "
+            "`schemas`, `project` and `console` do): "
             f"drop --kafka / unset {KAFKA_BOOTSTRAP_ENV} to use the embedded log"
         )
 
 
 def _register() -> None:
     from tideline.capture_cli import app as capture_app
+    from tideline.console_cli import console_command
     from tideline.db_cli import app as db_app
     from tideline.demo import demo_command
     from tideline.kafka_cli import app as kafka_app
@@ -85,6 +86,9 @@ def _register() -> None:
     app.add_typer(schemas_app, name="schemas")
     app.add_typer(project_app, name="project")
     app.command("demo", help="Run the main job end to end on the embedded defaults.")(demo_command)
+    app.command("console", help="Serve the operations page (topics, lag, capture, projections, schemas, warnings).")(
+        console_command
+    )
 
 
 _register()

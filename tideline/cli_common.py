@@ -1,9 +1,13 @@
-"""Shared CLI plumbing: one-line errors and the data directory option."""
+"""Shared CLI plumbing: one-line errors, and serving HTTP (``schemas serve``, ``console``) until a signal."""
 
 from __future__ import annotations
 
+import signal
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -33,3 +37,41 @@ def one_line_errors() -> Iterator[None]:
             raise
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise fail(f"database: {first}") from None
+
+
+def listen(host: str, port: int, *, error_code: int = 1) -> socket.socket:
+    """A listening socket, bound now so that a taken port is a one-line error (uvicorn would log a traceback)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}", error_code) from None
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(128)
+    except OSError as e:
+        listener.close()
+        raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}", error_code) from None
+    return listener
+
+
+def graceful_server(app: Any) -> Any:
+    """A uvicorn server (``schemas serve``, ``console``) that shuts down gracefully on SIGINT/SIGTERM and then returns.
+
+    (uvicorn's own re-raises the signal after its shutdown: SIGTERM would end the process
+    before the store is closed, and Ctrl-C would end in a KeyboardInterrupt.)
+    """
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        stopped_by: int | None = None
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C: stop without waiting for open requests
+            self.stopped_by = sig
+            self.should_exit = True
+
+    return Server(uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="off"))

@@ -3,9 +3,10 @@
 With ``--kafka`` / ``TIDELINE_KAFKA_BOOTSTRAP`` the commands work on an Apache Kafka
 cluster instead (:mod:`tideline.log_kafka`), with the same output.
 
-The functions behind the commands (:func:`produce_lines`, :func:`compact_topic`,
-:func:`json_lines`, :func:`text_lines`, :func:`describe_groups`) are public so that the
-demo and tests drive the same code path as the command line, without a subprocess.
+The functions behind the commands (:func:`list_topics`, :func:`describe_topics`,
+:func:`produce_lines`, :func:`compact_topic`, :func:`json_lines`, :func:`text_lines`,
+:func:`describe_groups`) are public so that the demo, the operations console and tests
+drive the same code path as the command line, without a subprocess.
 """
 
 from __future__ import annotations
@@ -182,18 +183,26 @@ def topics(json_output: JsonOption = False) -> None:
         typer.echo(orjson.dumps(listed).decode() if json_output else "\n".join(t["topic"] for t in listed))
         return
     with one_line_errors(), _open_log() as log:
-        names = log.topics()
-        if not json_output:
-            for name in names:
-                typer.echo(name)
-            return
-        out = []
-        for name in names:
-            meta = log.topic(name)
-            out.append(
-                {"topic": name, "partitions": meta.partitions, "cleanup_policy": meta.config.cleanup_policy.value}
-            )
-    typer.echo(orjson.dumps(out).decode())
+        listed = list_topics(log)
+    if json_output:
+        typer.echo(orjson.dumps(listed).decode())
+        return
+    for row in listed:
+        typer.echo(row["topic"])
+
+
+def list_topics(log: Log) -> list[dict[str, Any]]:
+    """The log's topics (``log topics --json``): name, partitions, cleanup policy."""
+    out = []
+    for name in log.topics():
+        meta = log.topic(name)
+        out.append({"topic": name, "partitions": meta.partitions, "cleanup_policy": meta.config.cleanup_policy.value})
+    return out
+
+
+def describe_topics(log: Log) -> list[dict[str, Any]]:
+    """``log describe --json`` of every topic of the log (partitions with offsets, sizes, segments)."""
+    return [log.describe_json(name) for name in log.topics()]
 
 
 def _human_bytes(n: int) -> str:

@@ -4,7 +4,8 @@ Same output as on the embedded log (the row shapes of :mod:`tideline.log_cli`), 
 :mod:`eventstore.kafka` and Kafka's own consumer groups:
 
 - ``create`` — :meth:`KafkaAdmin.create_topic` (plus replication factor and ``min.insync.replicas``);
-- ``topics`` / ``describe`` — the cluster's topics; partitions with leader, replicas, ISR, offsets;
+- ``topics`` / ``describe`` — the cluster's topics; partitions with leader, replicas, ISR, offsets
+  (:func:`describe_topics`: all of them, for the operations console);
 - ``produce`` — stdin lines in chunks through :class:`KafkaProducer` (``acks=all``, idempotent);
 - ``tail`` — a librdkafka consumer, ``read_committed`` by default; ``--group`` joins a Kafka
   consumer group and commits what it printed;
@@ -51,6 +52,12 @@ def topics(bootstrap: str) -> list[dict[str, Any]]:
         meta = admin.topic(name)
         out.append({"topic": name, "partitions": meta.partitions, "cleanup_policy": meta.config.cleanup_policy.value})
     return out
+
+
+def describe_topics(bootstrap: str) -> list[dict[str, Any]]:
+    """``log describe --json`` of every topic of the cluster (partitions with leader, replicas, ISR, offsets)."""
+    admin = KafkaAdmin(bootstrap)
+    return [admin.describe_json(name) for name in admin.topics()]
 
 
 def produce_lines(bootstrap: str, topic: str, stream: BinaryIO, *, partition: int | None = None) -> ProduceSummary:

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
 from typing import Annotated, Any
 
 import orjson
@@ -36,7 +34,7 @@ from schemas.cli_api import check_file, list_subjects, render_show, show_subject
 from schemas.compat import CompatibilityLevel
 from schemas.errors import SchemaError, SchemaParseError
 from schemas.registry import SchemaRegistry
-from tideline.cli_common import fail
+from tideline.cli_common import fail, graceful_server, listen
 
 app = typer.Typer(
     help="The schema registry of the log (or of Kafka with --kafka): subjects, versions, compatibility checks, "
@@ -76,21 +74,28 @@ def _where() -> str:
 def _registry(*, error_code: int = 1) -> Iterator[SchemaRegistry]:
     """The registry of the log at ``--data-dir`` or of ``--kafka``; errors become one line and exit ``error_code``."""
     try:
-        kafka = _kafka()
-        if kafka is not None:
-            from eventstore.kafka import probe_bootstrap
-            from eventstore.kafka.schema_store import KafkaSchemaStore
-
-            probe_bootstrap(kafka)  # one line at once for an address nobody listens on
-            with KafkaSchemaStore(kafka) as store:
-                yield SchemaRegistry(store)
-        else:
-            with Log(_data_dir(), create=False) as log:
-                yield SchemaRegistry(LogSchemaStore(log))
+        with open_registry(_data_dir(), _kafka()) as registry:
+            yield registry
     except (TidelineError, SchemaError, ValueError) as e:
         raise fail(str(e), error_code) from None
     except OSError as e:
         raise fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e), error_code) from None
+
+
+@contextmanager
+def open_registry(data_dir: Path, kafka: str | None) -> Iterator[SchemaRegistry]:
+    """The registry of Kafka's ``_schemas`` at ``kafka`` bootstrap servers, else of the log at ``data_dir``
+    (which must exist); what every ``schemas`` command and the console read."""
+    if kafka is not None:
+        from eventstore.kafka import probe_bootstrap
+        from eventstore.kafka.schema_store import KafkaSchemaStore
+
+        probe_bootstrap(kafka)  # one line at once for an address nobody listens on
+        with KafkaSchemaStore(kafka) as store:
+            yield SchemaRegistry(store)
+    else:
+        with Log(data_dir, create=False) as log:
+            yield SchemaRegistry(LogSchemaStore(log))
 
 
 def _echo_json(value: Any) -> None:
@@ -263,11 +268,11 @@ def serve(
     if not 0 <= port <= 65535:
         raise fail(f"--port must be within 0 … 65535, got {port}", EXIT_BAD_INPUT)
     with _registry() as registry:
-        listener = _listen(host, port)
+        listener = listen(host, port, error_code=EXIT_BAD_INPUT)
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
         bound_host, bound_port = listener.getsockname()[:2]
         where = _where()
-        server = _server(create_app(registry, description=where.replace(" ", "_")))
+        server = graceful_server(create_app(registry, description=where.replace(" ", "_")))
         log.info("schemas serve listening=http://%s:%d registry=%r subjects=%d", bound_host, bound_port, where,
                  len(registry.subjects()))  # fmt: skip
         try:
@@ -276,41 +281,3 @@ def serve(
             listener.close()
         stopped_by = signal.Signals(server.stopped_by).name if server.stopped_by else "shutdown"
         log.info("schemas serve stopped by=%s", stopped_by)
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """A listening socket, bound now so that a taken port is a one-line error (uvicorn would log a traceback)."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, kind, proto, _, address = infos[0]
-        listener = socket.socket(family, kind, proto)
-    except OSError as e:
-        raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}", EXIT_BAD_INPUT) from None
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(address)
-        listener.listen(128)
-    except OSError as e:
-        listener.close()
-        raise fail(f"cannot listen on {host}:{port}: {e.strerror or e}", EXIT_BAD_INPUT) from None
-    return listener
-
-
-def _server(app: Any) -> Any:
-    """A uvicorn server that shuts down gracefully on SIGINT/SIGTERM and then returns.
-
-    (uvicorn's own re-raises the signal after its shutdown: SIGTERM would end the process
-    before the store is closed, and Ctrl-C would end in a KeyboardInterrupt.)
-    """
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        stopped_by: int | None = None
-
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True  # a second Ctrl-C: stop without waiting for open requests
-            self.stopped_by = sig
-            self.should_exit = True
-
-    return Server(uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="off"))

@@ -1,0 +1,77 @@
+"""Where a connector stands, seen from outside it: what ``tideline capture status`` and the console show.
+
+One function, :func:`capture_status`, computes every figure of that report (the slot as
+the server sees it, the connector's stored position, the lag in bytes, the publications,
+the tables needing attention, the warnings); the command line prints it and the
+operations console (:mod:`tideline.console`) serves it, so the two cannot disagree.
+
+Lag: the server's current WAL position − the stored position's ``confirm_lsn`` (the end
+of the last wholly stored source transaction), in bytes; absent when there is no slot or
+no stored position. Nothing here writes anything.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from capture.config import RETAINED_WAL_WARN_BYTES, CaptureConfig, KeylessPolicy, PublicationMode
+from capture.connector import Connector
+from capture.publications import Publications
+from capture.slots import slot_status
+from capture.status import retained_wal_warning
+from capture.tables import KEYLESS_WARNING, TableCatalog, TableFilter
+from schemas.position import parse_lsn
+
+if TYPE_CHECKING:
+    from capture.sinks import Sink
+    from eventstore.log import Log
+
+
+def capture_status(
+    dsn: str,
+    *,
+    slot: str,
+    topic_prefix: str,
+    log: Log | None,
+    sink: Sink | None,
+    table_filter: TableFilter | None = None,
+    keyless: KeylessPolicy = KeylessPolicy.KEYLESS,
+    publication: str | None = None,
+    retained_wal_warn_bytes: int | None = None,
+) -> dict[str, Any]:
+    """The connector ``(topic_prefix, slot)`` of database ``dsn``, its position read from ``log``
+    (the embedded log) or ``sink`` (Kafka): ``slot`` (None: missing), ``stored_position``
+    (None: none stored), ``keyless_tables``, ``skipped_tables``, ``publications`` (pgoutput),
+    ``warnings`` and, when both a slot and a position exist, ``lag_bytes``. The slot's retained
+    WAL is warned about above ``retained_wal_warn_bytes`` (None: the connector's threshold)."""
+    threshold = RETAINED_WAL_WARN_BYTES if retained_wal_warn_bytes is None else retained_wal_warn_bytes
+    info = slot_status(dsn, slot)
+    publications: list[dict[str, Any]] = []
+    if publication is not None or (info is not None and info["plugin"] == "pgoutput"):
+        described = Publications(dsn, publication or slot, PublicationMode.FILTERED).describe()
+        publications = [p for p in described if p["exists"] or not p["name"].endswith("_keyless")]
+    catalog = TableCatalog(dsn, table_filter or TableFilter(), keyless)
+    catalog.load()
+    config = CaptureConfig(dsn=dsn, slot=slot, topic_prefix=topic_prefix)
+    position = Connector(config, log, sink=sink).read_position()
+    warnings = [f"table {name} {KEYLESS_WARNING}" for name in catalog.keyless]
+    warnings += [f"table {name} has no primary key and no replica identity: not captured" for name in catalog.skipped]
+    if info is not None:
+        retained = retained_wal_warning(slot, int(info["retained_wal_bytes"]), threshold)
+        if retained is not None:
+            warnings.append(retained)
+        if info["wal_status"] == "lost":
+            warnings.append(f"slot {slot} lost WAL it needed: restart capture with --snapshot when_needed")
+    out: dict[str, Any] = {
+        "slot": info,
+        "stored_position": None if position is None else orjson.loads(position.to_json()),
+        "keyless_tables": catalog.keyless,
+        "skipped_tables": catalog.skipped,
+        "publications": publications,
+        "warnings": warnings,
+    }
+    if info is not None and position is not None:
+        out["lag_bytes"] = max(0, parse_lsn(info["current_wal_lsn"]) - position.confirm_lsn)
+    return out
