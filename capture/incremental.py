@@ -140,6 +140,12 @@ class IncrementalSnapshot:
         """An incremental snapshot has tables left to read (paused or not)."""
         return self.progress is not None
 
+    @property
+    def reading(self) -> bool:
+        """Chunks are being read: a chunk is open, or one is due (an active snapshot that is not paused)."""
+        p = self.progress
+        return self.chunk is not None or (p is not None and not p.paused)
+
     def wants_chunk(self) -> bool:
         """Time to read the next chunk: one is due and none is open."""
         p = self.progress

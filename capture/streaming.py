@@ -26,7 +26,7 @@ reads the next chunk when one is due; watermark messages (prefix
 ``tideline.watermark``) and INSERTs into the signal table (capture.signals) are handed to
 it instead of becoming events (they take no event index), and every change of a captured
 table is shown to it so that it drops the chunk rows the change supersedes. With
-``exit_when_caught_up`` the loop does not end while an incremental snapshot is unfinished.
+``exit_when_caught_up`` the loop does not end while an incremental snapshot is reading (paused: it may).
 
 Thread-safety: none; run by the connector thread.
 """
@@ -102,7 +102,7 @@ class StreamingSource:
                     if ctx is None and not writer.in_txn:
                         confirmed = max(confirmed, self._confirm(repl), msg.wal_end)
                         repl.send_status(confirmed)
-                        if target is not None and msg.wal_end >= target and not self.incremental.active:
+                        if target is not None and msg.wal_end >= target and not self.incremental.reading:
                             return
                     elif msg.reply_requested:
                         repl.send_status(confirmed)
@@ -138,7 +138,7 @@ class StreamingSource:
                         self.offsets.transaction_stored(ctx.commit_lsn, index - 1, m.next_lsn or ctx_next)
                         self.stats.last_commit_ts_ms = ctx.ts_ms
                     ctx = None
-                    if target is not None and (m.next_lsn or 0) >= target and not self.incremental.active:
+                    if target is not None and (m.next_lsn or 0) >= target and not self.incremental.reading:
                         self._commit()
                         self._confirm(repl)
                         return
