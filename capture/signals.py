@@ -79,8 +79,10 @@ class Signal:
         """``additional-conditions``: table → SQL condition."""
         out: dict[str, str] = {}
         for item in self.data.get("additional-conditions") or []:
-            if not isinstance(item, dict) or not isinstance(item.get("data-collection"), str) or not isinstance(
-                item.get("filter"), str
+            if (
+                not isinstance(item, dict)
+                or not isinstance(item.get("data-collection"), str)
+                or not isinstance(item.get("filter"), str)
             ):
                 raise SignalError(
                     f"signal {self.id}: additional-conditions items are "

@@ -36,8 +36,9 @@ from typer.testing import CliRunner
 from workload import soak
 
 from capture.connector import CaptureConfig, Connector, SnapshotMode, Stats
-from capture.messages import Plugin
-from capture.signals import DEFAULT_SIGNAL_TABLE, SignalType, send_signal
+from capture.incremental import ReadSnapshot
+from capture.messages import ChangeMessage, Column, Kind, Plugin
+from capture.signals import DEFAULT_SIGNAL_TABLE, SignalError, SignalType, send_signal, signal_from_insert
 from capture.sinks.embedded import EmbeddedLogSink
 from capture.tables import TableFilter
 from eventstore.log import Log
@@ -353,6 +354,8 @@ def test_pause_resume_stop_and_where(db: str, tmp_path: Path) -> None:
     log_dir = tmp_path / "log"
     run_until_caught_up(log_dir, config(db))
     populate(db, ROWS)
+    # A malformed signal is logged and ignored: capture goes on.
+    sql(db, f"INSERT INTO {DEFAULT_SIGNAL_TABLE} VALUES ('typo', 'execute-snapshot', '{{not json')")
     with Running(log_dir, config(db)) as running:
         out = cli("capture", "snapshot", "--dsn", db, "--tables", "public.inc_items", "--where", "v < 50",
                   "--chunk-size", "50")  # fmt: skip
@@ -407,3 +410,44 @@ def test_table_added_to_the_include_list(db: str, tmp_path: Path, plugin: Plugin
     pairs_reads = [v for _, v, _ in records(log_dir, "cdc.public.inc_pairs")[pairs_before:] if v and v["op"] == "r"]
     assert not pairs_reads, "the table already captured was snapshotted again"
     assert_topic_equals_table(log_dir, db, "inc_pairs", ("tenant", "seq"))
+
+
+# ---------------------------------------------------------------------------- pieces
+
+
+def test_read_snapshot_visibility_with_32_bit_stream_xids() -> None:
+    """The stream's xids are 32 bits, pg_current_snapshot()'s 64: the nearest to xmax is meant."""
+    snap = ReadSnapshot.parse("4294967290:4294967300:4294967295")  # across an epoch boundary
+    assert snap.sees(4294967289)  # below xmin: committed before the read
+    assert not snap.sees(4294967295)  # in progress at the read
+    assert snap.sees(4294967294)  # committed between xmin and xmax
+    assert not snap.sees(4)  # 4294967300 = epoch 1, xid 4: xmax itself, started after the read
+    assert not snap.sees(10)  # later still
+    assert snap.sees(None)
+    assert ReadSnapshot.parse("100:105:").xip == frozenset()
+
+
+def _insert(type_: str, data: str | None) -> ChangeMessage:
+    cols = [Column("id", "text", 25, "s1"), Column("type", "text", 25, type_), Column("data", "text", 25, data)]
+    return ChangeMessage(Kind.INSERT, 0, columns=cols)
+
+
+def test_signal_rows_parse_or_name_what_is_wrong() -> None:
+    signal = signal_from_insert(
+        _insert(
+            "execute-snapshot",
+            '{"data-collections": ["public.a"], "chunk-size": 7, '
+            '"additional-conditions": [{"data-collection": "public.a", "filter": "x"}]}',
+        )
+    )
+    assert signal.type is SignalType.EXECUTE_SNAPSHOT and signal.tables == ["public.a"]
+    assert signal.filters == {"public.a": "x"} and signal.chunk_size == 7
+    assert signal_from_insert(_insert("pause-snapshot", None)).data == {}
+    with pytest.raises(SignalError, match="unknown type 'snapshot-please'"):
+        signal_from_insert(_insert("snapshot-please", None))
+    with pytest.raises(SignalError, match="data is not JSON"):
+        signal_from_insert(_insert("execute-snapshot", "{oops"))
+    with pytest.raises(SignalError, match=r"data-collections must be a list of schema\.table"):
+        _ = signal_from_insert(_insert("execute-snapshot", '{"data-collections": "public.a"}')).tables
+    with pytest.raises(SignalError, match="chunk-size must be a positive integer"):
+        _ = signal_from_insert(_insert("execute-snapshot", '{"chunk-size": 0}')).chunk_size
