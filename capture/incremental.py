@@ -215,6 +215,10 @@ class IncrementalSnapshot:
             log.warning("capture: incremental snapshot: table %s is not captured (check --tables and that it "
                         "exists): left out", name)  # fmt: skip
             return False
+        if name == self.config.outbox_table:
+            log.warning("capture: incremental snapshot: %s is the outbox table (its rows are routed once, as they "
+                        "are inserted): left out", name)  # fmt: skip
+            return False
         if table.key_source not in PAGEABLE_KEYS:
             log.warning("capture: incremental snapshot: table %s has no primary key (nor a replica identity index) "
                         "to read it in key order: left out (add a primary key)", name)  # fmt: skip
@@ -319,7 +323,12 @@ class IncrementalSnapshot:
                 snapshot = ReadSnapshot.parse(row[0])
                 res = c.execute(select.encode(), params).pgresult
             self._watermark(c, chunk_id, "high")
-        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn, psycopg.errors.SyntaxError) as e:
+        except (
+            psycopg.errors.UndefinedTable,
+            psycopg.errors.UndefinedColumn,
+            psycopg.errors.SyntaxError,
+            psycopg.errors.InsufficientPrivilege,
+        ) as e:
             log.warning("capture: incremental snapshot: reading %s failed (%s): table skipped", name,
                         " ".join(str(e).split()))  # fmt: skip
             self._table_done(p, skipped=True)
