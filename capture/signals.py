@@ -116,8 +116,13 @@ def ensure_signal_table(dsn: str, name: str) -> bool:
     with psycopg.connect(dsn, autocommit=True) as c:
         if c.execute("SELECT to_regclass(%s)", (str(ident.as_string(c)),)).fetchone() not in (None, (None,)):
             return False
-        c.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY, type text NOT NULL, data text)")
-                  .format(ident))  # fmt: skip
+        try:
+            c.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id text PRIMARY KEY, type text NOT NULL, data text)")
+                      .format(ident))  # fmt: skip
+        except psycopg.errors.InvalidSchemaName:
+            raise ConfigError(
+                f"signal table {name}: schema {schema} does not exist; create it or choose another --signal-table"
+            ) from None
         return True
 
 

@@ -451,3 +451,25 @@ def test_signal_rows_parse_or_name_what_is_wrong() -> None:
         _ = signal_from_insert(_insert("execute-snapshot", '{"data-collections": "public.a"}')).tables
     with pytest.raises(SignalError, match="chunk-size must be a positive integer"):
         _ = signal_from_insert(_insert("execute-snapshot", '{"chunk-size": 0}')).chunk_size
+
+
+def test_snapshot_command_refuses_bad_input(db: str) -> None:
+    """One line naming what is wrong, before any signal is written."""
+    sql(db, "CREATE TABLE inc_loose (v text)", "CREATE TABLE public.tideline_signal (id text PRIMARY KEY, "
+        "type text NOT NULL, data text)")  # fmt: skip
+    cases = [
+        (["--tables", "public.nope"], "table public.nope does not exist"),
+        (["--tables", "public.inc_loose"], "table public.inc_loose has no primary key"),
+        (
+            ["--tables", "public.inc_items", "--where", "no_such_column = 1"],
+            "--where 'no_such_column = 1' does not work",
+        ),
+        (["--tables", "inc_items"], "write it as schema.table"),
+    ]
+    for args, message in cases:
+        result = CliRunner().invoke(app, ["capture", "snapshot", "--dsn", db, *args])
+        assert result.exit_code != 0 and message in result.output, (args, result.output)
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM public.tideline_signal").fetchone() == (0,)
+    missing = CliRunner().invoke(app, ["capture", "pause-snapshot", "--dsn", db, "--signal-table", "public.nope"])
+    assert missing.exit_code != 0 and "signal table public.nope does not exist" in missing.output, missing.output
