@@ -15,6 +15,11 @@ The stream then goes on from ``p``. A change of the chunk's table whose key is i
 drops that row from the chunk when it comes **after lw**, or before lw from a transaction
 that ``S`` does not see (PostgreSQL makes a commit visible a little after writing its
 commit record, so a transaction just ahead of lw in the WAL can still be invisible to S).
+The same lag could hide from ``S`` a transaction the stream has already passed (before
+``p``: its changes are in the log, the chunk would hold older rows): a read whose snapshot
+still has in progress one of the last :data:`RECENT_XIDS` transactions the stream
+committed is thrown away and taken again (rare: under synchronous replication a commit
+stays invisible until the standby answers, while logical decoding already sends it).
 At **hw** the rows left are emitted as ``op=r`` events (``source.snapshot =
 "incremental"``) in hw's transaction. So a row is emitted only if no change of its key lies
 between the read and hw: the ``r`` is exactly the row as of hw, every change after it
@@ -45,7 +50,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass, replace
+from collections import deque
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -68,6 +74,7 @@ log = logging.getLogger("capture.connector")
 WATERMARK_PREFIX = "tideline.watermark"
 PAGEABLE_KEYS = ("primary key", "replica identity index")  # unique, ordered: keyset pagination works
 XID_SPACE = 1 << 32
+RECENT_XIDS = 8192  # transactions the stream committed lately, checked against a chunk read's snapshot
 
 
 @dataclass(slots=True)
@@ -123,6 +130,7 @@ class IncrementalSnapshot:
     offsets: OffsetContext
     stats: Stats
     chunk: OpenChunk | None = None
+    recent_xids: deque[int] = field(default_factory=lambda: deque(maxlen=RECENT_XIDS))
     _conn: psycopg.Connection[Any] | None = None
     _rate_since: tuple[float, int] | None = None  # (when, rows) this run's rate counts from
 
@@ -290,7 +298,10 @@ class IncrementalSnapshot:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.config.dsn, autocommit=True, options=SESSION_OPTIONS)
+            # synchronous_commit=local: a watermark must not wait for a synchronous standby, which may be
+            # this very connector (its walsender confirms only after the watermark was streamed)
+            self._conn = psycopg.connect(self.config.dsn, autocommit=True,
+                                         options=f"{SESSION_OPTIONS} -c synchronous_commit=local")  # fmt: skip
         return self._conn
 
     def _watermark(self, c: psycopg.Connection[Any], chunk_id: str, mark: str) -> None:
@@ -334,6 +345,13 @@ class IncrementalSnapshot:
             self._table_done(p, skipped=True)
             return
         assert res is not None
+        passed = {x & (XID_SPACE - 1) for x in snapshot.xip}.intersection(self.recent_xids)
+        if passed:
+            self.stats.incremental_rereads += 1
+            log.info("capture: incremental snapshot: the read of %s did not see transaction(s) %s the stream has "
+                     "passed already (visible a moment after their commit record): reading the chunk again", name,
+                     sorted(passed))  # fmt: skip
+            return  # no chunk open: the next boundary reads it again (its watermarks are ignored)
         key_positions = [i for i, col in enumerate(table.columns) if col.name in table.key]
         last_key: tuple[str | None, ...] | None = None
         if res.ntuples:
@@ -376,6 +394,11 @@ class IncrementalSnapshot:
         return f"{select} ORDER BY {keys} LIMIT {p.chunk_size}", params
 
     # ------------------------------------------------------------------ the stream
+
+    def committed(self, xid: int | None) -> None:
+        """The stream passed the commit of transaction ``xid`` (stored or skipped as stored)."""
+        if xid is not None:
+            self.recent_xids.append(xid)
 
     def seen(self, m: ChangeMessage, table: TableInfo, events: list[Event], xid: int | None) -> None:
         """A streamed change of a captured table: drop the chunk's rows it supersedes (module docstring)."""

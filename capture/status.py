@@ -47,6 +47,7 @@ class Stats:
     skipped_tables: list[str] = field(default_factory=list)  # keyless, left out (--keyless-tables skip)
     unpublished_tables: list[str] = field(default_factory=list)  # pgoutput: captured by the filter, not published
     incremental: dict[str, Any] | None = None  # the incremental snapshot under way (capture.incremental)
+    incremental_rereads: int = 0  # chunk reads taken again: a transaction the stream had passed was invisible
 
     def batch_stored(self, commit_lsn: int | None) -> None:
         """A log transaction committed; ``commit_lsn``: its position's (None: it carried none)."""

@@ -137,6 +137,7 @@ class StreamingSource:
                         self.stats.transactions += 1
                         self.offsets.transaction_stored(ctx.commit_lsn, index - 1, m.next_lsn or ctx_next)
                         self.stats.last_commit_ts_ms = ctx.ts_ms
+                    self.incremental.committed(ctx.xid)
                     ctx = None
                     if target is not None and (m.next_lsn or 0) >= target and not self.incremental.reading:
                         self._commit()
