@@ -81,6 +81,7 @@ class Stats:
             "skipped_tables": self.skipped_tables,
             "unpublished_tables": self.unpublished_tables,
             "incremental_snapshot": self.incremental,
+            "incremental_rereads": self.incremental_rereads,
         }
 
 
