@@ -443,8 +443,7 @@ class IncrementalSnapshot:
         for i, columns in enumerate(chunk.rows.values()):
             self.writer.add(self.builder.snapshot_read(chunk.table, columns, marked, i, now_ms()))
         emitted = len(chunk.rows)
-        self.stats.snapshot_rows += emitted
-        self.stats.events += emitted
+        self.stats.snapshot_rows += emitted  # as the initial snapshot counts its rows (not in events)
         p = replace(p, rows=p.rows + emitted, table_rows=p.table_rows + chunk.read,
                     last_key=chunk.last_key if chunk.last_key is not None else p.last_key)  # fmt: skip
         if chunk.more:
