@@ -144,11 +144,6 @@ class IncrementalSnapshot:
         return self.offsets.incremental
 
     @property
-    def active(self) -> bool:
-        """An incremental snapshot has tables left to read (paused or not)."""
-        return self.progress is not None
-
-    @property
     def reading(self) -> bool:
         """Chunks are being read: a chunk is open, or one is due (an active snapshot that is not paused)."""
         p = self.progress
@@ -443,6 +438,8 @@ class IncrementalSnapshot:
         for i, columns in enumerate(chunk.rows.values()):
             self.writer.add(self.builder.snapshot_read(chunk.table, columns, marked, i, now_ms()))
         emitted = len(chunk.rows)
+        log.debug("capture: incremental snapshot %s: chunk of %s: %d rows read, %d superseded by the stream, "
+                  "%d emitted", p.id, chunk.table.qualified, chunk.read, chunk.dropped, emitted)  # fmt: skip
         self.stats.snapshot_rows += emitted  # as the initial snapshot counts its rows (not in events)
         p = replace(p, rows=p.rows + emitted, table_rows=p.table_rows + chunk.read,
                     last_key=chunk.last_key if chunk.last_key is not None else p.last_key)  # fmt: skip

@@ -11,7 +11,8 @@ materialized topic (latest ``after`` per key) must equal ``SELECT *``.
 
 Scenarios: the signal table path with a kill -9 of the connector process mid-snapshot and a
 resume (both plugins); pause, resume and stop (signals through the CLI); ``--where``; a table
-added to the include list of a connector that was already streaming (both plugins).
+added to the include list of a connector that was already streaming (both plugins); commits
+streamed before they are visible (the connector as its own synchronous standby).
 
 Size: ``TIDELINE_SOAK=1`` reads ~10x more rows.
 """
