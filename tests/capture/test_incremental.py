@@ -343,7 +343,10 @@ def snapshot_rows_logged(stderr: Path) -> int:
     rows = 0
     for line in stderr.read_text(errors="replace").splitlines():
         if "capture status " in line:
-            status = json.loads(line.split("capture status ", 1)[1])
+            try:
+                status = json.loads(line.split("capture status ", 1)[1])
+            except ValueError:
+                continue  # the line being written
             incremental = status.get("incremental_snapshot")
             if incremental is not None:
                 rows = incremental["rows"]
