@@ -14,6 +14,7 @@ from pathlib import Path
 
 from capture.messages import DecoderSettings, Plugin
 from capture.publications import PublicationMode, Publications
+from capture.signals import DEFAULT_SIGNAL_TABLE, split_table_name
 from capture.tables import KeylessPolicy, TableFilter
 from eventstore.errors import ConfigError
 from eventstore.topic import validate_topic_name
@@ -106,6 +107,10 @@ class CaptureConfig:
     pgoutput_proto_version: int = 2
     pgoutput_streaming: bool = True
     spill_dir: Path | None = None
+    # Incremental snapshots (capture.incremental) and the signal table that starts them (capture.signals;
+    # Debezium's signal.data.collection and incremental.snapshot.chunk.size).
+    signal_table: str = DEFAULT_SIGNAL_TABLE
+    incremental_chunk_size: int = 1024
 
     def validate(self) -> None:
         validate_topic_name(f"{self.topic_prefix}.transaction")
@@ -134,6 +139,9 @@ class CaptureConfig:
             raise ConfigError(f"--max-retry-time must be ≥ 0 seconds (0: retry forever), not {self.max_retry_time_s}")
         if self.key_state_cache_bytes < 1 << 20:
             raise ConfigError(f"key state cache must be at least 1 MiB, not {self.key_state_cache_bytes} bytes")
+        split_table_name(self.signal_table)
+        if self.incremental_chunk_size < 1:
+            raise ConfigError(f"--incremental-chunk-size must be ≥ 1, not {self.incremental_chunk_size}")
         for table, topic in self.table_topics.items():
             if table.count(".") < 1:
                 raise ConfigError(f"topic override for {table!r}: write the table as schema.table")

@@ -6,6 +6,8 @@ The parts follow Debezium's seams (DESIGN.md §1):
   and for pgoutput the slot's **publications** (capture.publications), created and
   altered to the captured tables at every start, before the slot,
 * the **snapshot source** (capture.snapshot) and the **streaming source** (capture.streaming),
+  with incremental snapshots while streaming (capture.incremental) started by signals
+  (capture.signals) or by tables new to the include list,
 * the **offset context** (capture.offsets; the record itself is schemas.position),
 * the **event builder** (capture.events) with a **value converter** (capture.converters),
 * the **log writer** (capture.writer) over a **sink** (capture.sinks: the embedded log
@@ -62,11 +64,13 @@ from capture.errors import (
     permanent_reason,
 )
 from capture.events import EventBuilder, ToastCache
+from capture.incremental import IncrementalSnapshot
 from capture.keystate import KeyState
 from capture.messages import StreamingAmbiguous
 from capture.offsets import OffsetContext
 from capture.publications import Publications, PublishableTable
 from capture.replication import ReplicationConnection
+from capture.signals import ensure_signal_table, split_table_name
 from capture.sinks import Sink
 from capture.sinks.embedded import EmbeddedLogSink
 from capture.slots import current_wal_lsn, slot_state, slot_status
@@ -109,6 +113,10 @@ class Connector:
 
     def __init__(self, config: CaptureConfig, log_: Log | None = None, *, sink: Sink | None = None) -> None:
         config.validate()
+        # the signal table's rows are commands to the connector (capture.signals), never captured data
+        config = dataclasses.replace(config, table_filter=dataclasses.replace(
+            config.table_filter, exclude=[*config.table_filter.exclude, config.signal_table]))  # fmt: skip
+        self.signal_table = split_table_name(config.signal_table)
         if sink is None:
             if log_ is None:
                 raise ConfigError("a connector needs a log (or a sink) to write to")
@@ -250,6 +258,7 @@ class Connector:
     def _run_once(self, builder: EventBuilder) -> None:
         assert self.writer is not None
         self.offsets = OffsetContext(self.read_position())
+        self._ensure_signal_table()
         self._sync_publications()
         tables = self.catalog.load()
         self._ever_connected = True
@@ -270,6 +279,12 @@ class Connector:
             start_lsn = snapshot.prepare(repl, slot_state(self.config.dsn, self.config.slot))
             if self._stop.is_set():
                 return
+            incremental = IncrementalSnapshot(
+                self.config, self.catalog, builder, self.writer, self.offsets, self.stats
+            )
+            closing.append(incremental.close)
+            if not start_lsn and self.config.snapshot is not SnapshotMode.NEVER and self.offsets.stored is not None:
+                incremental.include_new_tables(tables, lambda topic: self.sink.topic_incarnation(topic) is not None)
             target = current_wal_lsn(self.config.dsn) if self.config.exit_when_caught_up else None
             settings = self.config.decoder_settings(self.state_path().parent)
             if not self._streaming_allowed:
@@ -293,8 +308,9 @@ class Connector:
                 self.config.retained_wal_warn_bytes,
             )
             streaming = StreamingSource(
-                self.config, self.catalog, decoder, builder, self.writer, self.offsets, self.stats, status, self._stop
-            )
+                self.config, self.catalog, decoder, builder, self.writer, self.offsets, self.stats, status, self._stop,
+                incremental, self.signal_table,
+            )  # fmt: skip
             streaming.run(repl, target)
         finally:
             for close in closing:
@@ -308,6 +324,8 @@ class Connector:
         table_filter, policy = self.config.table_filter, self.config.keyless_tables
 
         def wanted(table: PublishableTable) -> bool:
+            if (table.schema, table.name) == self.signal_table:
+                return True  # its INSERTs are signals: they must be streamed
             return table_filter.captures(table.schema, table.name) and (table.keyed or policy is KeylessPolicy.KEYLESS)
 
         result = self.publications.sync(wanted)
@@ -322,9 +340,19 @@ class Connector:
             for schema, table in new:
                 log.warning(
                     "capture: table %s.%s joined publication %s only now: PostgreSQL streams its changes from now "
-                    "on, not those written since the stored position; take a new snapshot (--snapshot always) "
-                    "if its earlier rows matter", schema, table, self.publications.name,
+                    "on, not those written since the stored position; a table new to the include list is "
+                    "snapshotted incrementally, another one needs a signal (tideline capture snapshot --tables "
+                    "%s.%s) if its earlier rows matter", schema, table, self.publications.name, schema, table,
                 )  # fmt: skip
+
+    def _ensure_signal_table(self) -> None:
+        """The signal table exists (capture.signals): created when missing, before the publications are synced."""
+        try:
+            if ensure_signal_table(self.config.dsn, self.config.signal_table):
+                log.info("capture: created signal table %s", self.config.signal_table)
+        except psycopg.errors.InsufficientPrivilege as e:
+            log.warning("capture: cannot create signal table %s (%s): signals are off until someone creates it "
+                        "(see docs/capture.md, Signals)", self.config.signal_table, _one_line(e))  # fmt: skip
 
     def _warn_keyless(self) -> None:
         if self.stats.keyless_tables != self.catalog.keyless:

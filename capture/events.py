@@ -226,6 +226,10 @@ class EventBuilder:
             return None
         return self._key(table, image)
 
+    def row_key(self, table: TableInfo, columns: list[Column]) -> bytes | None:
+        """The record key of a row read from the table (as :meth:`snapshot_read` keys it)."""
+        return self.key_of(table, self._image(table, columns))
+
     def _source(self, m: ChangeMessage | None, table: TableInfo | None, ctx: TxnContext, index: int) -> bytes:
         """``source`` as JSON: the part shared by a transaction's events of one table is rendered once."""
         name = table.qualified if table is not None else ""

@@ -13,14 +13,19 @@ projections read the same definition). This module keeps the connector's view of
 An event ``(commit_lsn, event_index)`` that ``stored`` covers is skipped on restart: the
 server may resend a whole transaction, never less.
 
+The progress of an incremental snapshot (capture.incremental) is part of the position:
+``incremental`` is its current value, carried into every position stored from then on, so
+that the progress commits atomically with the ``op=r`` events it accounts for (and with
+the signal that changed it).
+
 Thread-safety: none; owned by the connector thread.
 """
 
 from __future__ import annotations
 
-from schemas.position import SourcePosition
+from schemas.position import IncrementalProgress, SourcePosition
 
-__all__ = ["OffsetContext", "SourcePosition"]
+__all__ = ["IncrementalProgress", "OffsetContext", "SourcePosition"]
 
 
 class OffsetContext:
@@ -38,13 +43,27 @@ class OffsetContext:
         self._complete = False
         self._confirm = 0
         self._snapshot_done = True
+        self._incremental = stored.incremental if stored is not None else None
 
     @property
     def pending(self) -> SourcePosition | None:
         """The position the open batch will store (None: nothing new since the last commit)."""
         if not self._has_pending:
             return None
-        return SourcePosition(self._commit_lsn, self._index, self._complete, self._confirm, self._snapshot_done)
+        return SourcePosition(self._commit_lsn, self._index, self._complete, self._confirm, self._snapshot_done,
+                              self._incremental)  # fmt: skip
+
+    @property
+    def incremental(self) -> IncrementalProgress | None:
+        """The incremental snapshot under way as of the open batch (None: none)."""
+        return self._incremental
+
+    def incremental_changed(self, progress: IncrementalProgress | None) -> None:
+        """The open batch stores this progress (its events, if any, are in the batch already)."""
+        self._incremental = progress
+        if not self._has_pending:  # nothing else changed since the last commit: the stored position, new progress
+            s = self.stored or SourcePosition(0, -1, False, 0)
+            self._set(s.commit_lsn, s.event_index, s.complete, s.confirm_lsn, s.snapshot_done)
 
     @property
     def snapshot_interrupted(self) -> bool:
@@ -87,6 +106,7 @@ class OffsetContext:
         self._set(lsn, 0, True, max(confirm, lsn) if between_transactions else confirm)
 
     def snapshot_started(self) -> None:
+        self._incremental = None  # a full snapshot reads every table: an incremental one under way is moot
         self._set(0, -1, False, 0, snapshot_done=False)
 
     def snapshot_done(self, consistent_point: int) -> None:

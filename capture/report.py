@@ -12,6 +12,7 @@ no stored position. Nothing here writes anything.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -27,6 +28,7 @@ from schemas.position import parse_lsn
 if TYPE_CHECKING:
     from capture.sinks import Sink
     from eventstore.log import Log
+    from schemas.position import SourcePosition
 
 
 def capture_status(
@@ -43,7 +45,8 @@ def capture_status(
 ) -> dict[str, Any]:
     """The connector ``(topic_prefix, slot)`` of database ``dsn``, its position read from ``log``
     (the embedded log) or ``sink`` (Kafka): ``slot`` (None: missing), ``stored_position``
-    (None: none stored), ``keyless_tables``, ``skipped_tables``, ``publications`` (pgoutput),
+    (None: none stored), ``incremental_snapshot`` (its progress; None: none running),
+    ``keyless_tables``, ``skipped_tables``, ``publications`` (pgoutput),
     ``warnings`` and, when both a slot and a position exist, ``lag_bytes``. The slot's retained
     WAL is warned about above ``retained_wal_warn_bytes`` (None: the connector's threshold)."""
     threshold = RETAINED_WAL_WARN_BYTES if retained_wal_warn_bytes is None else retained_wal_warn_bytes
@@ -71,7 +74,28 @@ def capture_status(
         "skipped_tables": catalog.skipped,
         "publications": publications,
         "warnings": warnings,
+        "incremental_snapshot": None if position is None else incremental_status(position),
     }
     if info is not None and position is not None:
         out["lag_bytes"] = max(0, parse_lsn(info["current_wal_lsn"]) - position.confirm_lsn)
     return out
+
+
+def incremental_status(position: SourcePosition) -> dict[str, Any] | None:
+    """The stored incremental snapshot's progress: rows, percent, and its rate since it started (pauses included)."""
+    p = position.incremental
+    if p is None:
+        return None
+    elapsed = max(0.001, time.time() - p.started_ms / 1000)
+    return {
+        "id": p.id,
+        "table": p.tables[0] if p.tables else None,
+        "tables_left": len(p.tables),
+        "tables_done": p.tables_done,
+        "rows": p.rows,
+        "percent": p.percent,
+        "rows_per_s": round(p.rows / elapsed, 1),
+        "paused": p.paused,
+        "last_key": p.last_key,
+        "filters": p.filters,
+    }

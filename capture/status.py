@@ -46,6 +46,8 @@ class Stats:
     keyless_tables: list[str] = field(default_factory=list)  # captured with null keys (updates/deletes invisible)
     skipped_tables: list[str] = field(default_factory=list)  # keyless, left out (--keyless-tables skip)
     unpublished_tables: list[str] = field(default_factory=list)  # pgoutput: captured by the filter, not published
+    incremental: dict[str, Any] | None = None  # the incremental snapshot under way (capture.incremental)
+    incremental_rereads: int = 0  # chunk reads taken again: a transaction the stream had passed was invisible
 
     def batch_stored(self, commit_lsn: int | None) -> None:
         """A log transaction committed; ``commit_lsn``: its position's (None: it carried none)."""
@@ -78,6 +80,8 @@ class Stats:
             "keyless_tables": self.keyless_tables,
             "skipped_tables": self.skipped_tables,
             "unpublished_tables": self.unpublished_tables,
+            "incremental_snapshot": self.incremental,
+            "incremental_rereads": self.incremental_rereads,
         }
 
 

@@ -21,6 +21,13 @@ iterator that replays a whole streamed transaction from disk, which can take min
 while it is consumed, a standby status update goes out every :data:`KEEPALIVE_S`, so the
 walsender (which stops a silent client after ``wal_sender_timeout``) keeps waiting.
 
+Incremental snapshots (capture.incremental) ride on this loop: between two transactions it
+reads the next chunk when one is due; watermark messages (prefix
+``tideline.watermark``) and INSERTs into the signal table (capture.signals) are handed to
+it instead of becoming events (they take no event index), and every change of a captured
+table is shown to it so that it drops the chunk rows the change supersedes. With
+``exit_when_caught_up`` the loop does not end while an incremental snapshot is reading (paused: it may).
+
 Thread-safety: none; run by the connector thread.
 """
 
@@ -36,6 +43,7 @@ import psycopg
 
 from capture.config import CaptureConfig
 from capture.events import Event, EventBuilder, TxnContext
+from capture.incremental import WATERMARK_PREFIX, IncrementalSnapshot
 from capture.messages import ChangeMessage, DecodeError, Decoder, Kind
 from capture.offsets import OffsetContext
 from capture.replication import Keepalive, ReplicationConnection, XLogData
@@ -61,6 +69,8 @@ class StreamingSource:
     stats: Stats
     status: StatusReporter
     stop: threading.Event
+    incremental: IncrementalSnapshot
+    signal_table: tuple[str, str]  # (schema, table) whose INSERTs are signals (capture.signals)
 
     def run(self, repl: ReplicationConnection, target: int | None) -> None:
         """Stream until stopped, or until ``target`` (the WAL end at start) is stored when given."""
@@ -75,6 +85,8 @@ class StreamingSource:
                 self._commit()
                 self._confirm(repl)
                 return
+            if ctx is None and self.incremental.wants_chunk():
+                self.incremental.read_chunk()  # at a transaction boundary: the stream's position is the read's
             linger_left = self.config.linger_ms - writer.age_ms()
             timeout = max(0.001, linger_left / 1000) if writer.in_txn else 0.1
             msg = repl.read(timeout)
@@ -90,7 +102,7 @@ class StreamingSource:
                     if ctx is None and not writer.in_txn:
                         confirmed = max(confirmed, self._confirm(repl), msg.wal_end)
                         repl.send_status(confirmed)
-                        if target is not None and msg.wal_end >= target:
+                        if target is not None and msg.wal_end >= target and not self.incremental.reading:
                             return
                     elif msg.reply_requested:
                         repl.send_status(confirmed)
@@ -125,8 +137,9 @@ class StreamingSource:
                         self.stats.transactions += 1
                         self.offsets.transaction_stored(ctx.commit_lsn, index - 1, m.next_lsn or ctx_next)
                         self.stats.last_commit_ts_ms = ctx.ts_ms
+                    self.incremental.committed(ctx.xid)
                     ctx = None
-                    if target is not None and (m.next_lsn or 0) >= target:
+                    if target is not None and (m.next_lsn or 0) >= target and not self.incremental.reading:
                         self._commit()
                         self._confirm(repl)
                         return
@@ -139,6 +152,10 @@ class StreamingSource:
                     continue
                 if ctx is None:
                     raise DecodeError(f"{m.kind.name} outside a transaction at {format_lsn(m.lsn)}")
+                if m.kind is Kind.MESSAGE and m.prefix == WATERMARK_PREFIX:
+                    if not self.offsets.covers(ctx.commit_lsn, 1 << 62):
+                        self.incremental.on_watermark(m, ctx)
+                    continue  # not an event: takes no index
                 i = index
                 index += 1
                 if self.offsets.covers(ctx.commit_lsn, i):
@@ -175,6 +192,10 @@ class StreamingSource:
             self._add_one(self.builder.message(m, ctx, index, now_ms()), compact=False)
             return
         assert m.schema is not None and m.table is not None
+        if (m.schema, m.table) == self.signal_table:
+            if m.kind is Kind.INSERT:
+                self.incremental.on_signal(m)
+            return
         table = self.catalog.get(m.schema, m.table)
         if table is None:
             return  # not captured
@@ -188,6 +209,7 @@ class StreamingSource:
         for e in events:
             self.writer.add(e)
         self.stats.events += len(events)
+        self.incremental.seen(m, table, events, ctx.xid)
         if m.kind is Kind.TRUNCATE:
             for chunk in self.builder.truncate_tombstones(table):
                 for e in chunk:

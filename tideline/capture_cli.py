@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -36,6 +36,16 @@ PublicationOption = Annotated[
         "--publication",
         help="pgoutput: the publication to stream (default: the slot's name); managed ones also have "
         "<name>_keyless for tables without a replica identity.",
+    ),
+]
+
+
+DEFAULT_SIGNAL_TABLE = "public.tideline_signal"  # capture.signals.DEFAULT_SIGNAL_TABLE (not imported at start-up)
+SignalTableOption = Annotated[
+    str,
+    typer.Option(
+        "--signal-table",
+        help="schema.table whose inserted rows are signals to the connector (created by `capture run` if missing).",
     ),
 ]
 
@@ -246,6 +256,15 @@ def run(
         int | None,
         typer.Option("--min-insync-replicas", min=1, help="With --kafka: min.insync.replicas of new topics."),
     ] = None,
+    signal_table: SignalTableOption = DEFAULT_SIGNAL_TABLE,
+    incremental_chunk_size: Annotated[
+        int,
+        typer.Option(
+            "--incremental-chunk-size",
+            min=1,
+            help="Rows per chunk of incremental snapshots (a signal's chunk-size overrides it).",
+        ),
+    ] = 1024,
     log_cleaner: Annotated[
         bool,
         typer.Option(
@@ -304,6 +323,8 @@ def run(
             value_format=ValueFormat.parse(value_format),
             outbox_table=outbox_table,
             outbox_topic_prefix=outbox_topic_prefix,
+            signal_table=signal_table,
+            incremental_chunk_size=incremental_chunk_size,
         )
         if (replication_factor is not None or min_insync_replicas is not None) and State.kafka is None:
             raise fail("--replication-factor and --min-insync-replicas are Kafka topic settings: give --kafka")
@@ -406,5 +427,115 @@ def status(
             f"stored up to commit {position['commit_lsn_text']} event {position['event_index']}"
             + (f"; lag {out['lag_bytes']:,} bytes" if "lag_bytes" in out else "")
         )
+    progress = out["incremental_snapshot"]
+    if progress is not None:
+        typer.echo(
+            f"incremental snapshot {progress['id']}{' (paused)' if progress['paused'] else ''}: "
+            f"table {progress['table']} ({progress['tables_left']} left, {progress['tables_done']} done), "
+            f"{progress['rows']:,} rows, ~{progress['percent']}%, {progress['rows_per_s']:,} rows/s"
+        )
     for warning in warnings:
         typer.echo(f"warning: {warning}")
+
+
+def _signal(dsn: str, signal_table: str, type_name: str, data: dict[str, Any] | None, as_json: bool) -> None:
+    from capture.signals import SignalType, send_signal
+
+    with one_line_errors():
+        signal_id = send_signal(dsn, signal_table, SignalType(type_name), data)
+    if as_json:
+        typer.echo(json.dumps({"id": signal_id, "type": type_name, "data": data}))
+    else:
+        typer.echo(f"{type_name} signal {signal_id} written to {signal_table}: the connector acts on it when its "
+                   "stream reaches it")  # fmt: skip
+
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print the signal as JSON.")]
+
+
+@app.command()
+def snapshot(
+    dsn: DsnOption,
+    tables: Annotated[
+        list[str], typer.Option("--tables", help="schema.table[,…] to snapshot incrementally while streaming.")
+    ],
+    where: Annotated[
+        str | None,
+        typer.Option("--where", help="SQL condition: only rows matching it are read (every table listed)."),
+    ] = None,
+    chunk_size: Annotated[
+        int | None, typer.Option("--chunk-size", min=1, help="Rows per chunk (default: the connector's, 1024).")
+    ] = None,
+    signal_table: SignalTableOption = DEFAULT_SIGNAL_TABLE,
+    as_json: JsonOption = False,
+) -> None:
+    """Snapshot tables incrementally while the connector streams: writes an ``execute-snapshot`` signal.
+
+    The connector (running, or the next to start on the slot) reads the tables in primary-key chunks
+    between low and high watermarks and emits their rows as ``op=r`` events; see docs/capture.md."""
+    from capture.signals import split_table_name
+    from capture.tables import TableCatalog, TableFilter
+
+    names = _split(tables)
+    if not names:
+        raise fail("--tables names no table")
+    with one_line_errors():
+        for name in names:
+            split_table_name(name)
+        catalog = TableCatalog(dsn, TableFilter(include=names))
+        known = {t.qualified: t for t in catalog.load()}
+        for name in names:
+            table = known.get(name)
+            if table is None:
+                raise fail(f"table {name} does not exist in this database")
+            if table.key_source not in ("primary key", "replica identity index"):
+                raise fail(f"table {name} has no primary key to read it in chunks by: add one")
+            if where is not None:
+                _check_condition(dsn, name, where)
+    data: dict[str, Any] = {"data-collections": names, "type": "incremental"}
+    if where is not None:
+        data["additional-conditions"] = [{"data-collection": n, "filter": where} for n in names]
+    if chunk_size is not None:
+        data["chunk-size"] = chunk_size
+    _signal(dsn, signal_table, "execute-snapshot", data, as_json)
+
+
+def _check_condition(dsn: str, table: str, condition: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    schema, name = table.split(".", 1)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        try:
+            c.execute(sql.SQL("EXPLAIN SELECT 1 FROM {} WHERE ({})").format(sql.Identifier(schema, name),
+                                                                            sql.SQL(condition)))  # fmt: skip
+        except psycopg.DatabaseError as e:
+            raise fail(f"--where {condition!r} does not work on {table}: {' '.join(str(e).split())}") from None
+
+
+@app.command("pause-snapshot")
+def pause_snapshot(dsn: DsnOption, signal_table: SignalTableOption = DEFAULT_SIGNAL_TABLE,
+                   as_json: JsonOption = False) -> None:  # fmt: skip
+    """Pause the incremental snapshot under way (a chunk being read completes); streaming goes on."""
+    _signal(dsn, signal_table, "pause-snapshot", None, as_json)
+
+
+@app.command("resume-snapshot")
+def resume_snapshot(dsn: DsnOption, signal_table: SignalTableOption = DEFAULT_SIGNAL_TABLE,
+                    as_json: JsonOption = False) -> None:  # fmt: skip
+    """Resume a paused incremental snapshot where it stopped."""
+    _signal(dsn, signal_table, "resume-snapshot", None, as_json)
+
+
+@app.command("stop-snapshot")
+def stop_snapshot(
+    dsn: DsnOption,
+    tables: Annotated[
+        list[str] | None, typer.Option("--tables", help="Stop only these tables (default: the whole snapshot).")
+    ] = None,
+    signal_table: SignalTableOption = DEFAULT_SIGNAL_TABLE,
+    as_json: JsonOption = False,
+) -> None:
+    """Stop the incremental snapshot (or some of its tables); rows already emitted stay in the log."""
+    names = _split(tables)
+    _signal(dsn, signal_table, "stop-snapshot", {"data-collections": names} if names else None, as_json)

@@ -45,6 +45,8 @@ def db(postgres: LocalPostgres) -> Iterator[str]:
     drop_slots(dsn)
 
 
+SIGNALS = "public.tideline_signal"  # the signal table (capture.signals): its inserts must be streamed
+
 def published(dsn: str) -> dict[str, set[str]]:
     """publication → its tables ("schema.table"), for every publication of the database."""
     out: dict[str, set[str]] = {}
@@ -84,7 +86,7 @@ def test_filtered_publications_split_by_replica_identity_and_keyless_updates_sti
     sql(db, *TABLES)
     tf = TableFilter(exclude=["public.quiet"])
     capture(tmp_path / "log", db, table_filter=tf, **PGOUTPUT)
-    assert published(db) == {"t": {"public.orders", "public.wide"}, "t_keyless": {"public.audit"}}
+    assert published(db) == {"t": {"public.orders", "public.wide", SIGNALS}, "t_keyless": {"public.audit"}}
     assert publishes(db, "t") == (False, True, True, True, True)
     assert publishes(db, "t_keyless") == (False, True, False, False, True)  # nothing that needs an identity
 
@@ -111,7 +113,8 @@ def test_publications_follow_the_tables_between_starts(
 ) -> None:
     sql(db, *TABLES)
     capture(tmp_path / "log", db, **PGOUTPUT)
-    assert published(db) == {"t": {"public.orders", "public.wide", "public.quiet"}, "t_keyless": {"public.audit"}}
+    assert published(db) == {"t": {"public.orders", "public.wide", "public.quiet", SIGNALS},
+                             "t_keyless": {"public.audit"}}  # fmt: skip
     sql(
         db,
         "CREATE TABLE later (id int PRIMARY KEY, v text)",
@@ -122,14 +125,17 @@ def test_publications_follow_the_tables_between_starts(
     )
     with caplog.at_level(logging.WARNING, logger="capture.connector"):
         capture(tmp_path / "log", db, table_filter=TableFilter(exclude=["public.quiet"]), **PGOUTPUT)
-    assert published(db) == {"t": {"public.audit", "public.later"}, "t_keyless": {"public.orders"}}
+    assert published(db) == {"t": {"public.audit", "public.later", SIGNALS}, "t_keyless": {"public.orders"}}
     joined = [r.getMessage() for r in caplog.records if "joined publication" in r.getMessage()]
-    assert len(joined) == 1 and "public.later" in joined[0] and "--snapshot always" in joined[0]
+    assert len(joined) == 1 and "public.later" in joined[0] and "snapshotted incrementally" in joined[0]
     # PostgreSQL decodes with the publication as it was: the row written before the table joined is not
-    # streamed (the documented gap the warning names); rows written since are.
+    # streamed; the table is new to the connector (no topic yet), so an incremental snapshot reads it
+    # (capture.incremental). Rows written since are streamed.
     sql(db, "UPDATE orders SET status = 'still works'", "INSERT INTO later VALUES (2, 'after')")
     capture(tmp_path / "log", db, table_filter=TableFilter(exclude=["public.quiet"]), **PGOUTPUT)
-    assert [e["after"]["id"] for e in events(tmp_path / "log", "cdc.public.later")] == [2]
+    later = events(tmp_path / "log", "cdc.public.later")
+    assert [(e["op"], e["after"]["id"]) for e in later] == [("r", 1), ("c", 2)]
+    assert later[0]["source"]["snapshot"] == "incremental"
 
 
 def test_all_tables_publishes_every_table_but_never_the_trap(db: str, tmp_path: Path) -> None:
@@ -139,7 +145,7 @@ def test_all_tables_publishes_every_table_but_never_the_trap(db: str, tmp_path: 
     capture(tmp_path / "log", db, table_filter=tf, publication="everything",
             publication_autocreate=PublicationMode.ALL_TABLES, **PGOUTPUT)  # fmt: skip
     assert published(db) == {  # every table a publication can hold (an unlogged one cannot), split
-        "everything": {"public.orders", "public.wide", "public.quiet"},
+        "everything": {"public.orders", "public.wide", "public.quiet", SIGNALS},
         "everything_keyless": {"public.audit", "other.loose"},
     }
     assert not publishes(db, "everything")[0]  # a table list, not FOR ALL TABLES
@@ -261,7 +267,7 @@ def test_cli_runs_pgoutput_and_status_shows_the_publications(db: str, tmp_path: 
     status = json.loads(cli("capture", "status", "--dsn", db, "--slot", "clip", "--json", data_dir=data).stdout)
     assert status["slot"]["plugin"] == "pgoutput"
     assert [(p["name"], p["tables"], p["publish"]) for p in status["publications"]] == [
-        ("clip", ["public.t"], ["insert", "update", "delete", "truncate"]),
+        ("clip", ["public.t", SIGNALS], ["insert", "update", "delete", "truncate"]),
         ("clip_keyless", ["public.k"], ["insert", "truncate"]),
     ]
     missing = cli("capture", "run", "--dsn", db, "--slot", "other", "--plugin", "pgoutput", "--publication", "nope",
