@@ -98,16 +98,19 @@ def check_start(
     if slot is None or slot.lost:
         if recover:
             return StartDecision()  # capture.snapshot takes the new snapshot
-        what = (
-            "does not exist (dropped, or the server was replaced)"
+        what, advice = (
+            ("does not exist (dropped, or the server was replaced)", "")
             if slot is None
-            else "was invalidated by the server (wal_status = lost: it fell behind by more than "
-            "max_slot_wal_keep_size, and the WAL it needed is removed)"
+            else (
+                "was invalidated by the server (wal_status = lost: it fell behind by more than "
+                "max_slot_wal_keep_size, and the WAL it needed is removed)",
+                ", and consider raising max_slot_wal_keep_size",
+            )
         )
         raise SlotLostError(
             f"slot {name} {what}; the log's stored position is {format_lsn(stored.confirm_lsn)}, and the changes "
             "since then cannot be streamed any more: restart with --snapshot when_needed (a new slot and snapshot; "
-            "rows deleted meanwhile are deleted from the topics too), and consider raising max_slot_wal_keep_size"
+            f"rows deleted meanwhile are deleted from the topics too){advice}"
         )
     confirmed, kept = slot.confirmed_flush, stored.confirm_lsn
     if confirmed is None or kept == 0 or mode is SnapshotMode.ALWAYS:

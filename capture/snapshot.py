@@ -151,7 +151,8 @@ class SnapshotSource:
             self.offsets.snapshot_started()
             self._commit()
         if slot is not None:
-            log.warning("capture: dropping slot %s to take a consistent snapshot (%s)", name, mode.value)
+            why = "--offset-mismatch trust_offset" if resnapshot else f"--snapshot {mode.value}"
+            log.warning("capture: dropping slot %s to take a consistent snapshot (%s)", name, why)
             drop_slot(self.config.dsn, name)
         for attempt in range(1, SNAPSHOT_ATTEMPTS + 1):
             created = repl.create_slot(name, self.config.plugin, export_snapshot=True)

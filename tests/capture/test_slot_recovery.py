@@ -6,6 +6,7 @@ and ``d`` events removing keys) equals ``SELECT *`` of the table, deletes includ
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
+from backends import Backend
 from capture_util import capture, drop_slots, fresh_database, latest_by_key, records, sql
 
 from capture.config import OffsetMismatch, SnapshotMode
@@ -30,6 +32,7 @@ from capture.sinks.embedded import EmbeddedLogSink
 from eventstore.log import Log
 from eventstore.partition_log import LOCK_FILE
 from schemas.position import POSITIONS_TOPIC, SourcePosition, connector_key, format_lsn, parse_lsn
+from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -299,3 +302,33 @@ def test_server_behind_the_stored_position(db: str, tmp_path: Path, strategy: Of
     else:  # trust_offset: everything up to the stored position is skipped
         assert b'{"id":70}' not in state
         assert stored(log_dir, db).confirm_lsn == beyond
+
+
+# ---------------------------------------------------------------------------- Kafka
+
+
+def test_dropped_slot_recovered_into_kafka(db: str, kafka: LocalKafka, tmp_path: Path) -> None:
+    """The same recovery with Kafka as the log: the key state (local) knows the topic's keys."""
+    backend = Backend.kafka(kafka.bootstrap_servers, tmp_path / "state")
+    config = CaptureConfig(dsn=db, slot="t", topic_prefix=backend.prefix, exit_when_caught_up=True)
+    seed(db)
+    backend.run(config)
+    drop_slots(db)
+    while_unstreamed(db)
+    with pytest.raises(SlotLostError, match="when_needed"):
+        backend.run(config)
+    backend.run(dataclasses.replace(config, snapshot=SnapshotMode.WHEN_NEEDED))
+    state: dict[bytes, Any] = {}
+    recovered = []
+    for _, key, value in backend.records(f"{backend.prefix}.public.t"):
+        assert key is not None
+        k = orjson.dumps(orjson.loads(key), option=orjson.OPT_SORT_KEYS)
+        envelope = None if value is None else orjson.loads(value)
+        if envelope is None or envelope["op"] == "d":
+            state.pop(k, None)
+            if envelope is not None and envelope["source"]["snapshot"] == RECOVERY_MARKER:
+                recovered.append(envelope["before"]["id"])
+        else:
+            state[k] = envelope["after"]
+    assert state == table_rows(db)
+    assert sorted(recovered) == list(range(1, 11))
