@@ -96,8 +96,7 @@ class StreamingSource:
                     if ctx is None and not writer.in_txn:
                         reached = target is not None and msg.wal_end >= target
                         if (reached or now - idle_stored >= IDLE_POSITION_S) and self.offsets.idle_at(msg.wal_end):
-                            writer.begin()  # stored before confirmed: the slot never passes the log (capture.recovery)
-                            self._commit()
+                            self._store_idle()  # stored before confirmed: the slot never passes the log
                             idle_stored = now
                         confirmed = max(confirmed, self._confirm(repl))
                         repl.send_status(confirmed)
@@ -283,6 +282,17 @@ class StreamingSource:
         self.offsets.committed(position)
         self.stats.batch_stored(None if position is None else position.commit_lsn)
         self.status.tick()
+
+    def _store_idle(self) -> None:
+        """The idle position alone in a log transaction (capture.recovery relies on the slot never being
+        confirmed past the log). The lag stays that of the last change: no change was stored."""
+        position = self.offsets.take_pending()
+        self.writer.begin()
+        self.writer.commit(position)
+        self.offsets.committed(position)
+        self.stats.batches += 1
+        if position is not None:
+            self.stats.last_stored_lsn = position.commit_lsn
 
     def _confirm(self, repl: ReplicationConnection) -> int:
         """Tell the server what is durable: the last complete transaction's commit end."""

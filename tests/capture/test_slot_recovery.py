@@ -23,15 +23,19 @@ import pytest
 from backends import Backend
 from capture_util import capture, drop_slots, fresh_database, latest_by_key, records, sql
 
-from capture.config import OffsetMismatch, SnapshotMode
+from capture.config import OffsetMismatch, SnapshotMode, ValueFormat
 from capture.connector import CaptureConfig, Connector, SlotLostError, slot_status
 from capture.errors import OffsetMismatchError
 from capture.messages import Plugin
 from capture.recovery import RECOVERY_MARKER
 from capture.sinks.embedded import EmbeddedLogSink
+from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
 from eventstore.partition_log import LOCK_FILE
+from eventstore.schema_store import LogSchemaStore
 from schemas.position import POSITIONS_TOPIC, SourcePosition, connector_key, format_lsn, parse_lsn
+from schemas.registry import SchemaRegistry
+from schemas.wire import AvroWire
 from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
 
@@ -332,3 +336,35 @@ def test_dropped_slot_recovered_into_kafka(db: str, kafka: LocalKafka, tmp_path:
             state[k] = envelope["after"]
     assert state == table_rows(db)
     assert sorted(recovered) == list(range(1, 11))
+
+
+def test_recovery_with_avro_values(db: str, tmp_path: Path) -> None:
+    """Avro envelopes: the recovered deletes decode under the table's schema (``before`` null: Avro keys
+    are not decoded back into row values) and each is followed by its tombstone."""
+    log_dir = tmp_path / "log"
+    seed(db, rows=20)
+    capture(log_dir, db, value_format=ValueFormat.AVRO)
+    drop_slots(db)
+    sql(db, "DELETE FROM t WHERE id IN (3, 7)")
+    capture(log_dir, db, value_format=ValueFormat.AVRO, snapshot=SnapshotMode.WHEN_NEEDED)
+    with Log(log_dir) as log, Consumer(log, enable_auto_commit=False) as consumer:
+        wire = AvroWire(SchemaRegistry(LogSchemaStore(log)).schema_by_id, logical_types=False)
+        consumer.assign([TopicPartition(TOPIC, 0)])
+        consumer.seek_to_beginning()
+        recs = []
+        while batch := consumer.poll(timeout_ms=0):
+            recs += [(wire.decode(r.key), None if r.value is None else wire.decode(r.value)) for r in batch]
+    state: dict[int, Any] = {}
+    recovered = []
+    for i, (key, value) in enumerate(recs):
+        if value is None or value["op"] == "d":
+            state.pop(key["id"], None)
+        else:
+            state[key["id"]] = value["after"]["v"]
+        if value is not None and value["source"]["snapshot"] == RECOVERY_MARKER:
+            assert value["op"] == "d" and value["before"] is None and recs[i + 1] == (key, None)
+            recovered.append(key["id"])
+    assert sorted(recovered) == [3, 7]
+    assert {orjson.dumps({"id": k}, option=orjson.OPT_SORT_KEYS): {"id": k, "v": v} for k, v in state.items()} == (
+        table_rows(db)
+    )
