@@ -37,6 +37,14 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
    inotify) and records, for every event, the wall-clock time its poll returned minus
    ``source.ts_ms`` (Postgres' commit timestamp, floored to the millisecond: one clock,
    one machine). The first second is a warm-up and not counted.
+
+3. **Snapshot of one big table** (DESIGN.md §3: ≥ 0.5× ``COPY`` of the same table). A table
+   ``snap`` (the bench table's columns) of ``snapshot_rows`` rows, vacuumed; best of two
+   ``COPY snap TO STDOUT`` drained through psycopg and discarded (the ``COPY … TO
+   '/dev/null'``-style read: every row as text, over the wire, nothing kept) against the
+   connector's initial snapshot of that table alone (``--snapshot initial``, a new slot, a
+   fresh log directory, exit when caught up), timed from construction to return; the log
+   must hold ``snapshot_rows`` reads. Today's snapshot is a single reader.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ from capture.decoders.wal2json import SLOT_OPTIONS
 from capture.messages import Plugin
 from capture.publications import PublicationMode
 from capture.sinks.kafka import KafkaLogSink
+from capture.tables import TableFilter
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.kafka import KafkaAdmin, KafkaReader
 from eventstore.log import Log
@@ -106,8 +115,14 @@ class Sizes:
     drain_seconds: float  # after the writer stops, how long to wait for its last row
 
 
-FULL = Sizes(changes=300_000, runs=3, latency_seconds=10.0, low_rate_seconds=5.0, drain_seconds=30.0)
-QUICK = Sizes(changes=30_000, runs=1, latency_seconds=3.0, low_rate_seconds=2.0, drain_seconds=10.0)
+    snapshot_rows: int  # the big table of the snapshot benchmark
+
+
+FULL = Sizes(changes=300_000, runs=3, latency_seconds=10.0, low_rate_seconds=5.0, drain_seconds=30.0,
+             snapshot_rows=5_000_000)  # fmt: skip
+QUICK = Sizes(changes=30_000, runs=1, latency_seconds=3.0, low_rate_seconds=2.0, drain_seconds=10.0,
+              snapshot_rows=100_000)  # fmt: skip
+SNAPSHOT_TABLE = "snap"
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -646,6 +661,60 @@ def plot_latency(target: LatencyRun, low: LatencyRun) -> str:
     return str(path.relative_to(ROOT))
 
 
+# ---------------------------------------------------------------------------- snapshot
+
+
+def copy_read_s(dsn: str, table: str) -> tuple[float, int]:
+    """Seconds to read the whole table with ``COPY … TO STDOUT`` (drained, discarded), and the bytes read."""
+    started = time.perf_counter()
+    read = 0
+    with psycopg.connect(dsn) as c, c.cursor().copy(f"COPY {table} TO STDOUT".encode()) as copy:
+        for block in copy:
+            read += len(block)
+    return time.perf_counter() - started, read
+
+
+def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> None:
+    """The connector's initial snapshot of one big table against COPY of the same table (module docstring, 3)."""
+    n = sizes.snapshot_rows
+    started = time.perf_counter()
+    execute(dsn, CREATE_TABLE.replace(f"TABLE {TABLE} ", f"TABLE {SNAPSHOT_TABLE} "))
+    execute(dsn, INSERT_RANGE.replace(f"INTO {TABLE} ", f"INTO {SNAPSHOT_TABLE} "), (1, n))
+    execute(dsn, f"VACUUM ANALYZE {SNAPSHOT_TABLE}")
+    ctx.say(f"snapshot: {n:,} rows written in {time.perf_counter() - started:.1f} s")
+    copies = [copy_read_s(dsn, SNAPSHOT_TABLE) for _ in range(2)]
+    copy_s, copy_bytes = min(copies)
+    ctx.say(f"snapshot: COPY {n / copy_s:,.0f} rows/s ({copy_bytes / copy_s / 1e6:,.0f} MB/s)")
+    config = CaptureConfig(dsn=dsn, slot="snap", topic_prefix="snapbench", exit_when_caught_up=True,
+                           table_filter=TableFilter(include=[f"public.{SNAPSHOT_TABLE}"]))  # fmt: skip
+    log_dir = ctx.workdir / "snapshot-log"
+    shutil.rmtree(log_dir, ignore_errors=True)
+    started = time.perf_counter()
+    with Log(log_dir) as log:
+        stats = Connector(config, log).run()
+    snap_s = time.perf_counter() - started
+    execute(dsn, "SELECT pg_drop_replication_slot('snap')")
+    if stats.snapshot_rows != n:
+        raise AssertionError(f"the snapshot read {stats.snapshot_rows:,} rows, not {n:,}")
+    ctx.say(f"snapshot: connector {n / snap_s:,.0f} rows/s")
+    section.results.append(
+        measured(
+            f"snapshot of one {n:,}-row table into the durable log (single reader)",
+            n / snap_s,
+            "rows/s",
+            baseline_name="COPY … TO STDOUT of the same table, drained",
+            baseline_value=n / copy_s,
+            min_ratio=0.5,
+            note=(
+                f"table {SNAPSHOT_TABLE} with the bench table's 6 columns, {copy_bytes / 1e6:,.0f} MB as COPY text; "
+                f"COPY runs {', '.join(f'{n / s:,.0f}' for s, _ in copies)} rows/s; one snapshot run "
+                f"({snap_s:.1f} s, new slot, exported snapshot, one log transaction)"
+            ),
+        )
+    )
+    execute(dsn, f"DROP TABLE {SNAPSHOT_TABLE}")
+
+
 # ---------------------------------------------------------------------------- entry point
 
 
@@ -670,6 +739,9 @@ def run(ctx: Context, section: Section) -> None:
         f"{LATENCY_RATE // LATENCY_TXN_ROWS:,} transactions/s for {sizes.latency_seconds:.0f} s, and a "
         "read_committed consumer in the benchmark process recording poll-return time − `source.ts_ms` (commit "
         "timestamp, ms) per event; target p99 ≤ 50 ms (DESIGN.md §3).",
+        f"Snapshot: a {sizes.snapshot_rows:,}-row table with the bench table's columns; the connector's initial "
+        "snapshot of it alone (new slot, fresh log directory) against the best of two `COPY … TO STDOUT` reads of "
+        "it drained through psycopg; target ≥ 0.5× (DESIGN.md §3).",
     ]
     try:
         server = pg.start()
@@ -678,5 +750,6 @@ def run(ctx: Context, section: Section) -> None:
         with LocalKafka(ctx.workdir / "kafka", brokers=1) as kafka:
             bench_throughput(ctx, section, sizes, dsn, kafka.bootstrap_servers)
         bench_latency(ctx, section, sizes, dsn)
+        bench_snapshot(ctx, section, sizes, dsn)
     finally:
         pg.stop()

@@ -19,7 +19,7 @@ from capture.tables import KeylessPolicy, TableFilter
 from eventstore.errors import ConfigError
 from eventstore.topic import validate_topic_name
 
-__all__ = ["CaptureConfig", "KeylessPolicy", "PublicationMode", "SnapshotMode", "ValueFormat"]
+__all__ = ["CaptureConfig", "KeylessPolicy", "OffsetMismatch", "PublicationMode", "SnapshotMode", "ValueFormat"]
 
 
 class SnapshotMode(enum.Enum):
@@ -34,6 +34,24 @@ class SnapshotMode(enum.Enum):
             return cls(text)
         except ValueError:
             raise ConfigError(f"--snapshot must be one of initial, always, never, when_needed; not {text!r}") from None
+
+
+class OffsetMismatch(enum.Enum):
+    """What a start does when the stored position and the slot disagree (capture.recovery; Debezium 3.4's
+    ``offset.mismatch.strategy``)."""
+
+    FAIL = "fail"
+    TRUST_SLOT = "trust_slot"
+    TRUST_OFFSET = "trust_offset"
+
+    @classmethod
+    def parse(cls, text: str) -> OffsetMismatch:
+        try:
+            return cls(text)
+        except ValueError:
+            raise ConfigError(
+                f"--offset-mismatch must be one of fail, trust_slot, trust_offset; not {text!r}"
+            ) from None
 
 
 class ValueFormat(enum.Enum):
@@ -59,6 +77,7 @@ class CaptureConfig:
     topic_prefix: str = "tideline"
     plugin: Plugin = Plugin.WAL2JSON
     snapshot: SnapshotMode = SnapshotMode.INITIAL
+    offset_mismatch: OffsetMismatch = OffsetMismatch.FAIL  # stored position vs slot (capture.recovery)
     table_filter: TableFilter = field(default_factory=TableFilter)
     keyless_tables: KeylessPolicy = KeylessPolicy.KEYLESS
     # "schema.table" → topic: overrides the <prefix>.<schema>.<table> rule (capture.topics)

@@ -34,7 +34,8 @@ reset once streaming has resumed, for at most ``max_retry_time_s`` in a row (0: 
 A first connection that fails is reported, not retried, unless ``retry_on_start``. A
 missing slot, or a slot whose WAL was recycled past the stored position →
 :class:`~capture.errors.SlotLostError`, which says to restart with ``--snapshot
-when_needed``. A payload that cannot be decoded stops the connector; nothing partial
+when_needed``; a stored position the slot disagrees with → ``--offset-mismatch``
+(capture.recovery). A payload that cannot be decoded stops the connector; nothing partial
 is visible.
 
 Thread-safety: one connector runs in one thread; ``stop()`` may be called from another
@@ -69,6 +70,7 @@ from capture.keystate import KeyState
 from capture.messages import StreamingAmbiguous
 from capture.offsets import OffsetContext
 from capture.publications import Publications, PublishableTable
+from capture.recovery import check_start, move_position
 from capture.replication import ReplicationConnection
 from capture.signals import ensure_signal_table, split_table_name
 from capture.sinks import Sink
@@ -276,7 +278,11 @@ class Connector:
             snapshot = SnapshotSource(
                 self.config, self.catalog, builder, self.writer, self.offsets, self.stats, self._stop
             )
-            start_lsn = snapshot.prepare(repl, slot_state(self.config.dsn, self.config.slot))
+            slot = slot_state(self.config.dsn, self.config.slot)
+            decision = check_start(self.config, slot, self.offsets.stored, current_wal_lsn(self.config.dsn))
+            if decision.trust_slot_at is not None:
+                move_position(self.writer, self.offsets, decision.trust_slot_at)
+            start_lsn = snapshot.prepare(repl, slot, resnapshot=decision.resnapshot)
             if self._stop.is_set():
                 return
             incremental = IncrementalSnapshot(

@@ -62,6 +62,10 @@ class ValueConverter(Protocol):
         """``(op, after image)`` of a stored change event; the image holds at least the TOAST-able columns."""
         ...
 
+    def key_image(self, table: TableInfo, key: bytes) -> dict[str, Any] | None:
+        """The key columns of a stored record key as capture values (None: this format does not decode keys)."""
+        ...
+
 
 class JsonConverter:
     """JSON keys and envelopes (the default value format)."""
@@ -105,6 +109,10 @@ class JsonConverter:
         after = envelope.get("after")
         return str(envelope.get("op")), after if isinstance(after, dict) else None
 
+    def key_image(self, table: TableInfo, key: bytes) -> dict[str, Any] | None:
+        image = json.loads(key, parse_float=JsonNumber)
+        return image if isinstance(image, dict) else None
+
 
 class AvroConverter:
     """Confluent-framed Avro keys and envelopes, schemas in a schema registry (capture.avro)."""
@@ -133,6 +141,9 @@ class AvroConverter:
         if value[:1] != b"\x00":  # written before the table's topic went Avro: JSON
             return JsonConverter().read_change(table, value)
         return self.encoder.read_change(table, value)
+
+    def key_image(self, table: TableInfo, key: bytes) -> dict[str, Any] | None:
+        return None  # an Avro key decodes to Avro's values, not capture's: ``before`` stays null
 
 
 def converter_for(

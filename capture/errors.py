@@ -62,6 +62,11 @@ class SlotLostError(PermanentCaptureError):
     """The replication slot is gone, or no longer holds the WAL after our stored position."""
 
 
+class OffsetMismatchError(PermanentCaptureError):
+    """The stored position and the slot's ``confirmed_flush_lsn`` disagree (capture.recovery): choose
+    ``--offset-mismatch trust_slot`` or ``trust_offset`` after reading what each means."""
+
+
 class RetriesExhaustedError(CaptureError):
     """Transient failures went on for longer than ``max_retry_time_s``."""
 

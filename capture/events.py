@@ -414,6 +414,16 @@ class EventBuilder:
             yield [Event(topic, key, None) for key in keys if key != TRUNCATE_KEY]
         self.keystate.truncate(topic)
 
+    def recovered_delete(self, table: TableInfo, key: bytes, ctx: TxnContext, index: int, now_ms: int) -> list[Event]:
+        """A row gone from the table while no change could be streamed (capture.recovery): its ``d`` event
+        and tombstone. ``before``: the key columns (JSON keys; null with Avro, whose keys are not decoded)."""
+        topic = self.topic(table)
+        self._forget(topic, key)
+        before = self.converter.key_image(table, key)
+        source = self._source(None, table, ctx, index)
+        value = self.converter.envelope(table, b"d", before, None, source, None, now_ms)
+        return [Event(topic, key, value), Event(topic, key, None)]
+
     def outbox(self, table: TableInfo, topic_prefix: str, image: dict[str, Any], ctx: TxnContext, index: int) -> Event:
         """An inserted row of the outbox table → the event on ``<topic_prefix>.<stream_type>``."""
         missing = [c for c in OUTBOX_COLUMNS if c not in image]

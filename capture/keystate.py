@@ -7,7 +7,9 @@ whole topic to find out (memory must stay O(batch), not O(topic) or O(keys)):
   key's latest row when the in-memory TOAST cache has forgotten it;
 * a TRUNCATE is followed by a tombstone for every live key of the table's topic;
 * a snapshot taken again (``always``, ``when_needed``) must not route outbox events that
-  are already in the events topics (they are never compacted: a copy would stay).
+  are already in the events topics (they are never compacted: a copy would stay);
+* a snapshot taken over a topic that has live keys already (after a lost slot) deletes
+  the keys whose rows are gone from the table (capture.recovery).
 
 The key state is a **derived** store: everything in it can be rebuilt from the log, and
 it is rebuilt idempotently (below). It is an SQLite database (Python's standard
@@ -28,6 +30,12 @@ files; journal_mode WAL, synchronous NORMAL). Tables::
         value comes back exactly as the decoder produced it (Decimal digits, bytes, zones)
     streams(topic_id, stream_id BLOB, version INTEGER) WITHOUT ROWID
         outbox topics: the highest event version routed per stream
+    set_aside(topic_id, key BLOB) WITHOUT ROWID
+        only inside the SQLite transaction of a snapshot: the topic's live keys from before
+        the snapshot (moved out of ``keys``, which the snapshot's reads fill again). Those
+        left in ``set_aside`` but not back in ``keys`` are gone from the table; emptied in
+        the same transaction, so a committed file never holds rows here (a crash rolls it
+        back with the rest; added without a format change: older files get the empty table)
 
 Consistency with the log: one SQLite transaction spans each log transaction. It begins
 with the log's, receives the changes while events are built (buffered, deduplicated per
@@ -77,6 +85,8 @@ _SCHEMA = (
     "PRIMARY KEY(topic_id, key)) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS streams(topic_id INTEGER NOT NULL, stream_id BLOB NOT NULL, version INTEGER NOT NULL, "
     "PRIMARY KEY(topic_id, stream_id)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS set_aside(topic_id INTEGER NOT NULL, key BLOB NOT NULL, "
+    "PRIMARY KEY(topic_id, key)) WITHOUT ROWID",
 )
 
 _DELETE = object()  # buffered "this key is gone"
@@ -167,7 +177,7 @@ class KeyState:
         return {name: kind for name, kind in self.db.execute("SELECT name, kind FROM topics")}
 
     def _drop(self, topic_id: int) -> None:
-        for table in ("checkpoints", "keys", "streams"):
+        for table in ("checkpoints", "keys", "streams", "set_aside"):
             self.db.execute(f"DELETE FROM {table} WHERE topic_id = ?", (topic_id,))
 
     def _id(self, topic: str) -> int:
@@ -287,6 +297,41 @@ class KeyState:
         """Every key of the topic is gone (after the TRUNCATE's tombstones were built)."""
         self.flush()
         self.db.execute("DELETE FROM keys WHERE topic_id = ?", (self._id(topic),))
+
+    # ------------------------------------------------------------------ a snapshot over live keys
+
+    def set_aside(self, topic: str) -> int:
+        """Before a snapshot reads the topic's table: move its live keys aside (see the module docstring);
+        the number moved. Inside the snapshot's transaction."""
+        self.flush()
+        tid = self._id(topic)
+        self.db.execute("DELETE FROM set_aside WHERE topic_id = ?", (tid,))
+        moved = self.db.execute("INSERT INTO set_aside SELECT topic_id, key FROM keys WHERE topic_id = ?", (tid,))
+        self.db.execute("DELETE FROM keys WHERE topic_id = ?", (tid,))
+        return int(moved.rowcount)
+
+    def gone_keys(self, topic: str) -> Iterator[list[bytes]]:
+        """After the snapshot's reads: the set-aside keys the snapshot did not read again, in chunks (key order)."""
+        self.flush()
+        tid = self._id(topic)
+        after = b""
+        while True:
+            chunk = [
+                r[0]
+                for r in self.db.execute(
+                    "SELECT s.key FROM set_aside s WHERE s.topic_id = ? AND s.key > ? AND NOT EXISTS "
+                    "(SELECT 1 FROM keys k WHERE k.topic_id = s.topic_id AND k.key = s.key) ORDER BY s.key LIMIT ?",
+                    (tid, after, TRUNCATE_CHUNK),
+                )
+            ]
+            if not chunk:
+                return
+            yield chunk
+            after = chunk[-1]
+
+    def forget_set_aside(self, topic: str) -> None:
+        """The snapshot's deletes are built: nothing stays aside."""
+        self.db.execute("DELETE FROM set_aside WHERE topic_id = ?", (self._id(topic),))
 
     def routed_version(self, topic: str, stream_id: bytes) -> int | None:
         """The highest version of ``stream_id`` routed to ``topic`` (None: none)."""

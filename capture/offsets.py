@@ -113,6 +113,21 @@ class OffsetContext:
         """Transactions committing at or after the consistent point are streamed, not in the snapshot."""
         self._set(consistent_point - 1, -1, True, consistent_point)
 
+    def idle_at(self, wal_end: int) -> bool:
+        """The server sent everything up to ``wal_end`` and nothing of it is left to store (a keepalive
+        between transactions): once stored, the slot may be confirmed up to there. Like a snapshot's
+        consistent point, transactions committing at or after ``wal_end`` are not covered. False: the
+        open position is there already."""
+        floor = self.pending or self.stored
+        if floor is not None and (floor.commit_lsn >= wal_end - 1 or not floor.complete or not floor.snapshot_done):
+            return False
+        self._set(wal_end - 1, -1, True, max(wal_end, self.confirm_floor()))
+        return True
+
+    def slot_trusted(self, confirmed_flush: int) -> None:
+        """``--offset-mismatch trust_slot``: the log is taken to hold everything before the slot's position."""
+        self._set(confirmed_flush - 1, -1, True, confirmed_flush)
+
     def take_pending(self) -> SourcePosition | None:
         """The position to store with the batch being committed."""
         return self.pending

@@ -23,7 +23,13 @@ class SlotState:
 
     @property
     def lost(self) -> bool:
+        """The server invalidated the slot (``max_slot_wal_keep_size``): the WAL it needed is gone."""
         return self.wal_status == "lost"
+
+    @property
+    def confirmed_flush(self) -> int | None:
+        """``confirmed_flush_lsn`` as a number (None: the server reports none)."""
+        return None if self.confirmed_flush_lsn is None else parse_lsn(self.confirmed_flush_lsn)
 
 
 def slot_state(dsn: str, slot: str) -> SlotState | None:

@@ -7,6 +7,9 @@ TRANSACTION SNAPSHOT``, a server-side cursor, values as text converted like the
 stream's) and emitted as ``op=r`` events inside **one** log transaction that ends with
 the position "snapshot done at the slot's consistent point". Events are appended in
 chunks as they are read (memory stays O(chunk)); nothing is visible until the commit.
+A table whose topic has live keys already (a snapshot taken again) also gets, in that
+transaction, a delete and a tombstone for each of them the snapshot did not read
+(capture.recovery: rows deleted while the slot was lost).
 
 A table truncated or rewritten between the slot's consistent point and its read (TRUNCATE is
 not MVCC-safe: the snapshot would read it empty while the stream replays what followed) is
@@ -36,11 +39,12 @@ from typing import Any
 import psycopg
 
 from capture.config import CaptureConfig, SnapshotMode
-from capture.errors import PermanentCaptureError, SlotLostError
+from capture.errors import PermanentCaptureError
 from capture.events import EventBuilder, TxnContext
 from capture.messages import Column
 from capture.offsets import OffsetContext
 from capture.pgtypes import SESSION_OPTIONS
+from capture.recovery import Reconciliation
 from capture.replication import ReplicationConnection
 from capture.slots import SlotState, drop_slot
 from capture.status import Stats
@@ -48,7 +52,6 @@ from capture.tables import TableCatalog, TableInfo, qualified_name, result_rows,
 from capture.writer import LogWriter
 from eventstore.errors import ConfigError
 from eventstore.topic import now_ms
-from schemas.position import format_lsn
 
 log = logging.getLogger("capture.connector")
 
@@ -107,12 +110,16 @@ class SnapshotSource:
     stats: Stats
     stop: threading.Event
 
-    def prepare(self, repl: ReplicationConnection, slot: SlotState | None) -> int:
-        """Create the slot and snapshot as the mode says; return where streaming starts (0: the slot's position)."""
+    def prepare(self, repl: ReplicationConnection, slot: SlotState | None, *, resnapshot: bool = False) -> int:
+        """Create the slot and snapshot as the mode says; return where streaming starts (0: the slot's position).
+
+        A slot gone or lost while a position is stored was checked before (capture.recovery); so
+        was ``resnapshot``: the slot cannot serve the stored position, take a new one regardless of mode.
+        """
         mode = self.config.snapshot
         name = self.config.slot
         pos = self.offsets.stored
-        lost = slot is not None and slot.lost
+        lost = slot is not None and (slot.lost or resnapshot)
         if slot is not None and slot.plugin != self.config.plugin.value:
             raise ConfigError(f"slot {name} uses plugin {slot.plugin}, not {self.config.plugin.value}")
         interrupted = self.offsets.snapshot_interrupted
@@ -128,13 +135,8 @@ class SnapshotSource:
             or interrupted
             or (pos is None and mode in (SnapshotMode.INITIAL, SnapshotMode.WHEN_NEEDED))
             or (mode is SnapshotMode.WHEN_NEEDED and (slot is None or lost))
+            or resnapshot
         )
-        if pos is not None and not interrupted and (slot is None or lost) and mode is not SnapshotMode.WHEN_NEEDED:
-            what = "is missing" if slot is None else "lost the WAL after the stored position"
-            raise SlotLostError(
-                f"slot {name} {what} (stored position {format_lsn(pos.commit_lsn)}): changes since then "
-                "cannot be streamed; restart with --snapshot when_needed to take a new snapshot"
-            )
         if not needs_snapshot:
             if slot is None:
                 repl.create_slot(name, self.config.plugin, export_snapshot=False)
@@ -149,7 +151,8 @@ class SnapshotSource:
             self.offsets.snapshot_started()
             self._commit()
         if slot is not None:
-            log.warning("capture: dropping slot %s to take a consistent snapshot (%s)", name, mode.value)
+            why = "--offset-mismatch trust_offset" if resnapshot else f"--snapshot {mode.value}"
+            log.warning("capture: dropping slot %s to take a consistent snapshot (%s)", name, why)
             drop_slot(self.config.dsn, name)
         for attempt in range(1, SNAPSHOT_ATTEMPTS + 1):
             created = repl.create_slot(name, self.config.plugin, export_snapshot=True)
@@ -189,6 +192,7 @@ class SnapshotSource:
         held: tuple[TableInfo, list[Column], int, bool] | None = None
         first_read = True
         self.writer.begin()
+        reconciliation = Reconciliation(self.builder, self.writer.keystate)
         # Values are read uncast in text format: the type's output function, as wal2json prints
         # it (``::text`` differs: char(n) padding, inet netmasks), under the same session settings.
         with psycopg.connect(self.config.dsn, options=SESSION_OPTIONS) as c:
@@ -200,7 +204,9 @@ class SnapshotSource:
                 if outbox:
                     select += " ORDER BY " + ", ".join(f'"{k}"' for k in table.key)
                 else:
-                    self.writer.ensure_table_topic(table, self.builder.topic(table))
+                    topic = self.builder.topic(table)
+                    self.writer.ensure_table_topic(table, topic)
+                    reconciliation.table_started(table, topic)  # keys live before: deleted if not read again
                 cursor = f"tideline_snapshot_{t_i}"
                 self._check_not_rewritten(c, table)
                 c.execute(f"DECLARE {cursor} NO SCROLL CURSOR FOR {select}".encode())
@@ -231,6 +237,12 @@ class SnapshotSource:
                 marker = snapshot_marker(first=first_read, last=True, first_in_table=held[3], last_in_table=True)
                 self.writer.add(self.builder.snapshot_read(held[0], held[1], marked[marker], held[2], now_ms()))
             log.info("capture: snapshot of %d tables, %d rows", len(tables), index)
+        for chunk in reconciliation.deletes(consistent_point, index, ctx.ts_ms, now_ms()):
+            for event in chunk:
+                self.writer.add(event)
+            self.stats.events += len(chunk)
+            if self.writer.full:
+                self.writer.send_pending()
         self.offsets.snapshot_done(consistent_point)
         self._commit()
 

@@ -11,8 +11,11 @@ the stream is idle.
 Confirming: Postgres learns a new ``flush_lsn`` (the slot may then recycle WAL) only
 for commit ends of transactions whose log transaction has committed, never
 mid-transaction (the server would resend the whole transaction anyway). While captured
-tables are idle, the keepalive's WAL end is confirmed when no transaction is in flight
-(so WAL does not pile up); an optional heartbeat query writes to the source so that such
+tables are idle, the keepalive's WAL end is stored as the position (at most every
+:data:`IDLE_POSITION_S`, in a log transaction of its own) and then confirmed, when no
+transaction is in flight (so WAL does not pile up): the slot is never confirmed beyond the
+stored position, which is what lets a start tell a slot moved by someone else
+(capture.recovery). An optional heartbeat query writes to the source so that such
 confirmations happen at all on a database with no traffic.
 
 The decoder gets each payload with its XLogData position (pgoutput's row messages carry
@@ -56,6 +59,7 @@ from schemas.position import format_lsn
 log = logging.getLogger("capture.connector")
 
 KEEPALIVE_S = 5.0  # while one payload's messages take long (a replayed streamed transaction)
+IDLE_POSITION_S = 1.0  # idle: a keepalive's WAL end is stored (then confirmed) at most this often
 
 
 @dataclass(slots=True)
@@ -78,6 +82,7 @@ class StreamingSource:
         ctx_next = 0
         index = 0
         last_heartbeat = time.monotonic()
+        idle_stored = 0.0  # when an idle position was last stored
         confirmed = self.offsets.confirm_lsn
         writer = self.writer
         while True:
@@ -97,16 +102,20 @@ class StreamingSource:
                     # idle (a read timed out) or the batch is due. A keepalive alone is no sign
                     # of idleness: under load the server sends one after nearly every transaction.
                     self._commit()
+                now = time.monotonic()
                 if isinstance(msg, Keepalive):
                     self.stats.server_wal_end = max(self.stats.server_wal_end, msg.wal_end)
                     if ctx is None and not writer.in_txn:
-                        confirmed = max(confirmed, self._confirm(repl), msg.wal_end)
+                        reached = target is not None and msg.wal_end >= target
+                        if (reached or now - idle_stored >= IDLE_POSITION_S) and self.offsets.idle_at(msg.wal_end):
+                            self._store_idle()  # stored before confirmed: the slot never passes the log
+                            idle_stored = now
+                        confirmed = max(confirmed, self._confirm(repl))
                         repl.send_status(confirmed)
                         if target is not None and msg.wal_end >= target and not self.incremental.reading:
                             return
                     elif msg.reply_requested:
                         repl.send_status(confirmed)
-                now = time.monotonic()
                 self.status.tick()
                 if self.config.heartbeat_query and now - last_heartbeat >= self.config.heartbeat_interval_s:
                     last_heartbeat = now
@@ -295,6 +304,17 @@ class StreamingSource:
         self.offsets.committed(position)
         self.stats.batch_stored(None if position is None else position.commit_lsn)
         self.status.tick()
+
+    def _store_idle(self) -> None:
+        """The idle position alone in a log transaction (capture.recovery relies on the slot never being
+        confirmed past the log). The lag stays that of the last change: no change was stored."""
+        position = self.offsets.take_pending()
+        self.writer.begin()
+        self.writer.commit(position)
+        self.offsets.committed(position)
+        self.stats.batches += 1
+        if position is not None:
+            self.stats.last_stored_lsn = position.commit_lsn
 
     def _confirm(self, repl: ReplicationConnection) -> int:
         """Tell the server what is durable: the last complete transaction's commit end."""

@@ -164,6 +164,14 @@ def run(
         typer.Option("--key-columns", help="schema.table:col1,col2 — key for a table without a primary key."),
     ] = None,
     snapshot: Annotated[str, typer.Option("--snapshot", help="initial | always | never | when_needed.")] = "initial",
+    offset_mismatch: Annotated[
+        str,
+        typer.Option(
+            "--offset-mismatch",
+            help="fail | trust_slot | trust_offset: when the stored position and the slot disagree "
+            "(docs/capture.md, 'Position and slot').",
+        ),
+    ] = "fail",
     keyless_tables: KeylessOption = "keyless",
     table_topic: Annotated[
         list[str] | None,
@@ -280,6 +288,7 @@ def run(
     With ``tideline --kafka HOST:PORT capture run …`` the log is that Kafka cluster (one Kafka
     transaction per batch, the position in ``__tideline_capture_offsets``); the key state stays
     local (``--state-dir``, default ``<data dir>/_capture``)."""
+    from capture.config import OffsetMismatch
     from capture.connector import CaptureConfig, Connector, KeylessPolicy, PublicationMode, SnapshotMode, ValueFormat
     from capture.messages import Plugin
     from capture.tables import TableFilter
@@ -301,6 +310,7 @@ def run(
                 publication_autocreate
             ),
             snapshot=SnapshotMode.parse(snapshot),
+            offset_mismatch=OffsetMismatch.parse(offset_mismatch),
             keyless_tables=KeylessPolicy.parse(keyless_tables),
             table_topics=_table_topics(table_topic),
             max_retry_time_s=max_retry_time,

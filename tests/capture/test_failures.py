@@ -25,6 +25,7 @@ from capture.connector import CaptureConfig, Connector
 from capture.errors import PermanentCaptureError, permanent_reason
 from capture.replication import ReplicationConnection
 from eventstore.log import Log
+from schemas.position import parse_lsn
 from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,8 +124,19 @@ def test_walsender_killed_mid_stream_is_survived(db: str, tmp_path: Path) -> Non
                 killed = _terminate_walsender(db, "f")
                 assert killed, "no walsender to terminate"
                 _wait(lambda n=round_: connector.stats.reconnects >= n + 1)
+            # Wait for the update's position, not an event count: events a reconnect streams again are
+            # counted again, so a count can pass 201 before the update arrived.
+            with psycopg.connect(db) as c:
+                row = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            assert row is not None
+            before_update = parse_lsn(row[0])  # the update commits after this
             sql(db, "UPDATE t SET v = -1 WHERE id = 0")
-            _wait(lambda: connector.stats.events >= 201)
+
+            def update_stored() -> bool:
+                position = connector.read_position()
+                return position is not None and position.commit_lsn >= before_update
+
+            _wait(update_stored)
         finally:
             connector.stop()
             thread.join(60)
