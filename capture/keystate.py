@@ -278,16 +278,15 @@ class KeyState:
     def live_keys(self, topic: str) -> Iterator[list[bytes]]:
         """The topic's live keys, in chunks (key order), this transaction's changes included."""
         self.flush()
-        tid = self._id(topic)
+        yield from self._key_chunks(
+            "SELECT key FROM keys WHERE topic_id = ? AND key > ? ORDER BY key LIMIT ?", self._id(topic)
+        )
+
+    def _key_chunks(self, query: str, tid: int) -> Iterator[list[bytes]]:
+        """``query``'s keys (parameters: topic id, the last key seen, a chunk size), chunk after chunk."""
         after = b""
         while True:
-            chunk = [
-                r[0]
-                for r in self.db.execute(
-                    "SELECT key FROM keys WHERE topic_id = ? AND key > ? ORDER BY key LIMIT ?",
-                    (tid, after, TRUNCATE_CHUNK),
-                )
-            ]
+            chunk = [r[0] for r in self.db.execute(query, (tid, after, TRUNCATE_CHUNK))]
             if not chunk:
                 return
             yield chunk
@@ -313,21 +312,11 @@ class KeyState:
     def gone_keys(self, topic: str) -> Iterator[list[bytes]]:
         """After the snapshot's reads: the set-aside keys the snapshot did not read again, in chunks (key order)."""
         self.flush()
-        tid = self._id(topic)
-        after = b""
-        while True:
-            chunk = [
-                r[0]
-                for r in self.db.execute(
-                    "SELECT s.key FROM set_aside s WHERE s.topic_id = ? AND s.key > ? AND NOT EXISTS "
-                    "(SELECT 1 FROM keys k WHERE k.topic_id = s.topic_id AND k.key = s.key) ORDER BY s.key LIMIT ?",
-                    (tid, after, TRUNCATE_CHUNK),
-                )
-            ]
-            if not chunk:
-                return
-            yield chunk
-            after = chunk[-1]
+        yield from self._key_chunks(
+            "SELECT s.key FROM set_aside s WHERE s.topic_id = ? AND s.key > ? AND NOT EXISTS "
+            "(SELECT 1 FROM keys k WHERE k.topic_id = s.topic_id AND k.key = s.key) ORDER BY s.key LIMIT ?",
+            self._id(topic),
+        )
 
     def forget_set_aside(self, topic: str) -> None:
         """The snapshot's deletes are built: nothing stays aside."""
