@@ -64,6 +64,7 @@ from capture.errors import (
 from capture.events import EventBuilder, ToastCache
 from capture.keystate import KeyState
 from capture.messages import StreamingAmbiguous
+from capture.native import native_core_for
 from capture.offsets import OffsetContext
 from capture.publications import Publications, PublishableTable
 from capture.replication import ReplicationConnection
@@ -292,9 +293,11 @@ class Connector:
                 self.config.status_interval_s,
                 self.config.retained_wal_warn_bytes,
             )
+            native = native_core_for(self.config, self.catalog, builder, self.writer, self.stats)
             streaming = StreamingSource(
-                self.config, self.catalog, decoder, builder, self.writer, self.offsets, self.stats, status, self._stop
-            )
+                self.config, self.catalog, decoder, builder, self.writer, self.offsets, self.stats, status, self._stop,
+                native,
+            )  # fmt: skip
             streaming.run(repl, target)
         finally:
             for close in closing:

@@ -101,6 +101,20 @@ class ReplicationConnection:
             self._ahead = self.read(0.0)
         return self._ahead is not None
 
+    def read_ready(self, limit: int) -> list[XLogData]:
+        """Up to ``limit`` XLogData messages that have arrived already (no waiting); a keepalive met on the
+        way stops it and is the next :meth:`read`'s."""
+        out: list[XLogData] = []
+        while len(out) < limit:
+            msg = self.read(0.0)
+            if msg is None:
+                break
+            if not isinstance(msg, XLogData):
+                self._ahead = msg
+                break
+            out.append(msg)
+        return out
+
     def read(self, timeout_s: float) -> XLogData | Keepalive | None:
         """The next message, or None after ``timeout_s`` without one."""
         if self._ahead is not None:
