@@ -53,12 +53,17 @@ pub fn value(kind: Kind, raw: &str, out: &mut Vec<u8>) -> Option<usize> {
     const OTHER: usize = 16; // size_of's measure of a value that is not a string, bytes or JSON
     match kind {
         Kind::Int => {
+            // orjson reads integers in [-2^63, 2^64) as ints (beyond: floats, which the reference refuses)
             let digits = raw.strip_prefix('-').unwrap_or(raw);
             if raw == "-0"
                 || digits.is_empty()
-                || digits.len() > 18
+                || digits.len() > 20
                 || !digits.bytes().all(|b| b.is_ascii_digit())
             {
+                return None;
+            }
+            let v: i128 = raw.parse().ok()?;
+            if !(-(1i128 << 63)..1i128 << 64).contains(&v) {
                 return None;
             }
             out.extend_from_slice(raw.as_bytes());
