@@ -186,8 +186,7 @@ pub fn value(kind: Kind, raw: &str, out: &mut Vec<u8>) -> Option<usize> {
 }
 
 fn string(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
-    let value: &serde_json::value::RawValue = serde_json::from_str(raw).ok()?;
-    crate::json::raw_str(value).map(|c| std::borrow::Cow::Owned(c.into_owned()))
+    crate::json::str_of(raw)
 }
 
 /// `-?digits(.digits)?`: the numeric output text (no exponent, no NaN).

@@ -81,10 +81,15 @@ pub fn parse_obj(bytes: &[u8]) -> Option<Obj<'_>> {
 
 /// A raw value that is a JSON string, decoded (None: anything else).
 pub fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    if !raw.get().starts_with('"') {
+    str_of(raw.get())
+}
+
+/// JSON text that is a string, decoded (None: anything else).
+pub fn str_of(text: &str) -> Option<Cow<'_, str>> {
+    if !text.starts_with('"') {
         return None;
     }
-    serde_json::from_str::<Str>(raw.get()).ok().map(|s| s.0)
+    serde_json::from_str::<Str>(text).ok().map(|s| s.0)
 }
 
 /// A raw value that is a JSON integer token fitting an i64 (None: anything else, -0 included).

@@ -502,10 +502,9 @@ fn toast_sized(table: &Table, after: &[Col]) -> Option<bool> {
 /// The columns of ``field`` (an array of column objects), converted; None on anything unusual.
 fn columns<'a>(rec: &Obj<'a>, field: &str) -> Option<Vec<Col<'a>>> {
     let raw = rec.get(field)?;
-    let items: Vec<&'a serde_json::value::RawValue> = serde_json::from_str(raw.get()).ok()?;
+    let items: Vec<Obj<'a>> = serde_json::from_str(raw.get()).ok()?;
     let mut out: Vec<Col<'a>> = Vec::with_capacity(items.len());
-    for item in items {
-        let obj = parse_obj(item.get().as_bytes())?;
+    for obj in items {
         let name = raw_str(obj.get("name")?)?;
         raw_str(obj.get("type")?)?;
         let oid = raw_i64(obj.get("typeoid")?)?;
