@@ -74,6 +74,50 @@ impl<'de> Deserialize<'de> for Obj<'de> {
     }
 }
 
+/// A wal2json record: its members, with the column arrays parsed in the same pass (the last of a name wins).
+pub struct Record<'a> {
+    pub obj: Obj<'a>,
+    pub columns: Option<Vec<Obj<'a>>>,
+    pub identity: Option<Vec<Obj<'a>>>,
+}
+
+impl<'de> Deserialize<'de> for Record<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Record<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a wal2json record")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut rec = Record {
+                    obj: Obj(Vec::with_capacity(10)),
+                    columns: None,
+                    identity: None,
+                };
+                while let Some(k) = map.next_key::<Str<'de>>()? {
+                    match &*k.0 {
+                        "columns" => rec.columns = Some(map.next_value()?),
+                        "identity" => rec.identity = Some(map.next_value()?),
+                        _ => {
+                            let v = map.next_value::<&'de RawValue>()?;
+                            rec.obj.0.push((k.0, v));
+                        }
+                    }
+                }
+                Ok(rec)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Parse a wal2json record (None: not valid JSON, not UTF-8, not an object, or column arrays that are not
+/// arrays of objects).
+pub fn parse_record(bytes: &[u8]) -> Option<Record<'_>> {
+    serde_json::from_slice(bytes).ok()
+}
+
 /// Parse a JSON object (None: not valid JSON, not UTF-8, or not an object).
 pub fn parse_obj(bytes: &[u8]) -> Option<Obj<'_>> {
     serde_json::from_slice(bytes).ok()

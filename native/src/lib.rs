@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use convert::{Kind, NOT_NATIVE};
-use json::{parse_obj, raw_i64, raw_str, Obj};
+use json::{parse_obj, parse_record, raw_i64, raw_str, Obj, Record};
 
 const VERSION: &str = "tideline-0.1";
 const TOAST_MIN_ROW_BYTES: usize = 1024;
@@ -164,8 +164,10 @@ impl Core {
                 Ok(b) => b.as_bytes(),
                 Err(_) => break,
             };
-            let Some(rec) = parse_obj(payload) else { break };
-            let Some(table_id) = self.route(&rec) else {
+            let Some(rec) = parse_record(payload) else {
+                break;
+            };
+            let Some(table_id) = self.route(&rec.obj) else {
                 break;
             };
             let table = self.tables[table_id]
@@ -344,7 +346,7 @@ fn source_prefix_of(
 /// The events of one I/U/D payload of ``table``, or None when it must take the Python path.
 #[allow(clippy::too_many_arguments)]
 fn build(
-    rec: &Obj,
+    record: &Record,
     table: &Table,
     source_prefix: &[u8],
     xid: Option<i64>,
@@ -354,6 +356,7 @@ fn build(
     index: i64,
     now_ms: i64,
 ) -> Option<Built> {
+    let rec = &record.obj;
     let action = raw_str(rec.get("action")?)?;
     // fields every row record must carry, checked as the reference decoder checks them
     let xid_raw = rec.get("xid")?;
@@ -383,7 +386,7 @@ fn build(
     let known = |c: &Col| table.columns.iter().any(|k| *k == c.name);
     match &*action {
         "I" => {
-            let after = columns(rec, "columns")?;
+            let after = columns(record.columns.as_ref())?;
             if after.len() != table.columns.len() || !after.iter().all(known) {
                 return None; // the table changed: the Python path reads the catalog again
             }
@@ -412,7 +415,7 @@ fn build(
             if table.key.is_empty() {
                 return None;
             }
-            let before = columns(rec, "identity")?;
+            let before = columns(record.identity.as_ref())?;
             if !before.iter().all(known) {
                 return None;
             }
@@ -437,12 +440,12 @@ fn build(
             if table.key.is_empty() {
                 return None;
             }
-            let after = columns(rec, "columns")?;
+            let after = columns(record.columns.as_ref())?;
             if after.len() != table.columns.len() || !after.iter().all(known) {
                 return None; // an unchanged TOAST column left out, or the table changed
             }
-            let identity = if rec.get("identity").is_some() {
-                Some(columns(rec, "identity")?)
+            let identity = if record.identity.is_some() {
+                Some(columns(record.identity.as_ref())?)
             } else {
                 None
             };
@@ -499,10 +502,9 @@ fn toast_sized(table: &Table, after: &[Col]) -> Option<bool> {
     Some(total >= TOAST_MIN_ROW_BYTES)
 }
 
-/// The columns of ``field`` (an array of column objects), converted; None on anything unusual.
-fn columns<'a>(rec: &Obj<'a>, field: &str) -> Option<Vec<Col<'a>>> {
-    let raw = rec.get(field)?;
-    let items: Vec<Obj<'a>> = serde_json::from_str(raw.get()).ok()?;
+/// A record's column array, converted; None when absent or on anything unusual.
+fn columns<'a>(items: Option<&Vec<Obj<'a>>>) -> Option<Vec<Col<'a>>> {
+    let items = items?;
     let mut out: Vec<Col<'a>> = Vec::with_capacity(items.len());
     for obj in items {
         let name = raw_str(obj.get("name")?)?;
