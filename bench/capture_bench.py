@@ -19,6 +19,9 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
      construction to return (connections and topic creation included); the log must then
      hold exactly ``changes`` change events.
 
+   * with wal2json and the native core built (capture.native, the default ``--core auto``), the
+     same connector once more with ``--core python`` (every change through the Python reference
+     path): the rows "(Python core)", and the speed-up of the native core in paired runs;
    * the same connector into Apache Kafka (a private single-broker KRaft cluster,
      ``tideline.kafkaharness.LocalKafka``; ``capture.sinks.kafka.KafkaLogSink``: one
      transactional producer, acks=all, one Kafka transaction per log batch with the
@@ -703,7 +706,9 @@ def run(ctx: Context, section: Section) -> None:
         "connector's own plugin options (wal2json: `capture.decoders.wal2json.SLOT_OPTIONS`; pgoutput: "
         "proto_version 2, messages, streaming) vs the connector in-process (default settings, snapshot never, "
         "exit when caught up) writing a fresh log directory, and (bench workload) into a single-broker Kafka; "
-        "interleaved run by run.",
+        "interleaved run by run. The connector's per-change core is its default (`--core auto`): the native core "
+        "(`capture.native`, Rust) for wal2json when `tideline_native` is built, the Python path for pgoutput; with "
+        "wal2json the connector also runs with `--core python` on the same WAL, interleaved (rows '(Python core)').",
         f"Latency: connector in its own process (default settings: 4 MiB / linger 20 ms log transactions, fsync "
         f"per log transaction), a writer process committing {LATENCY_TXN_ROWS}-row INSERTs on a fixed schedule of "
         f"{LATENCY_RATE // LATENCY_TXN_ROWS:,} transactions/s for {sizes.latency_seconds:.0f} s, and a "

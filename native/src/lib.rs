@@ -390,6 +390,9 @@ fn build(
             if after.len() != table.columns.len() || !after.iter().all(known) {
                 return None; // the table changed: the Python path reads the catalog again
             }
+            if record.identity.is_some() && !columns(record.identity.as_ref())?.iter().all(known) {
+                return None; // the reference converts an identity wherever it is, and checks its names
+            }
             let key = key_of(table, &after);
             if key.is_some() && toast_sized(table, &after)? {
                 return None;

@@ -438,7 +438,7 @@ RETYPED = ['null', '1', '"x"', '[]', '{}', 'true', '1.5', '-0', '"0/1"']  # fmt:
 
 def mutate(payload: bytes, rnd: random.Random) -> bytes:
     """One byte-level or JSON-level edit of a payload."""
-    kind = rnd.randrange(6)
+    kind = rnd.randrange(7)
     if kind == 0 and payload:  # flip a byte
         i = rnd.randrange(len(payload))
         return payload[:i] + bytes([payload[i] ^ (1 << rnd.randrange(8))]) + payload[i + 1 :]
@@ -452,6 +452,12 @@ def mutate(payload: bytes, rnd: random.Random) -> bytes:
         record = json.loads(payload)
     except ValueError:
         return payload[: len(payload) // 2]
+    if kind == 6 and isinstance(record, dict) and isinstance(record.get("columns"), list) and record["columns"]:
+        # an identity where the reference reads one too (an INSERT's is converted and checked as well)
+        column = dict(rnd.choice(record["columns"]))
+        column["value"] = json.loads(rnd.choice(RETYPED))
+        record["identity"] = [column]
+        return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
     target: Any = record
     if isinstance(record, dict) and record.get("columns") and rnd.random() < 0.7:
         target = rnd.choice(record["columns"])
