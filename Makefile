@@ -10,8 +10,14 @@ PG_BIN := /usr/lib/postgresql/15/bin
 WAL2JSON := /usr/lib/postgresql/15/lib/wal2json.so
 APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jdk-headless maven kcat chromium
 JAR_CACHE := .cache/jars
+# The native capture core (native/, Rust + PyO3, capture/native.py): rebuilt when any of its sources changes.
+# rustup installs cargo under ~/.cargo/bin, which a non-login shell (CI) may not have on its PATH.
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/tideline_native.pyi $(wildcard native/src/*.rs)
+NATIVE_HASH := $(shell cat $(NATIVE_SOURCES) | sha256sum | cut -c1-16)
+NATIVE_STAMP := $(VENV)/.tideline-native-$(NATIVE_HASH)
 
-.PHONY: demo test bench soak reliability lint typecheck system venv jars clean
+.PHONY: demo test bench soak reliability lint typecheck system venv native jars clean
 
 ## system: Debian packages (Postgres 15 + wal2json, a JDK, Maven, kcat, chromium for the console's browser test)
 ## -- only installed when missing.
@@ -37,6 +43,17 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+## native: the native capture core (tideline_native) built by maturin into the venv (release build); needs cargo
+## (the Rust toolchain: https://rustup.rs). Without it the connector still runs, on the Python path.
+$(NATIVE_STAMP): $(STAMP) $(NATIVE_SOURCES)
+	@command -v cargo >/dev/null || { echo "error: cargo (Rust) is needed to build native/: install it from https://rustup.rs"; exit 1; }
+	@rm -f $(VENV)/.tideline-native-*
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --quiet -m native/Cargo.toml
+	@$(PY) -c 'import tideline_native'
+	@touch $(NATIVE_STAMP)
+
+native: $(NATIVE_STAMP)
+
 ## jars: Apache Kafka (KRaft broker), Spark's Kafka source of the installed PySpark's version, and Kafka
 ## Connect + Debezium's PostgreSQL connector (the envelope comparison test, `python -m bench --only debezium`)
 ## into $(JAR_CACHE), fetched once with Maven; fails when any cannot be fetched.
@@ -45,17 +62,18 @@ jars: system venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	cd native && cargo fmt --check && cargo clippy --release --quiet -- -D warnings
 
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: system venv jars lint typecheck
+test: system venv native jars lint typecheck
 	$(VENV)/bin/pytest -q tests
 
 ## soak: every test at its long size; the fault tests record results, rendered into RELIABILITY.md
 ## (written even when a test fails: a failed fault test records no row, so its row is missing).
 RELIABILITY_DIR := $(CURDIR)/.reliability-results
-soak: system venv jars
+soak: system venv native jars
 	rm -rf $(RELIABILITY_DIR)
 	TIDELINE_SOAK=1 TIDELINE_RELIABILITY_DIR=$(RELIABILITY_DIR) $(VENV)/bin/pytest -q tests; status=$$?; \
 		$(PY) -m tideline.reliability --dir $(RELIABILITY_DIR) || status=1; exit $$status
@@ -65,16 +83,16 @@ soak: system venv jars
 FAULT_TESTS := tests/eventstore/test_log_cleaner.py tests/eventstore/test_storage_faults.py \
 	tests/eventstore/test_disk_full.py tests/commands/test_pg_restart.py tests/capture/test_decoder_fuzz.py \
 	tests/capture/test_faults.py tests/projections/test_executor_kill.py tests/projections/test_rebuild_attempts.py
-reliability: system venv jars
+reliability: system venv native jars
 	rm -rf $(RELIABILITY_DIR)
 	TIDELINE_SOAK=1 TIDELINE_RELIABILITY_DIR=$(RELIABILITY_DIR) $(VENV)/bin/pytest -q $(FAULT_TESTS); status=$$?; \
 		$(PY) -m tideline.reliability --dir $(RELIABILITY_DIR) || status=1; exit $$status
 
-bench: system venv jars
+bench: system venv native jars
 	$(PY) -m bench
 
-demo: system venv jars
+demo: system venv native jars
 	$(VENV)/bin/tideline demo
 
 clean:
-	rm -rf $(VENV) tideline-data .pytest_cache .mypy_cache .ruff_cache .reliability-results $(JAR_CACHE)
+	rm -rf $(VENV) native/target tideline-data .pytest_cache .mypy_cache .ruff_cache .reliability-results $(JAR_CACHE)

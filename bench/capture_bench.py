@@ -19,6 +19,9 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
      construction to return (connections and topic creation included); the log must then
      hold exactly ``changes`` change events.
 
+   * with wal2json and the native core built (capture.native, the default ``--core auto``), the
+     same connector once more with ``--core python`` (every change through the Python reference
+     path): the rows "(Python core)", and the speed-up of the native core in paired runs;
    * the same connector into Apache Kafka (a private single-broker KRaft cluster,
      ``tideline.kafkaharness.LocalKafka``; ``capture.sinks.kafka.KafkaLogSink``: one
      transactional producer, acks=all, one Kafka transaction per log batch with the
@@ -66,9 +69,11 @@ import orjson
 import psycopg
 
 from bench.report import Section, measured
+from capture.config import CoreChoice
 from capture.connector import CaptureConfig, Connector, SnapshotMode
 from capture.decoders.wal2json import SLOT_OPTIONS
 from capture.messages import Plugin
+from capture.native import available as native_available
 from capture.publications import PublicationMode
 from capture.sinks.kafka import KafkaLogSink
 from capture.tables import TableFilter
@@ -200,10 +205,13 @@ def percentile(sorted_values: list[float], q: float) -> float:
 # ---------------------------------------------------------------------------- throughput
 
 
-def plugin_config(plugin: Plugin, dsn: str, slot: str, prefix: str) -> CaptureConfig:
+def plugin_config(
+    plugin: Plugin, dsn: str, slot: str, prefix: str, core: CoreChoice = CoreChoice.AUTO
+) -> CaptureConfig:
     """The connector's configuration: defaults, no snapshot, exit when caught up; pgoutput streams the
-    benchmark's own publication (``disabled``: used as it is)."""
-    extra: dict[str, object] = {}
+    benchmark's own publication (``disabled``: used as it is). ``core``: the per-change core (capture.native;
+    auto: the native one when it is built and covers the plugin)."""
+    extra: dict[str, object] = {"core": core}
     if plugin.capabilities.needs_publication:
         extra = {"publication": PUBLICATION, "publication_autocreate": PublicationMode.DISABLED}
     return CaptureConfig(dsn=dsn, slot=slot, topic_prefix=prefix, plugin=plugin, snapshot=SnapshotMode.NEVER,
@@ -265,6 +273,11 @@ def run_connector(
             done.set()
             sampler.join()
     return time.perf_counter() - start
+
+
+def native_applies(plugin: Plugin) -> bool:
+    """Whether the connector's default (auto) core is the native one for this plugin (capture.native)."""
+    return native_available() and plugin is Plugin.WAL2JSON
 
 
 def count_kafka_records(bootstrap: str, topic: str) -> int:
@@ -340,8 +353,10 @@ def throughput_of(
     recv_s: list[float] = []
     conn_s: list[float] = []
     kafka_s: list[float] = []
+    python_s: list[float] = []  # the Python core, where the native one runs by default (the comparison)
     best_series: list[tuple[float, int]] = []
-    consumers = ("recv", "tl", "kf") if kafka else ("recv", "tl")
+    compare = native_applies(plugin)
+    consumers = ("recv", "tl", *(("kf",) if kafka else ()), *(("py",) if compare else ()))
     for i in range(sizes.runs):
         for consumer in consumers:
             execute(dsn, "SELECT pg_copy_logical_replication_slot(%s, %s)", (f"src_{plugin.value}", f"{consumer}_{i}"))
@@ -355,6 +370,12 @@ def throughput_of(
         if stored != expected:
             raise AssertionError(f"the connector ({plugin.value}) stored {stored} records, expected {expected}")
         shutil.rmtree(log_dir)
+        if compare:
+            python_s.append(run_connector(plugin_config(plugin, dsn, f"py_{i}", PREFIX, CoreChoice.PYTHON), log_dir))
+            stored = count_records(log_dir, f"{PREFIX}.public.{TABLE}")
+            if stored != expected:
+                raise AssertionError(f"the connector (Python core) stored {stored} records, expected {expected}")
+            shutil.rmtree(log_dir)
         if kafka:
             prefix = f"kf{plugin.value}{i}"
             state = ctx.workdir / f"kafka-state-{plugin.value}-{i}"
@@ -370,6 +391,7 @@ def throughput_of(
             f"{plugin.value}, {workload} workload, run {i + 1}: pg_recvlogical {n / recv_s[-1]:,.0f} changes/s, "
             f"connector {n / conn_s[-1]:,.0f} changes/s into the embedded log"
             + (f", {n / kafka_s[-1]:,.0f} changes/s into Kafka" if kafka_s else "")
+            + (f"; Python core {n / python_s[-1]:,.0f} changes/s" if python_s else "")
         )
     if plugin is Plugin.WAL2JSON and workload == "bench":
         THROUGHPUT_RATES[:] = [n / min(recv_s), n / min(conn_s)]
@@ -377,9 +399,10 @@ def throughput_of(
     half = n // 2
     what = WORKLOADS[workload].format(n=f"{n:,}", half=f"{half:,}", rest=f"{n - half:,}", deletes=f"{deletes:,}")
     baseline = f"pg_recvlogical ({plugin.value}) -f /dev/null, same WAL"
+    core = "native core" if compare else "Python core"
     section.results.append(
         measured(
-            f"capture throughput, {plugin.value}, {workload} workload, WAL → durable log",
+            f"capture throughput, {plugin.value}, {workload} workload, WAL → durable log ({core})",
             n / min(conn_s),
             "changes/s",
             baseline_name=baseline,
@@ -394,10 +417,29 @@ def throughput_of(
             ),
         )
     )
+    if python_s:
+        speedups = [p / c for p, c in zip(python_s, conn_s, strict=True)]
+        section.results.append(
+            measured(
+                f"capture throughput, {plugin.value}, {workload} workload, WAL → durable log (Python core)",
+                n / min(python_s),
+                "changes/s",
+                baseline_name=baseline,
+                baseline_value=n / min(recv_s),
+                min_ratio=0.7,
+                note=(
+                    "the same WAL and connector with `--core python` (every change through the Python reference "
+                    "path), interleaved with the native core's runs: runs "
+                    + ", ".join(f"{n / s:,.0f}" for s in python_s)
+                    + f" changes/s; native core / Python core, median of paired runs {statistics.median(speedups):.2f}×"
+                ),
+            )
+        )
     if kafka_s:
         section.results.append(
             measured(
-                f"capture throughput, {plugin.value}, {workload} workload, WAL → Kafka (1 broker, exactly once)",
+                f"capture throughput, {plugin.value}, {workload} workload, WAL → Kafka (1 broker, exactly once; "
+                f"{core})",
                 n / min(kafka_s),
                 "changes/s",
                 baseline_name=baseline,
@@ -733,7 +775,9 @@ def run(ctx: Context, section: Section) -> None:
         "connector's own plugin options (wal2json: `capture.decoders.wal2json.SLOT_OPTIONS`; pgoutput: "
         "proto_version 2, messages, streaming) vs the connector in-process (default settings, snapshot never, "
         "exit when caught up) writing a fresh log directory, and (bench workload) into a single-broker Kafka; "
-        "interleaved run by run.",
+        "interleaved run by run. The connector's per-change core is its default (`--core auto`): the native core "
+        "(`capture.native`, Rust) for wal2json when `tideline_native` is built, the Python path for pgoutput; with "
+        "wal2json the connector also runs with `--core python` on the same WAL, interleaved (rows '(Python core)').",
         f"Latency: connector in its own process (default settings: 4 MiB / linger 20 ms log transactions, fsync "
         f"per log transaction), a writer process committing {LATENCY_TXN_ROWS}-row INSERTs on a fixed schedule of "
         f"{LATENCY_RATE // LATENCY_TXN_ROWS:,} transactions/s for {sizes.latency_seconds:.0f} s, and a "

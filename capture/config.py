@@ -9,6 +9,7 @@ Names follow Debezium's PostgreSQL connector where there is an equivalent
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +69,33 @@ class ValueFormat(enum.Enum):
 
 # A slot holding back more WAL than this is warned about (connector log, capture status, console).
 RETAINED_WAL_WARN_BYTES = 1 << 30
+
+
+ENV = "TIDELINE_CAPTURE_CORE"  # the default of CaptureConfig.core (capture.native)
+
+
+class CoreChoice(enum.Enum):
+    AUTO = "auto"
+    PYTHON = "python"
+    NATIVE = "native"
+
+    @classmethod
+    def parse(cls, text: str) -> CoreChoice:
+        try:
+            return cls(text)
+        except ValueError:
+            raise ConfigError(f"the capture core must be auto, python or native; not {text!r}") from None
+
+    @classmethod
+    def default(cls) -> CoreChoice:
+        """``TIDELINE_CAPTURE_CORE`` when set, else auto."""
+        text = os.environ.get(ENV)
+        if not text:
+            return cls.AUTO
+        try:
+            return cls(text)
+        except ValueError:
+            raise ConfigError(f"{ENV} must be auto, python or native; not {text!r}") from None
 
 
 @dataclass(slots=True)
@@ -131,12 +159,20 @@ class CaptureConfig:
     signal_table: str = DEFAULT_SIGNAL_TABLE
     incremental_chunk_size: int = 1024
 
+
+    # The per-change core (capture.native): auto (the native extension when built and applicable), python, native.
+    core: CoreChoice = field(default_factory=CoreChoice.default)
+
     def validate(self) -> None:
         validate_topic_name(f"{self.topic_prefix}.transaction")
         if not self.slot.replace("_", "").isalnum() or self.slot.lower() != self.slot or not self.slot.isascii():
             raise ConfigError(f"slot name {self.slot!r}: use lower-case letters, digits and _")
         if not self.plugin.implemented:
             raise ConfigError(f"plugin {self.plugin.value} is not implemented yet (wal2json is)")
+        if self.core is CoreChoice.NATIVE:
+            from capture.native import check_native  # it imports this module
+
+            check_native(self)
         if self.plugin.capabilities.needs_publication:
             self.publications()  # checks the name
             if self.pgoutput_proto_version not in (1, 2, 3):

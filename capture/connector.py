@@ -68,6 +68,7 @@ from capture.events import EventBuilder, ToastCache
 from capture.incremental import IncrementalSnapshot
 from capture.keystate import KeyState
 from capture.messages import StreamingAmbiguous
+from capture.native import native_core_for
 from capture.offsets import OffsetContext
 from capture.publications import Publications, PublishableTable
 from capture.recovery import check_start, move_position
@@ -313,9 +314,11 @@ class Connector:
                 self.config.status_interval_s,
                 self.config.retained_wal_warn_bytes,
             )
+            native = native_core_for(self.config, self.catalog, builder, self.writer, self.stats)
             streaming = StreamingSource(
                 self.config, self.catalog, decoder, builder, self.writer, self.offsets, self.stats, status, self._stop,
                 incremental, self.signal_table,
+                native,
             )  # fmt: skip
             streaming.run(repl, target)
         finally:

@@ -170,6 +170,10 @@ class ToastCache:
         if old is not None:
             self._bytes -= old[1]
 
+    def drop_many(self, topic: str, keys: list[bytes]) -> None:
+        for key in keys if self._entries else ():
+            self.drop(topic, key)
+
     def drop_topic(self, topic: str) -> None:
         for k in [k for k in self._entries if k[0] == topic]:
             self.drop(*k)

@@ -61,6 +61,7 @@ import logging
 import pickle
 import sqlite3
 from collections.abc import Callable, Iterator
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,7 @@ _SCHEMA = (
 )
 
 _DELETE = object()  # buffered "this key is gone"
+DELETE_MARKER = _DELETE  # what put_many takes for a deleted key (the native core passes it back)
 
 # What catch-up learns from one record: ("put", toast values or None), ("delete", None),
 # ("route", version) for outbox records, or None (nothing to record).
@@ -209,6 +211,13 @@ class KeyState:
 
     def delete(self, topic: str, key: bytes) -> None:
         self._keys[(self._id(topic), key)] = _DELETE
+        if len(self._keys) >= WRITE_BUFFER_ENTRIES:
+            self.flush()
+
+    def put_many(self, topic: str, keys: list[bytes], values: list[Any]) -> None:
+        """:meth:`put` (``None``: a small row) or :meth:`delete` (``DELETE_MARKER``) of many keys, in order."""
+        tid = self._id(topic)
+        self._keys.update(zip(zip(repeat(tid), keys), values, strict=True))
         if len(self._keys) >= WRITE_BUFFER_ENTRIES:
             self.flush()
 

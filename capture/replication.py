@@ -101,6 +101,40 @@ class ReplicationConnection:
             self._ahead = self.read(0.0)
         return self._ahead is not None
 
+    def read_ready(self, limit: int) -> list[XLogData]:
+        """Up to ``limit`` XLogData messages that have arrived already (no waiting); a keepalive met on the
+        way stops it and is the next :meth:`read`'s. The native core's read-ahead: the per-message loop kept
+        short (what libpq has buffered first; the socket is looked at only when that runs out)."""
+        out: list[XLogData] = []
+        if self._ahead is not None:
+            if not isinstance(self._ahead, XLogData):
+                return out
+            out.append(self._ahead)
+            self._ahead = None
+        pg = self.conn.pgconn
+        get = pg.get_copy_data
+        unpack = XLOG_HEADER.unpack_from
+        body = 1 + XLOG_HEADER.size
+        while len(out) < limit:
+            n, data = get(1)
+            if n == 0:
+                if not select.select([pg.socket], [], [], 0)[0]:
+                    break
+                pg.consume_input()
+                n, data = get(1)
+                if n == 0:
+                    break
+            if n < 0:
+                raise psycopg.OperationalError(f"replication stream ended: {_end_reason(pg)}")
+            raw = bytes(data)
+            if raw[:1] == b"w":
+                start, end, _ = unpack(raw, 1)
+                out.append(XLogData(start, end, raw[body:]))
+                continue
+            self._ahead = _message(raw)  # a keepalive: the next read()'s
+            break
+        return out
+
     def read(self, timeout_s: float) -> XLogData | Keepalive | None:
         """The next message, or None after ``timeout_s`` without one."""
         if self._ahead is not None:
@@ -122,15 +156,7 @@ class ReplicationConnection:
                     continue
             if n < 0:
                 raise psycopg.OperationalError(f"replication stream ended: {_end_reason(pg)}")
-            raw = bytes(data)
-            kind = raw[:1]
-            if kind == b"w":
-                start, end, _ = XLOG_HEADER.unpack_from(raw, 1)
-                return XLogData(start, end, raw[1 + XLOG_HEADER.size :])
-            if kind == b"k":
-                end, _, reply = KEEPALIVE.unpack_from(raw, 1)
-                return Keepalive(end, bool(reply))
-            raise psycopg.OperationalError(f"unexpected replication message type {kind!r}")
+            return _message(bytes(data))
 
     def send_status(self, flushed: int, *, reply: bool = False) -> None:
         """Standby status update: everything up to ``flushed`` is durable downstream."""
@@ -157,6 +183,18 @@ class ReplicationConnection:
                 pass
         self._streaming = False
         self.conn.close()
+
+
+def _message(raw: bytes) -> XLogData | Keepalive:
+    """One CopyData message of the stream: 'w' XLogData or 'k' keepalive (layouts in the module docstring)."""
+    kind = raw[:1]
+    if kind == b"w":
+        start, end, _ = XLOG_HEADER.unpack_from(raw, 1)
+        return XLogData(start, end, raw[1 + XLOG_HEADER.size :])
+    if kind == b"k":
+        end, _, reply = KEEPALIVE.unpack_from(raw, 1)
+        return Keepalive(end, bool(reply))
+    raise psycopg.OperationalError(f"unexpected replication message type {kind!r}")
 
 
 def _end_reason(pg: PGconn) -> str:

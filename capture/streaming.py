@@ -24,14 +24,16 @@ iterator that replays a whole streamed transaction from disk, which can take min
 while it is consumed, a standby status update goes out every :data:`KEEPALIVE_S`, so the
 walsender (which stops a silent client after ``wal_sender_timeout``) keeps waiting.
 
+Thread-safety: none; run by the connector thread.
+
 Incremental snapshots (capture.incremental) ride on this loop: between two transactions it
 reads the next chunk when one is due; watermark messages (prefix
 ``tideline.watermark``) and INSERTs into the signal table (capture.signals) are handed to
 it instead of becoming events (they take no event index), and every change of a captured
 table is shown to it so that it drops the chunk rows the change supersedes. With
-``exit_when_caught_up`` the loop does not end while an incremental snapshot is reading (paused: it may).
-
-Thread-safety: none; run by the connector thread.
+``exit_when_caught_up`` the loop does not end while an incremental snapshot is reading
+(paused: it may). While a chunk is open, every change takes the Python path (the native
+core does not show its changes to the snapshot).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from capture.config import CaptureConfig
 from capture.events import Event, EventBuilder, TxnContext
 from capture.incremental import WATERMARK_PREFIX, IncrementalSnapshot
 from capture.messages import ChangeMessage, DecodeError, Decoder, Kind
+from capture.native import NativeCore
 from capture.offsets import OffsetContext
 from capture.replication import Keepalive, ReplicationConnection, XLogData
 from capture.status import Stats, StatusReporter
@@ -58,6 +61,7 @@ from schemas.position import format_lsn
 
 log = logging.getLogger("capture.connector")
 
+READ_AHEAD = 255  # with the native core: messages that have arrived already, read ahead to give it runs
 KEEPALIVE_S = 5.0  # while one payload's messages take long (a replayed streamed transaction)
 IDLE_POSITION_S = 1.0  # idle: a keepalive's WAL end is stored (then confirmed) at most this often
 
@@ -75,108 +79,158 @@ class StreamingSource:
     stop: threading.Event
     incremental: IncrementalSnapshot
     signal_table: tuple[str, str]  # (schema, table) whose INSERTs are signals (capture.signals)
+    native: NativeCore | None = None  # the native core (capture.native), None: every change takes the Python path
+    # the stream's state between messages
+    _ctx: TxnContext | None = None
+    _ctx_next: int = 0
+    _index: int = 0
+    _confirmed: int = 0
 
     def run(self, repl: ReplicationConnection, target: int | None) -> None:
         """Stream until stopped, or until ``target`` (the WAL end at start) is stored when given."""
-        ctx: TxnContext | None = None
-        ctx_next = 0
-        index = 0
+        self._ctx = None
+        self._ctx_next = 0
+        self._index = 0
         last_heartbeat = time.monotonic()
         idle_stored = 0.0  # when an idle position was last stored
-        confirmed = self.offsets.confirm_lsn
+        self._confirmed = self.offsets.confirm_lsn
         writer = self.writer
+        native = self.native
         while True:
             if self.stop.is_set():  # commit what we have (the position says how far, even mid-transaction)
                 self._commit()
                 self._confirm(repl)
                 return
-            if ctx is None and self.incremental.wants_chunk():
+            if self._ctx is None and self.incremental.wants_chunk():
                 self.incremental.read_chunk()  # at a transaction boundary: the stream's position is the read's
             linger_left = self.config.linger_ms - writer.age_ms()
             timeout = max(0.001, linger_left / 1000) if writer.in_txn else 0.1
             msg = repl.read(timeout)
-            if msg is None and target is not None and ctx is None and not writer.in_txn:
-                repl.send_status(confirmed, reply=True)  # ask for a keepalive: how far is the server?
+            if msg is None and target is not None and self._ctx is None and not writer.in_txn:
+                repl.send_status(self._confirmed, reply=True)  # ask for a keepalive: how far is the server?
             if msg is None or isinstance(msg, Keepalive):
-                if writer.in_txn and ctx is None and (msg is None or self._batch_due(repl)):
+                if writer.in_txn and self._ctx is None and (msg is None or self._batch_due(repl)):
                     # idle (a read timed out) or the batch is due. A keepalive alone is no sign
                     # of idleness: under load the server sends one after nearly every transaction.
                     self._commit()
                 now = time.monotonic()
                 if isinstance(msg, Keepalive):
                     self.stats.server_wal_end = max(self.stats.server_wal_end, msg.wal_end)
-                    if ctx is None and not writer.in_txn:
+                    if self._ctx is None and not writer.in_txn:
                         reached = target is not None and msg.wal_end >= target
                         if (reached or now - idle_stored >= IDLE_POSITION_S) and self.offsets.idle_at(msg.wal_end):
                             self._store_idle()  # stored before confirmed: the slot never passes the log
                             idle_stored = now
-                        confirmed = max(confirmed, self._confirm(repl))
-                        repl.send_status(confirmed)
+                        self._confirmed = max(self._confirmed, self._confirm(repl))
+                        repl.send_status(self._confirmed)
                         if target is not None and msg.wal_end >= target and not self.incremental.reading:
                             return
                     elif msg.reply_requested:
-                        repl.send_status(confirmed)
+                        repl.send_status(self._confirmed)
                 self.status.tick()
                 if self.config.heartbeat_query and now - last_heartbeat >= self.config.heartbeat_interval_s:
                     last_heartbeat = now
                     self._heartbeat()
                 continue
             assert isinstance(msg, XLogData)
-            self.stats.server_wal_end = max(self.stats.server_wal_end, msg.wal_end)
-            try:  # name where: the operator can look at the WAL there
-                messages = self.decoder.decode(msg.payload, msg.data_start)
-            except DecodeError as e:
-                raise DecodeError(f"at WAL {format_lsn(msg.data_start)}: {e}") from e
-            if not isinstance(messages, (list, tuple)):  # a replay: let the server hear from us while it runs
-                messages = self._keeping_alive(messages, repl, confirmed, msg.data_start)
-            for m in messages:
-                if m.kind is Kind.BEGIN:
-                    ctx = TxnContext(m.xid, m.lsn, m.timestamp_ms or 0, per_table={})
-                    ctx_next = m.next_lsn or m.lsn
-                    index = 0
-                    if self.config.transaction_metadata and not self.offsets.covers(ctx.commit_lsn, -1):
-                        self._add_one(self.builder.transaction_begin(ctx), compact=False)
+            # With the native core: the messages that have arrived already, so that it gets runs of them.
+            batch = [msg] if native is None else [msg, *repl.read_ready(READ_AHEAD)]
+            if self._handle(batch, repl, target):
+                return
+
+    def _handle(self, batch: list[XLogData], repl: ReplicationConnection, target: int | None) -> bool:
+        """XLogData messages in stream order: runs of them through the native core while it handles them,
+        the others one by one through the Python path. True: ``target`` is stored, stop."""
+        writer = self.writer
+        native = self.native
+        payloads: list[bytes] | None = None
+        p = 0
+        while p < len(batch):
+            ctx = self._ctx
+            if (
+                native is not None
+                and ctx is not None
+                and self.incremental.chunk is None  # an open chunk must see every change (IncrementalSnapshot.seen)
+                and not self.offsets.covers(ctx.commit_lsn, self._index)
+            ):
+                if payloads is None:
+                    payloads = [m.payload for m in batch]
+                handled, self._index = native.run(payloads, p, ctx, self._index)
+                if handled:
+                    p += handled
+                    self.stats.server_wal_end = max(self.stats.server_wal_end, batch[p - 1].wal_end)
+                    self.offsets.event_stored(ctx.commit_lsn, self._index - 1)
+                    if writer.full:
+                        self._commit()  # mid-transaction: bounded memory; the position says how far
+                        self._confirmed = max(self._confirmed, self._confirm(repl))
                     continue
-                if m.kind is Kind.COMMIT:
-                    if ctx is None:
-                        raise DecodeError(f"COMMIT without BEGIN at {format_lsn(m.lsn)}")
-                    if not self.offsets.covers(ctx.commit_lsn, 1 << 62):
-                        if self.config.transaction_metadata:
-                            self._add_one(self.builder.transaction_end(ctx), compact=False)
-                        self.stats.transactions += 1
-                        self.offsets.transaction_stored(ctx.commit_lsn, index - 1, m.next_lsn or ctx_next)
-                        self.stats.last_commit_ts_ms = ctx.ts_ms
-                    self.incremental.committed(ctx.xid)
-                    ctx = None
-                    if target is not None and (m.next_lsn or 0) >= target and not self.incremental.reading:
-                        self._commit()
-                        self._confirm(repl)
-                        return
-                    continue
-                if m.kind is Kind.MESSAGE and (not m.transactional or ctx is None):
-                    one = TxnContext(None, m.lsn, now_ms())
-                    if not self.offsets.covers(m.lsn, 0):
-                        self._add_one(self.builder.message(m, one, 0, now_ms()), compact=False)
-                        self.offsets.message_stored(m.lsn, between_transactions=ctx is None)
-                    continue
-                if ctx is None:
-                    raise DecodeError(f"{m.kind.name} outside a transaction at {format_lsn(m.lsn)}")
-                if m.kind is Kind.MESSAGE and m.prefix == WATERMARK_PREFIX:
-                    if not self.offsets.covers(ctx.commit_lsn, 1 << 62):
-                        self.incremental.on_watermark(m, ctx)
-                    continue  # not an event: takes no index
-                i = index
-                index += 1
-                if self.offsets.covers(ctx.commit_lsn, i):
-                    self._count_skipped(m, ctx)  # stored before a restart: counts in the metadata all the same
-                    continue
-                self._change(m, ctx, i)
-                self.offsets.event_stored(ctx.commit_lsn, i)
-                if writer.full:
-                    self._commit()  # mid-transaction: bounded memory; the position says how far
-            if writer.in_txn and (writer.full or (ctx is None and self._batch_due(repl))):
+            if self._xlog(batch[p], repl, target):
+                return True
+            p += 1
+            if writer.in_txn and (
+                writer.full or (self._ctx is None and self._batch_due(repl, more=p < len(batch)))
+            ):
                 self._commit()
-                confirmed = max(confirmed, self._confirm(repl))
+                self._confirmed = max(self._confirmed, self._confirm(repl))
+        return False
+
+    def _xlog(self, msg: XLogData, repl: ReplicationConnection, target: int | None) -> bool:
+        """One XLogData message through the decoder and the event builder; True: ``target`` is stored, stop."""
+        writer = self.writer
+        self.stats.server_wal_end = max(self.stats.server_wal_end, msg.wal_end)
+        try:  # name where: the operator can look at the WAL there
+            messages = self.decoder.decode(msg.payload, msg.data_start)
+        except DecodeError as e:
+            raise DecodeError(f"at WAL {format_lsn(msg.data_start)}: {e}") from e
+        if not isinstance(messages, (list, tuple)):  # a replay: let the server hear from us while it runs
+            messages = self._keeping_alive(messages, repl, self._confirmed, msg.data_start)
+        for m in messages:
+            ctx = self._ctx
+            if m.kind is Kind.BEGIN:
+                ctx = self._ctx = TxnContext(m.xid, m.lsn, m.timestamp_ms or 0, per_table={})
+                self._ctx_next = m.next_lsn or m.lsn
+                self._index = 0
+                if self.config.transaction_metadata and not self.offsets.covers(ctx.commit_lsn, -1):
+                    self._add_one(self.builder.transaction_begin(ctx), compact=False)
+                continue
+            if m.kind is Kind.COMMIT:
+                if ctx is None:
+                    raise DecodeError(f"COMMIT without BEGIN at {format_lsn(m.lsn)}")
+                if not self.offsets.covers(ctx.commit_lsn, 1 << 62):
+                    if self.config.transaction_metadata:
+                        self._add_one(self.builder.transaction_end(ctx), compact=False)
+                    self.stats.transactions += 1
+                    self.offsets.transaction_stored(ctx.commit_lsn, self._index - 1, m.next_lsn or self._ctx_next)
+                    self.stats.last_commit_ts_ms = ctx.ts_ms
+                self.incremental.committed(ctx.xid)
+                self._ctx = None
+                if target is not None and (m.next_lsn or 0) >= target and not self.incremental.reading:
+                    self._commit()
+                    self._confirm(repl)
+                    return True
+                continue
+            if m.kind is Kind.MESSAGE and (not m.transactional or ctx is None):
+                one = TxnContext(None, m.lsn, now_ms())
+                if not self.offsets.covers(m.lsn, 0):
+                    self._add_one(self.builder.message(m, one, 0, now_ms()), compact=False)
+                    self.offsets.message_stored(m.lsn, between_transactions=ctx is None)
+                continue
+            if ctx is None:
+                raise DecodeError(f"{m.kind.name} outside a transaction at {format_lsn(m.lsn)}")
+            if m.kind is Kind.MESSAGE and m.prefix == WATERMARK_PREFIX:
+                if not self.offsets.covers(ctx.commit_lsn, 1 << 62):
+                    self.incremental.on_watermark(m, ctx)
+                continue  # not an event: takes no index
+            i = self._index
+            self._index += 1
+            if self.offsets.covers(ctx.commit_lsn, i):
+                self._count_skipped(m, ctx)  # stored before a restart: counts in the metadata all the same
+                continue
+            self._change(m, ctx, i)
+            self.offsets.event_stored(ctx.commit_lsn, i)
+            if writer.full:
+                self._commit()  # mid-transaction: bounded memory; the position says how far
+        return False
 
     def _keeping_alive(self, messages: Iterable[ChangeMessage], repl: ReplicationConnection,
                        confirmed: int, at: int) -> Iterator[ChangeMessage]:  # fmt: skip
@@ -209,6 +263,8 @@ class StreamingSource:
         if table is None:
             return  # not captured
         table = self._check_columns(table, m)
+        if self.native is not None:
+            self.native.sync(table)  # its next changes may take the native core
         if table.qualified == self.config.outbox_table:
             self._route_outbox(m, table, ctx, index)
             return
@@ -282,19 +338,20 @@ class StreamingSource:
 
     # ------------------------------------------------------------------ commits
 
-    def _batch_due(self, repl: ReplicationConnection) -> bool:
+    def _batch_due(self, repl: ReplicationConnection, *, more: bool = False) -> bool:
         """At a transaction boundary: is the batch old enough to commit now? (see the module docstring)
 
         Past ``linger_ms`` it commits unless the next message is already waiting, and then
         at ``max_linger_ms`` at the latest. Measured on this 2-core machine: holding for up
         to 250 ms gave p99 ≈ 150 ms at a steady 10k changes/s (a waiting message is the
         normal case there); requiring the last transaction to be ≥ 100 ms old as well
-        drained backlogs slower (more, smaller commits). 50 ms keeps both short.
+        drained backlogs slower (more, smaller commits). 50 ms keeps both short. ``more``: messages read ahead
+        (for the native core) are waiting.
         """
         age_ms = self.writer.age_ms()
         if age_ms < self.config.linger_ms:
             return False
-        return age_ms >= self.config.max_linger_ms or not repl.pending()
+        return age_ms >= self.config.max_linger_ms or not (more or repl.pending())
 
     def _commit(self) -> None:
         """Append the batch and its position in the open log transaction, and commit it."""

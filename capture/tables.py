@@ -240,6 +240,7 @@ class TableCatalog:
         self.publications = publications  # pgoutput: only what they publish is captured
         self._columns_sql = _COLUMNS_SQL.format(generated="" if generated_columns else "AND a.attgenerated = ''")
         self._tables: dict[tuple[str, str], TableInfo] = {}
+        self.generation = 0  # counts load(): table infos may have changed (the native core registers them again)
         self.keyless: list[str] = []  # captured without a key (policy keyless), "schema.table"
         self.skipped: list[str] = []  # keyless and left out (policy skip)
         self.unpublished: list[str] = []  # captured by the filter, but in none of the publications (pgoutput)
@@ -263,6 +264,7 @@ class TableCatalog:
                     else:
                         unpublished.append(table.qualified)
             self._tables = {(t.schema, t.name): t for t in tables}
+            self.generation += 1
             self.keyless = [t.qualified for t in tables if t.keyless]
             self.skipped = skipped
             self.unpublished = unpublished
@@ -278,6 +280,10 @@ class TableCatalog:
             self.load()
             info = self._tables.get((schema, table))
         return info
+
+    def current(self, schema: str, table: str) -> TableInfo | None:
+        """The table's info as last loaded (None: not loaded, or not captured); never reads the catalog."""
+        return self._tables.get((schema, table))
 
     def refresh(self, schema: str, table: str) -> TableInfo | None:
         """Read one table's metadata again (a column appeared or vanished)."""

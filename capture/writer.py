@@ -146,6 +146,21 @@ class LogWriter:
         self.bytes += (len(event.key) if event.key else 0) + (len(event.value) if event.value else 0) + RECORD_OVERHEAD
         self.events += 1
 
+    def add_many(self, topic: str, keys: list[bytes | None], values: list[bytes | None], nbytes: int) -> None:
+        """Events of one topic without headers, in order (the native core's output); ``nbytes``: their keys' and
+        values' bytes."""
+        if not self.in_txn:
+            self.begin()
+        records = self._records.get(topic)
+        if records is None:
+            records = self._records[topic] = TopicRecords()
+        if records.headers is not None:
+            records.headers.extend([None] * len(values))
+        records.keys.extend(keys)
+        records.values.extend(values)
+        self.bytes += nbytes + RECORD_OVERHEAD * len(values)
+        self.events += len(values)
+
     @property
     def full(self) -> bool:
         """The batch holds ``batch_bytes`` or ``batch_events``: time to append it (or commit it)."""

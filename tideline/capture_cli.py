@@ -230,6 +230,15 @@ def run(
             help="Also write BEGIN/END records with per-table event counts to <prefix>.transaction.",
         ),
     ] = False,
+    core: Annotated[
+        str | None,
+        typer.Option(
+            "--core",
+            help="The per-change core: auto (default: the native extension when built and it covers the "
+            "configuration, wal2json with JSON values), python (the reference path), native (fail if not built). "
+            "Default from TIDELINE_CAPTURE_CORE.",
+        ),
+    ] = None,
     value_format: Annotated[
         str,
         typer.Option(
@@ -288,7 +297,7 @@ def run(
     With ``tideline --kafka HOST:PORT capture run …`` the log is that Kafka cluster (one Kafka
     transaction per batch, the position in ``__tideline_capture_offsets``); the key state stays
     local (``--state-dir``, default ``<data dir>/_capture``)."""
-    from capture.config import OffsetMismatch
+    from capture.config import CoreChoice, OffsetMismatch
     from capture.connector import CaptureConfig, Connector, KeylessPolicy, PublicationMode, SnapshotMode, ValueFormat
     from capture.messages import Plugin
     from capture.tables import TableFilter
@@ -331,6 +340,7 @@ def run(
             exit_when_caught_up=exit_when_caught_up,
             transaction_metadata=transaction_metadata,
             value_format=ValueFormat.parse(value_format),
+            core=CoreChoice.default() if core is None else CoreChoice.parse(core),
             outbox_table=outbox_table,
             outbox_topic_prefix=outbox_topic_prefix,
             signal_table=signal_table,

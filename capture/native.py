@@ -1,0 +1,201 @@
+"""The native capture core: wal2json row changes → envelopes and keys in compiled code, a run at a time.
+
+``tideline_native`` is a Rust extension (PyO3, built by maturin from ``native/``: ``make
+native``). :class:`NativeCore` drives it for the streaming source (capture.streaming): the
+source hands it a run of wal2json payloads inside a transaction; the extension parses each,
+converts its values, renders the envelope and the key — the same bytes the Python reference
+path (capture.decoders.wal2json → capture.events → capture.converters.JsonConverter) writes —
+and stops at the first payload it does not handle, which then takes the Python path; then
+the next run starts. The results come back per table as lists (keys, values, the key-state
+changes), added to the batch with one call each: no ChangeMessage, Column, image dict or
+Event is made for a natively handled change.
+
+Native: INSERT, UPDATE and DELETE records of a registered table (a captured table, not the
+outbox table, no excluded or masked columns, the JSON value format) whose values are all
+NULL or of a built-in type with a fixed OID: integers, numeric, real/double, boolean, the
+text types, json/jsonb, uuid, bytea, date, timestamp(tz), time(tz), box — in the forms
+PostgreSQL prints under the connector's session settings.
+
+Python (the reference path, for that payload only, in stream order): BEGIN/COMMIT records,
+TRUNCATE, logical messages; a table seen for the first time (it is registered after the
+Python path handled its first change) or not captured; arrays, interval, enums, domains and
+other types without a fixed OID; unusual forms of a value (an infinite or BC timestamp,
+``24:00:00``, a numeric written with an exponent, ``-0``); a missing (unchanged-TOAST)
+column, a row big enough to be TOASTed (≥ 1 KiB of TOAST-able values: the TOAST cache
+keeps it), a primary-key change, a table whose columns changed (the Python path reads the
+catalog again); anything malformed (the Python path raises the reference error); a
+transaction partly stored before a restart; pgoutput and Avro altogether.
+
+Choice: ``CaptureConfig.core`` (``--core``, default from ``TIDELINE_CAPTURE_CORE``):
+``auto`` uses the extension when it is importable and applies (wal2json, JSON values),
+``python`` never, ``native`` requires it (a clear error when it is not built, or for pgoutput
+or Avro).
+
+Thread-safety: none; owned by the connector thread.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from capture.config import ENV as ENV  # re-exported: where the choice comes from
+from capture.config import CoreChoice, ValueFormat
+from capture.converters import JsonConverter
+from capture.keystate import DELETE_MARKER
+from capture.messages import Plugin
+from eventstore.errors import ConfigError
+from eventstore.topic import now_ms
+
+if TYPE_CHECKING:
+    from capture.config import CaptureConfig
+    from capture.events import EventBuilder, TxnContext
+    from capture.status import Stats
+    from capture.tables import TableCatalog, TableInfo
+    from capture.writer import LogWriter
+
+try:
+    import tideline_native
+
+    BUILT = True
+except ImportError:  # not built: the Python path (or a clear error when --core native asks for it)
+    BUILT = False
+
+RUN_LIMIT = 512  # payloads per native call at most (the batch's byte bound is checked after each run)
+
+
+class NativeUnavailableError(ConfigError):
+    """``--core native`` was asked for, but the extension is not built (or does not cover the configuration)."""
+
+
+def available() -> bool:
+    """Whether the extension is importable."""
+    return BUILT
+
+
+def check_native(config: CaptureConfig) -> None:
+    """``--core native``: raise :class:`NativeUnavailableError` unless the extension is built and covers the
+    configuration (wal2json, JSON values)."""
+    if config.plugin is not Plugin.WAL2JSON:
+        raise NativeUnavailableError(
+            f"--core native covers --plugin wal2json, not {config.plugin.value}: use --core auto or python"
+        )
+    if config.value_format is not ValueFormat.JSON:
+        raise NativeUnavailableError(
+            f"--core native covers JSON values, not --value-format {config.value_format.value}: "
+            "use --core auto or python"
+        )
+    if not BUILT:
+        raise NativeUnavailableError(
+            "--core native: the extension tideline_native is not built; run `make native` (cargo and maturin) or "
+            f"use --core auto or python (or unset {ENV})"
+        )
+
+
+def native_core_for(
+    config: CaptureConfig, catalog: TableCatalog, builder: EventBuilder, writer: LogWriter, stats: Stats
+) -> NativeCore | None:
+    """The native core the configuration asks for (None: the Python path)."""
+    if config.core is CoreChoice.PYTHON:
+        return None
+    if config.core is CoreChoice.NATIVE:
+        check_native(config)
+    elif config.plugin is not Plugin.WAL2JSON or not BUILT:
+        return None
+    if not isinstance(builder.converter, JsonConverter):
+        if config.core is CoreChoice.NATIVE:
+            raise NativeUnavailableError("--core native covers the JSON value converter only")
+        return None
+    return NativeCore(config, catalog, builder, writer, stats)
+
+
+class NativeCore:
+    """The extension's core for one connector: table registrations, runs, and their results into the batch."""
+
+    def __init__(
+        self, config: CaptureConfig, catalog: TableCatalog, builder: EventBuilder, writer: LogWriter, stats: Stats
+    ) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.builder = builder
+        self.writer = writer
+        self.stats = stats
+        self.core = tideline_native.Core(builder.prefix, builder.db)
+        self._ids: dict[tuple[str, str], int] = {}
+        self._tables: list[TableInfo] = []
+        self._topics: list[str] = []
+        self._generation = catalog.generation
+        # whole-connector conditions under which no table is handled natively
+        self._columns_filtered = bool(builder.filter.exclude_columns or builder.filter.mask_columns)
+        self.changes = 0  # handled natively (status, tests)
+
+    # ------------------------------------------------------------------ tables
+
+    def sync(self, table: TableInfo) -> None:
+        """After the Python path handled a change of ``table``: let the core handle the next ones."""
+        key = (table.schema, table.name)
+        tid = self._ids.get(key)
+        if tid is not None and self._tables[tid] is table:
+            return
+        if table.qualified == self.config.outbox_table or self._columns_filtered:
+            return
+        if tid is None:
+            tid = self._ids[key] = len(self._tables)
+            self._tables.append(table)
+            self._topics.append(self.builder.topic(table))
+        else:
+            self._tables[tid] = table
+            self._topics[tid] = self.builder.topic(table)
+        self.core.register_table(
+            tid,
+            table.schema,
+            table.name,
+            [c.name for c in table.columns],
+            list(table.key),
+            list(table.toastable_columns),
+            table.replica_identity,
+        )
+
+    def _resync(self) -> None:
+        """The catalog was read again: every registration follows its current table info (or goes)."""
+        self._generation = self.catalog.generation
+        for (schema, name), tid in list(self._ids.items()):
+            current = self.catalog.current(schema, name)
+            if current is None:
+                self.core.unregister_table(schema, name)
+                del self._ids[(schema, name)]
+            elif current is not self._tables[tid]:
+                self.sync(current)
+
+    # ------------------------------------------------------------------ runs
+
+    def run(self, payloads: list[bytes], start: int, ctx: TxnContext, index: int) -> tuple[int, int]:
+        """Handle ``payloads[start:]`` of the transaction ``ctx`` from event ``index`` on, until one needs the
+        Python path. Returns ``(payloads handled, next event index)``; the events are in the batch."""
+        if self.catalog.generation != self._generation:
+            self._resync()
+        if not self._ids:
+            return 0, index
+        if ctx.per_table is None:
+            ctx.per_table = {}
+        handled, index, total_order, counts, outputs = self.core.process(
+            payloads, start, RUN_LIMIT, ctx.xid, ctx.commit_lsn, ctx.ts_ms, ctx.snapshot, ctx.total_order,
+            ctx.per_table, index, now_ms(), DELETE_MARKER,
+        )  # fmt: skip
+        if not handled:
+            return 0, index
+        ctx.total_order = total_order
+        for qualified, n in counts:
+            ctx.per_table[qualified] = n
+        writer, keystate, toast = self.writer, self.writer.keystate, self.builder.toast
+        for tid, _changes, keys, values, nbytes, ks_keys, ks_values, toast_keys in outputs:
+            table, topic = self._tables[tid], self._topics[tid]
+            writer.ensure_table_topic(table, topic)
+            writer.add_many(topic, keys, values, nbytes)
+            if ks_keys:
+                keystate.put_many(topic, ks_keys, ks_values)
+            toast.drop_many(topic, toast_keys)
+            self.stats.events += len(values)
+        self.changes += handled
+        return handled, index
+
+

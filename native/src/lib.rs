@@ -1,0 +1,611 @@
+//! Tideline's native capture core: wal2json format-version 2 payloads → change-event envelopes and
+//! record keys, a whole run of payloads per call (see `capture/native.py` for how it is driven and
+//! `docs/capture.md` for what is native and what falls back).
+//!
+//! Contract: for every payload it handles, the bytes it returns are exactly those the Python
+//! reference path (`capture.decoders.wal2json` → `capture.events` → `capture.converters.JsonConverter`)
+//! would produce. Anything it is not sure about — a record that is not an INSERT/UPDATE/DELETE, a
+//! table not registered, a type it does not convert, a malformed or unusual field, a row big enough
+//! to be TOASTed, a missing (unchanged TOAST) column, a key change — makes it stop *before* that
+//! payload and say so: the caller runs that payload through the Python path and calls again. It
+//! never raises for bad input; the Python path raises the reference error.
+
+mod convert;
+mod json;
+
+use std::collections::HashMap;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use convert::{Kind, NOT_NATIVE};
+use json::{parse_obj, parse_record, raw_i64, raw_str, Obj, Record};
+
+const VERSION: &str = "tideline-0.1";
+const TOAST_MIN_ROW_BYTES: usize = 1024;
+const UNAVAILABLE: &str = "__debezium_unavailable_value";
+
+/// What the core knows of one captured table (registered from its `TableInfo`).
+struct Table {
+    id: usize,
+    schema: String,
+    name: String,
+    qualified: String,
+    columns: Vec<String>,
+    key: Vec<String>,
+    toastable: Vec<String>,
+    replica_full: bool,
+}
+
+/// One converted column of a row image: its name and its JSON value.
+struct Col<'a> {
+    name: std::borrow::Cow<'a, str>,
+    json: Vec<u8>,
+    size: usize,       // capture.events.ToastCache.size_of's measure of the Python value
+    unavailable: bool, // a text value equal to the UNAVAILABLE marker
+}
+
+/// Outputs of one table within one call.
+struct Out {
+    table: usize,
+    count: i64,
+    keys: Vec<PyObject>,
+    values: Vec<PyObject>,
+    nbytes: usize,
+    ks_keys: Vec<PyObject>,
+    ks_vals: Vec<PyObject>,
+    toast_keys: Vec<PyObject>,
+}
+
+/// A change the core produced (built before any state moves, so a late fallback changes nothing).
+struct Built {
+    table: usize,
+    values: Vec<Option<Vec<u8>>>, // the change's events in order, all under ``key``
+    key: Option<Vec<u8>>,
+    keystate: Option<bool>, // Some(false): put, Some(true): delete
+    counted: bool,
+}
+
+/// ``(handled, index, total_order, per_table_counts, outputs)`` of one ``process`` call.
+type Processed = (usize, i64, i64, Vec<(String, i64)>, Vec<PyObject>);
+
+#[pyclass(module = "tideline_native")]
+struct Core {
+    prefix: String,
+    db: String,
+    by_name: HashMap<(String, String), usize>,
+    tables: Vec<Option<Table>>,
+}
+
+#[pymethods]
+impl Core {
+    #[new]
+    fn new(prefix: String, db: String) -> Self {
+        Core {
+            prefix,
+            db,
+            by_name: HashMap::new(),
+            tables: Vec::new(),
+        }
+    }
+
+    /// Register (or replace) a table the core may handle; ``table_id`` is the caller's handle for it.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (table_id, schema, name, columns, key, toastable, replica_identity))]
+    fn register_table(
+        &mut self,
+        table_id: usize,
+        schema: String,
+        name: String,
+        columns: Vec<String>,
+        key: Vec<String>,
+        toastable: Vec<String>,
+        replica_identity: &str,
+    ) {
+        let qualified = format!("{schema}.{name}");
+        self.by_name
+            .insert((schema.clone(), name.clone()), table_id);
+        if self.tables.len() <= table_id {
+            self.tables.resize_with(table_id + 1, || None);
+        }
+        self.tables[table_id] = Some(Table {
+            id: table_id,
+            schema,
+            name,
+            qualified,
+            columns,
+            key,
+            toastable,
+            replica_full: replica_identity == "f",
+        });
+    }
+
+    /// Forget a table (the caller's catalog no longer lets the core handle it).
+    fn unregister_table(&mut self, schema: String, name: String) {
+        if let Some(id) = self.by_name.remove(&(schema, name)) {
+            if let Some(slot) = self.tables.get_mut(id) {
+                *slot = None;
+            }
+        }
+    }
+
+    /// Handle ``payloads[start:]`` until one needs the Python path, or ``limit`` are handled.
+    ///
+    /// Returns ``(handled, index, total_order, per_table_counts, outputs)``; ``outputs`` is a list of
+    /// ``(table_id, changes, keys, values, nbytes, keystate_keys, keystate_values, toast_keys)``.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (payloads, start, limit, xid, commit_lsn, ts_ms, snapshot, total_order, per_table, index, now_ms, delete_marker))]
+    fn process<'py>(
+        &self,
+        py: Python<'py>,
+        payloads: &Bound<'py, PyList>,
+        start: usize,
+        limit: usize,
+        xid: Option<i64>,
+        commit_lsn: u64,
+        ts_ms: i64,
+        snapshot: &str,
+        mut total_order: i64,
+        per_table: &Bound<'py, PyDict>,
+        mut index: i64,
+        now_ms: i64,
+        delete_marker: PyObject,
+    ) -> PyResult<Processed> {
+        let mut outs: Vec<Out> = Vec::new();
+        let mut slot_of: HashMap<usize, usize> = HashMap::new();
+        let mut counts: HashMap<usize, i64> = HashMap::new();
+        let mut source_prefix: HashMap<usize, Vec<u8>> = HashMap::new();
+        let mut handled = 0usize;
+        let end = payloads.len().min(start.saturating_add(limit));
+        let mut i = start;
+        while i < end {
+            let item = payloads.get_item(i)?;
+            let payload = match item.downcast::<PyBytes>() {
+                Ok(b) => b.as_bytes(),
+                Err(_) => break,
+            };
+            let Some(rec) = parse_record(payload) else {
+                break;
+            };
+            let Some(table_id) = self.route(&rec.obj) else {
+                break;
+            };
+            let table = self.tables[table_id]
+                .as_ref()
+                .expect("routed to a registered table");
+            // the table's count in the transaction before this change (its data_collection_order - 1)
+            let before_count = match counts.get(&table_id) {
+                Some(n) => *n,
+                None => match per_table.get_item(&table.qualified)? {
+                    Some(v) => v.extract::<i64>()?,
+                    None => 0,
+                },
+            };
+            let prefix = source_prefix.entry(table_id).or_insert_with(|| {
+                source_prefix_of(
+                    &self.prefix,
+                    &self.db,
+                    table,
+                    ts_ms,
+                    snapshot,
+                    xid,
+                    commit_lsn,
+                )
+            });
+            let built = match build(
+                &rec,
+                table,
+                prefix,
+                xid,
+                commit_lsn,
+                total_order,
+                before_count,
+                index,
+                now_ms,
+            ) {
+                Some(b) => b,
+                None => break,
+            };
+            // commit the change's effects
+            index += 1;
+            if built.counted {
+                total_order += 1;
+                counts.insert(table_id, before_count + 1);
+            }
+            let slot = *slot_of.entry(built.table).or_insert_with(|| {
+                outs.push(Out {
+                    table: built.table,
+                    count: 0,
+                    keys: Vec::new(),
+                    values: Vec::new(),
+                    nbytes: 0,
+                    ks_keys: Vec::new(),
+                    ks_vals: Vec::new(),
+                    toast_keys: Vec::new(),
+                });
+                outs.len() - 1
+            });
+            let out = &mut outs[slot];
+            out.count += 1;
+            let key_obj: Option<PyObject> = built
+                .key
+                .as_ref()
+                .map(|k| PyBytes::new(py, k).into_any().unbind());
+            let key_len = built.key.as_ref().map_or(0, |b| b.len());
+            for v in built.values {
+                out.nbytes += key_len + v.as_ref().map_or(0, |b| b.len());
+                out.keys.push(match &key_obj {
+                    Some(obj) => obj.clone_ref(py),
+                    None => py.None(),
+                });
+                out.values.push(match v {
+                    Some(b) => PyBytes::new(py, &b).into_any().unbind(),
+                    None => py.None(),
+                });
+            }
+            if let Some(obj) = key_obj {
+                if let Some(delete) = built.keystate {
+                    out.ks_keys.push(obj.clone_ref(py));
+                    out.ks_vals.push(if delete {
+                        delete_marker.clone_ref(py)
+                    } else {
+                        py.None()
+                    });
+                }
+                out.toast_keys.push(obj);
+            }
+            handled += 1;
+            i += 1;
+        }
+        let mut per_table_counts = Vec::with_capacity(counts.len());
+        for (id, n) in counts {
+            let table = self.tables[id]
+                .as_ref()
+                .expect("counted a registered table");
+            per_table_counts.push((table.qualified.clone(), n));
+        }
+        let mut outputs = Vec::with_capacity(outs.len());
+        for o in outs {
+            let tuple = (
+                o.table,
+                o.count,
+                PyList::new(py, o.keys)?,
+                PyList::new(py, o.values)?,
+                o.nbytes,
+                PyList::new(py, o.ks_keys)?,
+                PyList::new(py, o.ks_vals)?,
+                PyList::new(py, o.toast_keys)?,
+            );
+            outputs.push(tuple.into_pyobject(py)?.into_any().unbind());
+        }
+        Ok((handled, index, total_order, per_table_counts, outputs))
+    }
+
+    /// The JSON text of a string as the Python path writes it (orjson's escaping); for tests.
+    #[staticmethod]
+    fn json_string(text: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        json::write_str(&mut out, text);
+        out
+    }
+
+    /// A double as the Python path writes it (orjson's shortest form); for tests.
+    #[staticmethod]
+    fn json_float(value: f64) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        convert::write_f64(&mut out, value).then_some(out)
+    }
+}
+
+impl Core {
+    /// The registered table a payload is a row change of (None: not an I/U/D record of one).
+    fn route(&self, obj: &Obj) -> Option<usize> {
+        let action = raw_str(obj.get("action")?)?;
+        if !matches!(&*action, "I" | "U" | "D") {
+            return None;
+        }
+        let schema = raw_str(obj.get("schema")?)?;
+        let table = raw_str(obj.get("table")?)?;
+        let id = *self
+            .by_name
+            .get(&(schema.into_owned(), table.into_owned()))?;
+        self.tables.get(id)?.as_ref().map(|t| t.id)
+    }
+}
+
+fn source_prefix_of(
+    prefix: &str,
+    db: &str,
+    table: &Table,
+    ts_ms: i64,
+    snapshot: &str,
+    xid: Option<i64>,
+    commit_lsn: u64,
+) -> Vec<u8> {
+    let mut s = Vec::with_capacity(256);
+    s.extend_from_slice(b"{\"version\":");
+    json::write_str(&mut s, VERSION);
+    s.extend_from_slice(b",\"connector\":\"postgresql\",\"name\":");
+    json::write_str(&mut s, prefix);
+    s.extend_from_slice(format!(",\"ts_ms\":{ts_ms},\"snapshot\":").as_bytes());
+    json::write_str(&mut s, snapshot);
+    s.extend_from_slice(b",\"db\":");
+    json::write_str(&mut s, db);
+    s.extend_from_slice(b",\"schema\":");
+    json::write_str(&mut s, &table.schema);
+    s.extend_from_slice(b",\"table\":");
+    json::write_str(&mut s, &table.name);
+    match xid {
+        Some(x) => s.extend_from_slice(format!(",\"txId\":{x}").as_bytes()),
+        None => s.extend_from_slice(b",\"txId\":null"),
+    }
+    s.extend_from_slice(format!(",\"commit_lsn\":{commit_lsn}").as_bytes());
+    s
+}
+
+/// The events of one I/U/D payload of ``table``, or None when it must take the Python path.
+#[allow(clippy::too_many_arguments)]
+fn build(
+    record: &Record,
+    table: &Table,
+    source_prefix: &[u8],
+    xid: Option<i64>,
+    commit_lsn: u64,
+    total_order: i64,
+    table_count: i64,
+    index: i64,
+    now_ms: i64,
+) -> Option<Built> {
+    let rec = &record.obj;
+    let action = raw_str(rec.get("action")?)?;
+    // fields every row record must carry, checked as the reference decoder checks them
+    let xid_raw = rec.get("xid")?;
+    if xid_raw.get() != "null" {
+        raw_i64(xid_raw)?;
+    }
+    let ts_raw = rec.get("timestamp")?;
+    if ts_raw.get() != "null" && !convert::commit_timestamp_ok(&raw_str(ts_raw)?) {
+        return None;
+    }
+    let lsn = convert::lsn(&raw_str(rec.get("lsn")?)?)?;
+    raw_str(rec.get("schema")?)?;
+    raw_str(rec.get("table")?)?;
+    if let Some(pk) = rec.get("pk") {
+        let items: Vec<&serde_json::value::RawValue> = serde_json::from_str(pk.get()).ok()?;
+        for item in items {
+            parse_obj(item.get().as_bytes())?.get("name")?;
+        }
+    }
+    let mut source = Vec::with_capacity(source_prefix.len() + 48);
+    source.extend_from_slice(source_prefix);
+    source.extend_from_slice(format!(",\"lsn\":{lsn},\"event_index\":{index}}}").as_bytes());
+    let txn = |order: i64, n: i64| -> Option<Vec<u8>> {
+        xid.map(|x| format!("{{\"id\":\"{x}:{commit_lsn}\",\"total_order\":{order},\"data_collection_order\":{n}}}").into_bytes())
+    };
+    let counted = xid.is_some();
+    let known = |c: &Col| table.columns.iter().any(|k| *k == c.name);
+    match &*action {
+        "I" => {
+            let after = columns(record.columns.as_ref())?;
+            if after.len() != table.columns.len() || !after.iter().all(known) {
+                return None; // the table changed: the Python path reads the catalog again
+            }
+            if record.identity.is_some() && !columns(record.identity.as_ref())?.iter().all(known) {
+                return None; // the reference converts an identity wherever it is, and checks its names
+            }
+            let key = key_of(table, &after);
+            if key.is_some() && toast_sized(table, &after)? {
+                return None;
+            }
+            let value = envelope(
+                b"c",
+                None,
+                Some(&after),
+                &source,
+                txn(total_order + 1, table_count + 1).as_deref(),
+                now_ms,
+            );
+            let keystate = key.as_ref().map(|_| false);
+            Some(Built {
+                table: table.id,
+                values: vec![Some(value)],
+                key,
+                keystate,
+                counted,
+            })
+        }
+        "D" => {
+            if table.key.is_empty() {
+                return None;
+            }
+            let before = columns(record.identity.as_ref())?;
+            if !before.iter().all(known) {
+                return None;
+            }
+            let key = key_of(table, &before)?;
+            let value = envelope(
+                b"d",
+                Some(&before),
+                None,
+                &source,
+                txn(total_order + 1, table_count + 1).as_deref(),
+                now_ms,
+            );
+            Some(Built {
+                table: table.id,
+                values: vec![Some(value), None],
+                key: Some(key),
+                keystate: Some(true),
+                counted,
+            })
+        }
+        "U" => {
+            if table.key.is_empty() {
+                return None;
+            }
+            let after = columns(record.columns.as_ref())?;
+            if after.len() != table.columns.len() || !after.iter().all(known) {
+                return None; // an unchanged TOAST column left out, or the table changed
+            }
+            let identity = if record.identity.is_some() {
+                Some(columns(record.identity.as_ref())?)
+            } else {
+                None
+            };
+            let identity = identity.filter(|cols| !cols.is_empty());
+            if let Some(cols) = &identity {
+                if !cols.iter().all(known) {
+                    return None;
+                }
+            }
+            let old_key = key_of(table, identity.as_ref().unwrap_or(&after))?;
+            let key = key_of(table, &after)?;
+            if key != old_key || toast_sized(table, &after)? {
+                return None; // a key change, or a row big enough to be TOASTed
+            }
+            let before = if table.replica_full {
+                identity.as_ref()
+            } else {
+                None
+            };
+            let value = envelope(
+                b"u",
+                before,
+                Some(&after),
+                &source,
+                txn(total_order + 1, table_count + 1).as_deref(),
+                now_ms,
+            );
+            Some(Built {
+                table: table.id,
+                values: vec![Some(value)],
+                key: Some(key),
+                keystate: None,
+                counted,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Whether the row's TOAST-able values are big enough to be cached (None: a value the Python path must judge).
+fn toast_sized(table: &Table, after: &[Col]) -> Option<bool> {
+    if table.toastable.is_empty() {
+        return Some(false);
+    }
+    let mut total = 0usize;
+    for c in after {
+        if table.toastable.iter().any(|t| *t == c.name) {
+            if c.unavailable {
+                return None;
+            }
+            total += c.size;
+        }
+    }
+    Some(total >= TOAST_MIN_ROW_BYTES)
+}
+
+/// A record's column array, converted; None when absent or on anything unusual.
+fn columns<'a>(items: Option<&Vec<Obj<'a>>>) -> Option<Vec<Col<'a>>> {
+    let items = items?;
+    let mut out: Vec<Col<'a>> = Vec::with_capacity(items.len());
+    for obj in items {
+        let name = raw_str(obj.get("name")?)?;
+        raw_str(obj.get("type")?)?;
+        let oid = raw_i64(obj.get("typeoid")?)?;
+        let value = obj.get("value")?;
+        if out.iter().any(|c| c.name == name) {
+            return None; // a duplicate column name: the reference keeps the first position, the last value
+        }
+        let mut json = Vec::new();
+        let (size, unavailable) = if value.get() == "null" {
+            json.extend_from_slice(b"null");
+            (16, false)
+        } else {
+            let kind = convert::kind_of(oid);
+            if kind == NOT_NATIVE {
+                return None;
+            }
+            let size = convert::value(kind, value.get(), &mut json)?;
+            let unavailable = matches!(kind, Kind::Text) && raw_str(value)? == UNAVAILABLE;
+            (size, unavailable)
+        };
+        out.push(Col {
+            name,
+            json,
+            size,
+            unavailable,
+        });
+    }
+    Some(out)
+}
+
+/// The record key: JSON ``{<key column>: value, …}`` in key order (null for a column the image lacks).
+fn key_of(table: &Table, image: &[Col]) -> Option<Vec<u8>> {
+    if table.key.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(32);
+    out.push(b'{');
+    for (n, k) in table.key.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        json::write_str(&mut out, k);
+        out.push(b':');
+        match image.iter().find(|c| c.name == k.as_str()) {
+            Some(c) => out.extend_from_slice(&c.json),
+            None => out.extend_from_slice(b"null"),
+        }
+    }
+    out.push(b'}');
+    Some(out)
+}
+
+fn image_json(out: &mut Vec<u8>, image: Option<&Vec<Col>>) {
+    match image {
+        None => out.extend_from_slice(b"null"),
+        Some(cols) => {
+            out.push(b'{');
+            for (n, c) in cols.iter().enumerate() {
+                if n > 0 {
+                    out.push(b',');
+                }
+                json::write_str(out, &c.name);
+                out.push(b':');
+                out.extend_from_slice(&c.json);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+fn envelope(
+    op: &[u8],
+    before: Option<&Vec<Col>>,
+    after: Option<&Vec<Col>>,
+    source: &[u8],
+    txn: Option<&[u8]>,
+    now_ms: i64,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(512);
+    out.extend_from_slice(b"{\"before\":");
+    image_json(&mut out, before);
+    out.extend_from_slice(b",\"after\":");
+    image_json(&mut out, after);
+    out.extend_from_slice(b",\"source\":");
+    out.extend_from_slice(source);
+    out.extend_from_slice(b",\"op\":\"");
+    out.extend_from_slice(op);
+    out.extend_from_slice(format!("\",\"ts_ms\":{now_ms},\"transaction\":").as_bytes());
+    out.extend_from_slice(txn.unwrap_or(b"null"));
+    out.push(b'}');
+    out
+}
+
+#[pymodule]
+fn tideline_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Core>()?;
+    m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,41 @@
+"""Type stub of the native capture core (native/src/lib.rs); capture/native.py drives it."""
+
+from typing import Any
+
+VERSION: str
+
+# One output per table of a run: (table_id, changes, keys, values, nbytes, keystate_keys, keystate_values, toast_keys)
+Output = tuple[int, int, list[bytes | None], list[bytes | None], int, list[bytes], list[Any], list[bytes]]
+
+class Core:
+    def __init__(self, prefix: str, db: str) -> None: ...
+    def register_table(
+        self,
+        table_id: int,
+        schema: str,
+        name: str,
+        columns: list[str],
+        key: list[str],
+        toastable: list[str],
+        replica_identity: str,
+    ) -> None: ...
+    def unregister_table(self, schema: str, name: str) -> None: ...
+    def process(
+        self,
+        payloads: list[bytes],
+        start: int,
+        limit: int,
+        xid: int | None,
+        commit_lsn: int,
+        ts_ms: int,
+        snapshot: str,
+        total_order: int,
+        per_table: dict[str, int],
+        index: int,
+        now_ms: int,
+        delete_marker: object,
+    ) -> tuple[int, int, int, list[tuple[str, int]], list[Output]]: ...
+    @staticmethod
+    def json_string(text: str) -> bytes: ...
+    @staticmethod
+    def json_float(value: float) -> bytes | None: ...
