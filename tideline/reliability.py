@@ -146,19 +146,21 @@ def _seconds(values: list[float]) -> str:
     return f"{statistics.median(values) * 1e3:,.1f} ms / {max(values) * 1e3:,.1f} ms"
 
 
-def render(rows: list[FaultRow], unreadable: list[str], *, machine: str) -> str:
-    """The RELIABILITY.md text."""
+def render(rows: list[FaultRow], unreadable: list[str], *, machine: str, note: str = "") -> str:
+    """The RELIABILITY.md text; ``note`` (optional) follows the machine line (how the run was made)."""
     lines = [
         "# Tideline reliability",
         "",
-        "Written by `make soak` (`python -m tideline.reliability` over the result files the fault tests",
-        f"write to `${RESULTS_ENV}`); do not edit by hand. Each row sums every run of one fault class:",
+        "Written by `make soak` or `make reliability` (`python -m tideline.reliability` over the result files",
+        f"the fault tests write to `${RESULTS_ENV}`); do not edit by hand. Each row sums every run of one fault",
+        "class:",
         "faults injected, faults survived (every check of the test held), acknowledged records lost and",
         "records delivered twice (both must be 0), and the time to recover (median / max) where the test",
         "measures one. A fault test that failed records nothing: a missing row means it failed or did not run.",
         "",
         f"Machine: {machine}.",
         "",
+        *([note, ""] if note else []),
         "| fault class | faults injected | survived | records lost | duplicates "
         "| time to recover (median / max) | met |",
         "|---|--:|--:|--:|--:|--:|:-:|",
@@ -190,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tideline.reliability", description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=results_dir(), help=f"result files (default: ${RESULTS_ENV})")
     parser.add_argument("--out", type=Path, default=RELIABILITY_MD, help="report to write (default: %(default)s)")
+    parser.add_argument("--note", default="", help="a paragraph after the machine line: how this run was made")
     args = parser.parse_args(argv)
     if args.dir is None:
         parser.error(f"no result directory: pass --dir or set {RESULTS_ENV}")
     rows, unreadable = load_results(args.dir)
-    args.out.write_text(render(rows, unreadable, machine=machine_summary()))
+    args.out.write_text(render(rows, unreadable, machine=machine_summary(), note=args.note))
     failed = [r.fault_class for r in rows if not r.passed]
     print(f"wrote {args.out}: {len(rows)} fault classes" + (f", FAILED: {', '.join(failed)}" if failed else ""))
     return 1 if failed or unreadable else 0

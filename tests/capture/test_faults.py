@@ -357,9 +357,10 @@ def test_disk_full_under_the_log_then_space_returns(db: str, small_disk: SmallFi
     recovered, _, reconnects = capture_through(db, backend, config, 300, fill_then_free, faults=1)
     assert reconnects >= 1, "the disk never filled up under capture"
     rows = assert_each_change_once(backend, db)
+    full = ", ".join(f"{s:.1f}" for s in full_for)
     record_fault_result("disk full", "ENOSPC under the embedded log while capture streams; space returns",
                         injected=len(recovered), survived=len(recovered), records_lost=0, duplicates=0,
-                        recover_seconds=recovered, detail=f"{rows} rows; full for {full_for} s")  # fmt: skip
+                        recover_seconds=recovered, detail=f"{rows} rows; full for {full} s")  # fmt: skip
 
 
 def stored_confirm(backend: Backend, dsn: str) -> int:

@@ -49,6 +49,7 @@ from capture.config import CaptureConfig, CoreChoice, SnapshotMode
 from capture.converters import JsonConverter
 from capture.decoders.wal2json import Wal2JsonDecoder
 from capture.events import EventBuilder, ToastCache
+from capture.incremental import IncrementalSnapshot
 from capture.keystate import DELETE_MARKER, KeyState
 from capture.native import NativeCore, native_core_for
 from capture.offsets import OffsetContext
@@ -120,8 +121,11 @@ def pipeline(tmp: Path, core: CoreChoice, tables: list[TableInfo]) -> Iterator[S
             native = native_core_for(config, catalog, builder, writer, stats)
             assert (native is not None) == (core is CoreChoice.NATIVE)
             status = StatusReporter(config.dsn, config.slot, stats, 3600.0, 1 << 40)  # never ticked: nothing commits
-            yield StreamingSource(config, catalog, Wal2JsonDecoder(), builder, writer, OffsetContext(None), stats,
-                                  status, threading.Event(), native)  # fmt: skip
+            offsets = OffsetContext(None)
+            incremental = IncrementalSnapshot(config, catalog, builder, writer, offsets, stats)  # never started
+            yield StreamingSource(config, catalog, Wal2JsonDecoder(), builder, writer, offsets, stats,
+                                  status, threading.Event(), incremental, ("public", "tideline_signal"),
+                                  native)  # fmt: skip
             writer.abort()
             sink.close()
         finally:

@@ -42,6 +42,8 @@ def test_results_are_summed_per_fault_class_and_rendered(tmp_path: Path, monkeyp
         "| log storage | 15 | 15 | 0 | 0 | 200.0 ms / 300.0 ms | PASS |",
     ]
     assert "one lost" in text and "broken-1-1.json" in text and "test machine" in text
+    noted = render(rows, unreadable, machine="test machine", note="Run while other jobs shared the CPUs.")
+    assert noted.index("Machine: test machine.") < noted.index("Run while other jobs") < noted.index("| fault class")
 
 
 def test_main_writes_the_report_and_fails_on_a_failed_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
