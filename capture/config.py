@@ -15,7 +15,7 @@ from pathlib import Path
 
 from capture.messages import DecoderSettings, Plugin
 from capture.publications import PublicationMode, Publications
-from capture.signals import DEFAULT_SIGNAL_TABLE, split_table_name
+from capture.signals import split_table_name
 from capture.tables import KeylessPolicy, TableFilter
 from eventstore.errors import ConfigError
 from eventstore.topic import validate_topic_name
@@ -156,7 +156,9 @@ class CaptureConfig:
     spill_dir: Path | None = None
     # Incremental snapshots (capture.incremental) and the signal table that starts them (capture.signals;
     # Debezium's signal.data.collection and incremental.snapshot.chunk.size).
-    signal_table: str = DEFAULT_SIGNAL_TABLE
+    # None (default): no signal table, as Debezium without signal.data.collection; the incremental
+    # snapshots of tables new to the include list still run. capture.signals.DEFAULT_SIGNAL_TABLE: the usual name.
+    signal_table: str | None = None
     incremental_chunk_size: int = 1024
 
 
@@ -194,7 +196,8 @@ class CaptureConfig:
             raise ConfigError(f"--max-retry-time must be ≥ 0 seconds (0: retry forever), not {self.max_retry_time_s}")
         if self.key_state_cache_bytes < 1 << 20:
             raise ConfigError(f"key state cache must be at least 1 MiB, not {self.key_state_cache_bytes} bytes")
-        split_table_name(self.signal_table)
+        if self.signal_table is not None:
+            split_table_name(self.signal_table)
         if self.incremental_chunk_size < 1:
             raise ConfigError(f"--incremental-chunk-size must be ≥ 1, not {self.incremental_chunk_size}")
         for table, topic in self.table_topics.items():

@@ -117,9 +117,10 @@ class Connector:
     def __init__(self, config: CaptureConfig, log_: Log | None = None, *, sink: Sink | None = None) -> None:
         config.validate()
         # the signal table's rows are commands to the connector (capture.signals), never captured data
+        signals = [config.signal_table] if config.signal_table else []
         config = dataclasses.replace(config, table_filter=dataclasses.replace(
-            config.table_filter, exclude=[*config.table_filter.exclude, config.signal_table]))  # fmt: skip
-        self.signal_table = split_table_name(config.signal_table)
+            config.table_filter, exclude=[*config.table_filter.exclude, *signals]))  # fmt: skip
+        self.signal_table = split_table_name(config.signal_table) if config.signal_table else None
         if sink is None:
             if log_ is None:
                 raise ConfigError("a connector needs a log (or a sink) to write to")
@@ -355,7 +356,10 @@ class Connector:
                 )  # fmt: skip
 
     def _ensure_signal_table(self) -> None:
-        """The signal table exists (capture.signals): created when missing, before the publications are synced."""
+        """The signal table exists (capture.signals): created when missing, before the publications are synced
+        (only when one is configured: ``--signal-table``)."""
+        if self.config.signal_table is None:
+            return
         try:
             if ensure_signal_table(self.config.dsn, self.config.signal_table):
                 log.info("capture: created signal table %s", self.config.signal_table)

@@ -78,7 +78,7 @@ class StreamingSource:
     status: StatusReporter
     stop: threading.Event
     incremental: IncrementalSnapshot
-    signal_table: tuple[str, str]  # (schema, table) whose INSERTs are signals (capture.signals)
+    signal_table: tuple[str, str] | None  # (schema, table) whose INSERTs are signals (capture.signals); None: none
     native: NativeCore | None = None  # the native core (capture.native), None: every change takes the Python path
     # the stream's state between messages
     _ctx: TxnContext | None = None

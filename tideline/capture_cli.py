@@ -45,7 +45,7 @@ SignalTableOption = Annotated[
     str,
     typer.Option(
         "--signal-table",
-        help="schema.table whose inserted rows are signals to the connector (created by `capture run` if missing).",
+        help="schema.table whose inserted rows are signals to the connector (`capture run --signal-table` creates it).",
     ),
 ]
 
@@ -273,7 +273,14 @@ def run(
         int | None,
         typer.Option("--min-insync-replicas", min=1, help="With --kafka: min.insync.replicas of new topics."),
     ] = None,
-    signal_table: SignalTableOption = DEFAULT_SIGNAL_TABLE,
+    signal_table: Annotated[
+        str | None,
+        typer.Option(
+            "--signal-table",
+            help="schema.table whose inserted rows are signals to the connector, created if missing (e.g. "
+            f"{DEFAULT_SIGNAL_TABLE}; what `capture snapshot` writes to). Default: no signal table.",
+        ),
+    ] = None,
     incremental_chunk_size: Annotated[
         int,
         typer.Option(

@@ -62,7 +62,7 @@ from capture.tables import TableFilter
 from eventstore.log import Log
 dsn, log_dir, plugin, chunk, snapshot = sys.argv[1:6]
 config = CaptureConfig(dsn=dsn, slot="inc", topic_prefix="cdc", plugin=Plugin(plugin), status_interval_s=0.05,
-                       snapshot=SnapshotMode(snapshot),
+                       snapshot=SnapshotMode(snapshot), signal_table="public.tideline_signal",
                        incremental_chunk_size=int(chunk), table_filter=TableFilter(include=["public.inc_*"]))
 with Log(log_dir) as log:
     Connector(config, log).run()
@@ -157,6 +157,7 @@ class Churn:
 
 def config(dsn: str, plugin: Plugin = Plugin.WAL2JSON, **kw: Any) -> CaptureConfig:
     kw.setdefault("table_filter", TableFilter(include=["public.inc_*"]))
+    kw.setdefault("signal_table", DEFAULT_SIGNAL_TABLE)
     return CaptureConfig(dsn=dsn, slot=SLOT, topic_prefix="cdc", plugin=plugin, incremental_chunk_size=CHUNK, **kw)
 
 
@@ -399,17 +400,20 @@ def test_pause_resume_stop_and_where(db: str, tmp_path: Path) -> None:
 
 def test_table_added_to_the_include_list(db: str, tmp_path: Path, plugin: Plugin) -> None:
     """A connector streaming inc_pairs is restarted with inc_items included too: inc_items alone is
-    snapshotted incrementally (under churn), and its topic then equals the table."""
+    snapshotted incrementally (under churn), and its topic then equals the table. No signal table is
+    configured (the default): none is needed for this, and none is created in the source database."""
     log_dir = tmp_path / "log"
     populate(db, ROWS // 3)
     only_pairs = TableFilter(include=["public.inc_pairs"])
-    run_until_caught_up(log_dir, config(db, plugin, table_filter=only_pairs))
+    run_until_caught_up(log_dir, config(db, plugin, table_filter=only_pairs, signal_table=None))
     with Log(log_dir) as log:
         assert "cdc.public.inc_items" not in log.topics()
         pairs_before = len(records(log_dir, "cdc.public.inc_pairs"))
-    with Churn(db, ROWS // 3, seed=7), Running(log_dir, config(db, plugin)) as running:
+    with Churn(db, ROWS // 3, seed=7), Running(log_dir, config(db, plugin, signal_table=None)) as running:
         running.wait("the new table's snapshot", lambda s: s.snapshot_rows > 0 and s.incremental is None)
-    run_until_caught_up(log_dir, config(db, plugin))
+    run_until_caught_up(log_dir, config(db, plugin, signal_table=None))
+    with psycopg.connect(db) as c:
+        assert c.execute("SELECT to_regclass('public.tideline_signal')").fetchone() == (None,)
     items = assert_topic_equals_table(log_dir, db, "inc_items", ("id",))
     assert items.get("r"), items
     pairs_reads = [v for _, v, _ in records(log_dir, "cdc.public.inc_pairs")[pairs_before:] if v and v["op"] == "r"]

@@ -35,7 +35,8 @@ from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
 TIDELINE = str(Path(os.environ.get("VIRTUAL_ENV", ROOT / ".venv")) / "bin" / "tideline")
-PGOUTPUT: dict[str, Any] = {"plugin": Plugin.PGOUTPUT}
+SIGNALS = "public.tideline_signal"  # the signal table (capture.signals): its inserts must be streamed
+PGOUTPUT: dict[str, Any] = {"plugin": Plugin.PGOUTPUT, "signal_table": SIGNALS}
 
 
 @pytest.fixture
@@ -45,7 +46,6 @@ def db(postgres: LocalPostgres) -> Iterator[str]:
     drop_slots(dsn)
 
 
-SIGNALS = "public.tideline_signal"  # the signal table (capture.signals): its inserts must be streamed
 
 def published(dsn: str) -> dict[str, set[str]]:
     """publication → its tables ("schema.table"), for every publication of the database."""
@@ -262,7 +262,7 @@ def test_cli_runs_pgoutput_and_status_shows_the_publications(db: str, tmp_path: 
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v numeric)", "INSERT INTO t VALUES (1, 'NaN'), (2, NULL)",
         "CREATE TABLE k (v text)")  # fmt: skip
     out = cli("capture", "run", "--dsn", db, "--slot", "clip", "--plugin", "pgoutput", "--exit-when-caught-up",
-              "--json", data_dir=data)  # fmt: skip
+              "--signal-table", SIGNALS, "--json", data_dir=data)  # fmt: skip
     assert json.loads(out.stdout)["snapshot_rows"] == 2
     status = json.loads(cli("capture", "status", "--dsn", db, "--slot", "clip", "--json", data_dir=data).stdout)
     assert status["slot"]["plugin"] == "pgoutput"
