@@ -29,7 +29,8 @@ Thread-safety: none; run by the connector thread.
 Incremental snapshots (capture.incremental) ride on this loop: between two transactions it
 reads the next chunk when one is due; watermark messages (prefix
 ``tideline.watermark``) and INSERTs into the signal table (capture.signals) are handed to
-it instead of becoming events (they take no event index), and every change of a captured
+it instead of becoming events (a watermark takes no event index; a signal-table INSERT keeps the
+index it was given, unused), and every change of a captured
 table is shown to it so that it drops the chunk rows the change supersedes. With
 ``exit_when_caught_up`` the loop does not end while an incremental snapshot is reading
 (paused: it may). While a chunk is open, every change takes the Python path (the native
