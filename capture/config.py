@@ -12,6 +12,7 @@ import enum
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from capture.messages import DecoderSettings, Plugin
 from capture.publications import PublicationMode, Publications
@@ -23,6 +24,18 @@ from eventstore.topic import validate_topic_name
 __all__ = ["CaptureConfig", "KeylessPolicy", "OffsetMismatch", "PublicationMode", "SnapshotMode", "ValueFormat"]
 
 
+E = TypeVar("E", bound=enum.Enum)
+
+
+def parse_choice(cls: type[E], text: str, what: str) -> E:
+    """The member of ``cls`` whose value is ``text``; else a one-line error naming ``what`` and the choices."""
+    try:
+        return cls(text)
+    except ValueError:
+        choices = ", ".join(str(m.value) for m in cls)
+        raise ConfigError(f"{what} must be one of {choices}; not {text!r}") from None
+
+
 class SnapshotMode(enum.Enum):
     INITIAL = "initial"
     ALWAYS = "always"
@@ -31,10 +44,7 @@ class SnapshotMode(enum.Enum):
 
     @classmethod
     def parse(cls, text: str) -> SnapshotMode:
-        try:
-            return cls(text)
-        except ValueError:
-            raise ConfigError(f"--snapshot must be one of initial, always, never, when_needed; not {text!r}") from None
+        return parse_choice(cls, text, "--snapshot")
 
 
 class OffsetMismatch(enum.Enum):
@@ -47,12 +57,7 @@ class OffsetMismatch(enum.Enum):
 
     @classmethod
     def parse(cls, text: str) -> OffsetMismatch:
-        try:
-            return cls(text)
-        except ValueError:
-            raise ConfigError(
-                f"--offset-mismatch must be one of fail, trust_slot, trust_offset; not {text!r}"
-            ) from None
+        return parse_choice(cls, text, "--offset-mismatch")
 
 
 class ValueFormat(enum.Enum):
@@ -61,10 +66,7 @@ class ValueFormat(enum.Enum):
 
     @classmethod
     def parse(cls, text: str) -> ValueFormat:
-        try:
-            return cls(text)
-        except ValueError:
-            raise ConfigError(f"--value-format must be json or avro, not {text!r}") from None
+        return parse_choice(cls, text, "--value-format")
 
 
 # A slot holding back more WAL than this is warned about (connector log, capture status, console).
@@ -81,21 +83,13 @@ class CoreChoice(enum.Enum):
 
     @classmethod
     def parse(cls, text: str) -> CoreChoice:
-        try:
-            return cls(text)
-        except ValueError:
-            raise ConfigError(f"the capture core must be auto, python or native; not {text!r}") from None
+        return parse_choice(cls, text, "--core")
 
     @classmethod
     def default(cls) -> CoreChoice:
         """``TIDELINE_CAPTURE_CORE`` when set, else auto."""
         text = os.environ.get(ENV)
-        if not text:
-            return cls.AUTO
-        try:
-            return cls(text)
-        except ValueError:
-            raise ConfigError(f"{ENV} must be auto, python or native; not {text!r}") from None
+        return parse_choice(cls, text, ENV) if text else cls.AUTO
 
 
 @dataclass(slots=True)

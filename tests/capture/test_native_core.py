@@ -610,7 +610,7 @@ def test_core_choice_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("TIDELINE_CAPTURE_CORE", "python")
     assert CaptureConfig(dsn="postgresql://x").core is CoreChoice.PYTHON
     monkeypatch.setenv("TIDELINE_CAPTURE_CORE", "fast")
-    with pytest.raises(Exception, match="TIDELINE_CAPTURE_CORE must be auto, python or native"):
+    with pytest.raises(Exception, match="TIDELINE_CAPTURE_CORE must be one of auto, python, native"):
         CaptureConfig(dsn="postgresql://x")
 
 
