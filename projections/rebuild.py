@@ -18,6 +18,9 @@
    the canonical names) — or merge those rows into the shared table (``snapshots``,
    ``cdc_mirror``) — replace the projection's states from the kept attempts' states, set
    the projection's checkpoints to the offsets read, record the run and the reached LSN.
+   States are upserted (unchanged ones not rewritten) and those of streams no longer folded
+   deleted. A stream whose events lie in two log partitions (a topic whose partition count
+   grew) shows there as two kept states: the swap rolls back and the fold runs again by key.
 5. Drop the staging tables (also when the rebuild failed; a killed driver's are dropped
    by the next rebuild).
 
@@ -118,15 +121,36 @@ def _rebuild(
         stage(f"reading {', '.join(ends) or 'nothing'} and writing {rows_staging}")
         staged = _compute(spark, catalog, view, log, dsn, ends, rows_staging, states_staging)
         stage("swapping the view in")
-        with psycopg.connect(dsn) as conn, conn.transaction():
-            store.read_checkpoints(conn, view.name, lock=True)
-            discarded = _commit(conn, view, staged)
-            store.write_checkpoints(conn, view.name, ends, {}, replace=True)
-            store.add_progress(conn, view.name, staged.events, 1)
-            store.advance_reached(conn, view.name, lsn)
-            store.finish_run(conn, view.name, "done")
-            rows = _count(conn, view)
+        try:
+            discarded, rows = _swap(dsn, view, staged, ends, lsn)
+        except SplitStreams:  # a topic whose partition count grew: fold again by key (nothing was swapped)
+            assert isinstance(view, FoldView)
+            stage("a stream spans two log partitions: folding again by key")
+            _truncate(dsn, rows_staging, states_staging)
+            raw = log.batch_frame(spark, ends)
+            folded = fold_frame(spark, catalog, view, raw, dsn, rows_staging, states_staging)
+            staged = Staged(rows_staging, states_staging, folded.events, folded.kept)
+            stage("swapping the view in")
+            discarded, rows = _swap(dsn, view, staged, ends, lsn)
     return staged.events, rows, discarded
+
+
+class SplitStreams(Exception):
+    """The kept attempts of a per-log-partition fold hold two states of one stream: its events lie in
+    two log partitions (the topic's partition count grew after the stream began)."""
+
+
+def _swap(dsn: str, view: View, staged: Staged, ends: store.Offsets, lsn: int) -> tuple[int, int]:
+    """The swap transaction (module docstring, step 4); ``(discarded staged rows, rows in the view)``."""
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        store.read_checkpoints(conn, view.name, lock=True)
+        discarded = _commit(conn, view, staged)
+        store.write_checkpoints(conn, view.name, ends, {}, replace=True)
+        store.add_progress(conn, view.name, staged.events, 1)
+        store.advance_reached(conn, view.name, lsn)
+        store.finish_run(conn, view.name, "done")
+        rows = _count(conn, view)
+    return discarded, rows
 
 
 def _compute(
@@ -145,9 +169,6 @@ def _compute(
     if isinstance(view, FoldView):
         raw = log.batch_frame(spark, ends, whole_partitions=True)
         folded = fold_frame(spark, catalog, view, raw, dsn, rows_staging, states_staging, per_log_partition=True)
-        if _split_streams(dsn, states_staging, folded.kept):  # a topic whose partition count grew
-            _truncate(dsn, rows_staging, states_staging)
-            folded = fold_frame(spark, catalog, view, log.batch_frame(spark, ends), dsn, rows_staging, states_staging)
         return Staged(rows_staging, states_staging, folded.events, folded.kept)
     if isinstance(view, CountView):
         parsed = engine.parse_events(log.batch_frame(spark, ends)).persist()
@@ -166,18 +187,59 @@ def _commit(conn: store.Conn, view: View, staged: Staged) -> int:
     read: :func:`attempts.kept_rows`)."""
     discarded = attempts.discarded(conn, staged.rows, staged.kept)
     discarded += attempts.discarded(conn, staged.states, staged.kept)
-    columns = columns_of(view)
     kept = (staged.kept,)
+    if isinstance(view, FoldView):  # first: a stream folded twice shows here (SplitStreams), before any row moved
+        _replace_states(conn, view, staged)
+    columns = columns_of(view)
     if owned_table(view):
         shadow = store.create_shadow(conn, view.table.name)
         conn.execute(_insert(shadow, columns, attempts.kept_rows(staged.rows, columns)), kept)
         store.swap_in(conn, view.table.name, shadow)
     else:
         _merge_shared(conn, view, attempts.kept_rows(staged.rows, columns), kept)
-    conn.execute("DELETE FROM projection_state WHERE projection = %s", (view.name,))
-    states = attempts.kept_rows(staged.states, engine.STATE_COLUMNS)
-    conn.execute(_insert(projection_state.name, engine.STATE_COLUMNS, states), kept)
     return discarded
+
+
+def _replace_states(conn: store.Conn, view: FoldView, staged: Staged) -> None:
+    """Make the projection's stored states those of the kept attempts: new streams inserted, changed
+    ones updated, streams no longer folded removed; states that did not change are not rewritten (a
+    rebuild of an unchanged log writes next to nothing, and leaves no dead rows behind). A projection
+    without stored states (its first rebuild) takes a plain INSERT, cheaper than the upsert. Raises
+    :class:`SplitStreams` when the kept attempts hold two states of one stream."""
+    kept = (staged.kept,)
+    states = attempts.kept_rows(staged.states, engine.STATE_COLUMNS)
+    table = sql.Identifier(projection_state.name)
+    insert = sql.SQL("INSERT INTO {} AS p ({}) ").format(
+        table, sql.SQL(", ").join(sql.Identifier(c) for c in engine.STATE_COLUMNS)
+    )
+    stored = conn.execute(
+        sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE projection = %s)").format(table), (view.name,)
+    ).fetchone()
+    if not (stored and stored[0]):
+        try:  # the caller's swap transaction rolls back on SplitStreams: nothing moved
+            conn.execute(insert + states, kept)
+        except psycopg.errors.UniqueViolation as e:
+            raise SplitStreams(f"view {view.name}: a stream's events lie in two log partitions") from e
+        return
+    changed = ("version", "commit_lsn", "state")
+    upsert = sql.SQL(
+        " ON CONFLICT (projection, stream_id) DO UPDATE SET ({0}) = ROW({1}) WHERE ({2}) IS DISTINCT FROM ({1})"
+    ).format(
+        sql.SQL(", ").join(sql.Identifier(c) for c in changed),
+        sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(sql.Identifier(c)) for c in changed),
+        sql.SQL(", ").join(sql.SQL("p.{}").format(sql.Identifier(c)) for c in changed),
+    )
+    try:
+        conn.execute(insert + states + upsert, kept)
+    except psycopg.errors.CardinalityViolation as e:  # "cannot affect row a second time": one stream, two states
+        raise SplitStreams(f"view {view.name}: a stream's events lie in two log partitions") from e
+    conn.execute(
+        sql.SQL(
+            "DELETE FROM {} AS p WHERE p.projection = %s AND NOT EXISTS "
+            "(SELECT 1 FROM {} s WHERE s.{} = ANY(%s) AND s.stream_id = p.stream_id)"
+        ).format(table, sql.Identifier(staged.states), sql.Identifier(attempts.ATTEMPT_COLUMN)),
+        (view.name, staged.kept),
+    )
 
 
 def _insert(table: str, columns: Sequence[str], select: sql.Composable) -> sql.Composed:
@@ -224,18 +286,6 @@ def fold_frame(
     job = functools.partial(engine.fold_batches, catalog.module, view.name, dsn, rows_staging, states_staging)
     outputs = [attempts.TaskOutput(*r) for r in ordered.mapInArrow(job, engine.FOLD_OUTPUT).collect()]
     return Folded(sum(o.count for o in outputs), attempts.winners(outputs))
-
-
-def _split_streams(dsn: str, states_staging: str, kept: list[int]) -> bool:
-    """Whether a stream was folded by two tasks (its events in two log partitions: the
-    topic's partition count grew after it began). Then the fold must be redone by key."""
-    with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            f'SELECT 1 FROM "{states_staging}" WHERE {attempts.ATTEMPT_COLUMN} = ANY(%s) '
-            "GROUP BY stream_id HAVING count(*) > 1 LIMIT 1",
-            (kept,),
-        ).fetchone()
-    return row is not None
 
 
 def _truncate(dsn: str, *tables: str) -> None:

@@ -272,21 +272,74 @@ def test_rebuild_refuses_an_outbox_record_keyed_by_another_stream(spark: SparkSe
     assert left == []
 
 
+def reservation_event(r: int, version: int, event_type: str, fields: str) -> bytes:
+    """An outbox record of reservation ``r`` (stream ``reservation-r<r>``) at ``version``."""
+    return (
+        f'{{"stream_id":"reservation-r{r}","stream_type":"reservation","version":{version},'
+        f'"event_type":"{event_type}","schema_version":1,"payload":{{"reservation_id":"r{r}","show_id":"s",'
+        f'{fields}}},"recorded_at":"2026-01-01T00:00:00+00:00","source":{{"commit_lsn":{100 * r + version},'
+        f'"event_index":0}}}}'
+    ).encode()
+
+
+def reservations_log(log_dir: Path, streams: dict[int, int]) -> None:
+    """A one-partition ``events.reservation`` log: reservation ``r`` reserved seat A<r>, then moved
+    ``streams[r] - 1`` times (seat B<r>, C<r>…)."""
+    from eventstore.producer import Producer
+
+    with Log(log_dir) as log:
+        log.create_topic("events.reservation", partitions=1)
+        with Producer(log) as producer:
+            for r, versions in streams.items():
+                seats = [f"{chr(ord('A') + v)}{r}" for v in range(versions)]
+                values = [reservation_event(r, 1, "SeatReserved", f'"seat":"{seats[0]}","customer_id":"c"')]
+                values += [
+                    reservation_event(r, v + 1, "SeatChanged", f'"from_seat":"{seats[v - 1]}","to_seat":"{seats[v]}"')
+                    for v in range(1, versions)
+                ]
+                producer.send_batch("events.reservation", values, [f"reservation-r{r}".encode()] * len(values))
+
+
+def test_rebuild_replaces_states_rewriting_only_what_changed(spark: SparkSession, db: str, tmp_path: Path) -> None:
+    """A rebuild makes the stored states those of its fold: a stream no longer in the log loses its
+    state, a changed one is updated, a new one inserted, and an unchanged one is not rewritten (its
+    row version, xmin, stays: a rebuild of an unchanged log leaves no dead rows behind)."""
+
+    def states() -> dict[str, tuple[int, str]]:
+        with psycopg.connect(db) as c:
+            rows = c.execute(
+                "SELECT stream_id, version, xmin::text FROM projection_state WHERE projection = 'seats'"
+            ).fetchall()
+        return {stream: (version, xmin) for stream, version, xmin in rows}
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    reservations_log(first, {1: 1, 2: 1, 3: 2, 4: 1})
+    reservations_log(second, {1: 1, 2: 3, 4: 1, 5: 2})  # r2 moved twice more, r3 gone, r5 new
+    rebuild(spark, VIEWS, "seats", log_dir=first, dsn=db)
+    before = states()
+    assert {s: v for s, (v, _) in before.items()} == {
+        f"reservation-r{r}": v for r, v in ((1, 1), (2, 1), (3, 2), (4, 1))
+    }
+    rebuild(spark, VIEWS, "seats", log_dir=first, dsn=db)  # the same log again: nothing rewritten
+    assert states() == before
+    rebuild(spark, VIEWS, "seats", log_dir=second, dsn=db)
+    after = states()
+    assert {s: v for s, (v, _) in after.items()} == {
+        f"reservation-r{r}": v for r, v in ((1, 1), (2, 3), (4, 1), (5, 2))
+    }
+    assert after["reservation-r1"] == before["reservation-r1"] and after["reservation-r4"] == before["reservation-r4"]
+    assert after["reservation-r2"][1] != before["reservation-r2"][1]
+    assert view_rows(db, VIEWS["seats"]) == expected_rows(VIEWS["seats"], second)
+
+
 def test_rebuild_folds_a_stream_split_over_two_partitions(spark: SparkSession, db: str, tmp_path: Path) -> None:
     """A fold rebuild reads one task per log partition, trusting that a stream lives in one
     partition; a topic whose partition count grew breaks that (older events of a stream in
     another partition). The rebuild notices a stream folded by two tasks and folds again by
-    key: the view still equals the reference fold."""
+    key: the view still equals the reference fold, on a first rebuild and on one over stored states."""
     from eventstore.producer import Producer
 
-    def event(r: int, version: int, event_type: str, fields: str) -> bytes:
-        return (
-            f'{{"stream_id":"reservation-r{r}","stream_type":"reservation","version":{version},'
-            f'"event_type":"{event_type}","schema_version":1,"payload":{{"reservation_id":"r{r}","show_id":"s",'
-            f'{fields}}},"recorded_at":"2026-01-01T00:00:00+00:00","source":{{"commit_lsn":{100 * r + version},'
-            f'"event_index":0}}}}'
-        ).encode()
-
+    event = reservation_event
     log_dir = tmp_path / "log"
     with Log(log_dir) as log:
         log.create_topic("events.reservation", partitions=2)
@@ -300,6 +353,8 @@ def test_rebuild_folds_a_stream_split_over_two_partitions(spark: SparkSession, d
     expected = expected_rows(VIEWS["seats"], log_dir)
     assert {row[1] for row in expected} == {f"B{r}" for r in range(1, 7)}  # every stream's second event applies
     rebuild(spark, VIEWS, "seats", log_dir=log_dir, dsn=db)
+    assert view_rows(db, VIEWS["seats"]) == expected
+    rebuild(spark, VIEWS, "seats", log_dir=log_dir, dsn=db)  # again, over stored states (the upsert path)
     assert view_rows(db, VIEWS["seats"]) == expected
 
 
