@@ -39,6 +39,7 @@ MODULES: list[str] = [
     "bench.schemas_bench",
     "bench.commands_bench",
     "bench.projections_bench",
+    "bench.projections_growth_bench",
     "bench.follow_bench",
 ]
 

@@ -119,7 +119,6 @@ class Sizes:
     low_rate_seconds: float
     drain_seconds: float  # after the writer stops, how long to wait for its last row
 
-
     snapshot_rows: int  # the big table of the snapshot benchmark
 
 

@@ -24,8 +24,8 @@ in the same run:
    folds must agree (keys, events, value checksum).
 
 Target (issue 17): the rebuild from the log ≥ 1.0× the events/s of the same fold from
-Parquet, same run (issue 7 asked 0.5×). A full run (not ``--quick``, not ``TIDELINE_BENCH_LARGE=0``) adds a third figure:
-the rebuild at 20,000,000 events against its rate at 2,000,000 (how the cost grows). Spark ``local[2]``, driver memory
+Parquet, same run (issue 7 asked 0.5×). How the rebuild grows to 20,000,000 events is
+its own section (:mod:`bench.projections_growth_bench`). Spark ``local[2]``, driver memory
 1.5 GiB; warm-up runs first, then runs interleaved; events/s from the best run, the
 paired ratios in notes. Informational: a plain scan (``noop`` write) of each source.
 """
@@ -73,7 +73,6 @@ KEY = "projections"
 TITLE = "Projections: view rebuilds on Spark from the log vs the same fold from Parquet"
 
 FULL_EVENTS = 2_000_000
-LARGE_EVENTS = 20_000_000  # the growth figure of a full run; TIDELINE_BENCH_LARGE=0 skips it (≈ 8 GB of log, minutes)
 QUICK_EVENTS = 100_000
 KEYS = 100_000
 PARTITIONS = 4
@@ -82,7 +81,7 @@ PARQUET_FILES = 8
 SEND_BATCH = 50_000
 TOMBSTONE_EVERY = 50
 RUNS = 4
-REBUILD_RUNS = 2
+REBUILD_RUNS = 3  # each source, interleaved (the swap and Spark both vary run to run on a shared machine)
 TOPIC = "accounts"
 EVENTS_TOPIC = "events.reservation"
 VIEW = "seats"
@@ -382,37 +381,8 @@ def view_rebuild(
         "interleaved with the others; it leaves the same seats rows (the Parquet fold after it compares against "
         "them)."
     )
-    if os.environ.get("TIDELINE_BENCH_LARGE", "1") != "0" and not ctx.quick:
-        large_rebuild(ctx, section, spark, dsn, n / min(log_s))
-    else:
-        section.notes.append(
-            f"The {LARGE_EVENTS:,}-event rebuild figure is part of a full `make bench` (≈ 8 GB of log, several "
-            "minutes); this run skipped it (`--quick` or `TIDELINE_BENCH_LARGE=0`)."
-        )
-
-
-def large_rebuild(ctx: Context, section: Section, spark: SparkSession, dsn: str, rate: float) -> None:
-    """The seats rebuild at :data:`LARGE_EVENTS` events against its rate at the full size: how the cost grows."""
-    from examples.reservations.views import VIEWS
-
-    log_dir = ctx.workdir / "reservations-large"
-    t0 = time.perf_counter()
-    streams = make_reservations_log(log_dir, LARGE_EVENTS)
-    made = time.perf_counter() - t0
-    ctx.say(f"{LARGE_EVENTS:,} reservation events ({streams:,} streams) into the log in {made:.1f} s")
-    result = rebuild.rebuild(spark, VIEWS, VIEW, log_dir=log_dir, dsn=dsn)
-    assert result.events == LARGE_EVENTS, f"the rebuild read {result.events:,} of {LARGE_EVENTS:,} events"
-    ctx.say(f"rebuild of {LARGE_EVENTS:,} events: {LARGE_EVENTS / result.seconds:,.0f} events/s")
-    section.results.append(
-        measured(
-            f"rebuild of the `{VIEW}` view at {LARGE_EVENTS:,} events",
-            LARGE_EVENTS / result.seconds,
-            "events/s",
-            baseline_name=f"same rebuild at {FULL_EVENTS:,} events",
-            baseline_value=rate,
-            note=f"{streams:,} streams → {result.rows:,} seat rows; {result.seconds:.0f} s end to end, one run; "
-            "informational (how the cost grows)",
-        )
+    section.notes.append(
+        "How the rebuild grows to 20,000,000 events: its own section below (`bench.projections_growth_bench`)."
     )
 
 
