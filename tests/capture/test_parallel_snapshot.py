@@ -1,0 +1,220 @@
+"""The parallel initial snapshot (capture.snapshot_readers): reader processes sharing the slot's snapshot.
+
+Against the real Postgres: a parallel snapshot equals a single-reader one (same events per key, same
+markers at each table's first and last read, dense event indexes), for a table with a primary key and
+a keyless one; under concurrent writes the materialization equals ``SELECT *`` and every key's snapshot
+read precedes its streamed changes; a reader killed mid-snapshot fails the connector with nothing
+visible, and the next start takes the whole snapshot again. Tables are small; ``MIN_RANGE_BLOCKS`` is
+lowered so that they still split into several ranges.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from capture_util import capture, drop_slots, fresh_database, latest_by_key, records, sql
+from typer.testing import CliRunner
+
+import capture.snapshot_readers as snapshot_readers
+from capture.config import CaptureConfig, ValueFormat
+from capture.connector import Connector
+from capture.snapshot_readers import SnapshotReaderDied
+from eventstore.errors import ConfigError
+from eventstore.log import Log
+from tideline.cli import app
+from tideline.pgharness import LocalPostgres
+
+KEYED, KEYLESS, SMALL = "cdc.public.t", "cdc.public.loose", "cdc.public.small"
+ROWS = 20_000
+
+
+@pytest.fixture
+def db(postgres: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
+    dsn = fresh_database(postgres, "psnap")
+    yield dsn
+    drop_slots(dsn)
+
+
+@pytest.fixture(autouse=True)
+def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranges of 8 blocks (64 KiB): the test tables split into the most ranges the readers take."""
+    monkeypatch.setattr(snapshot_readers, "MIN_RANGE_BLOCKS", 8)
+
+
+def seed(dsn: str) -> None:
+    """A keyed table (some rows big enough to be TOASTed), a keyless one, and a small one read by the connector."""
+    sql(
+        dsn,
+        "CREATE TABLE t (id int PRIMARY KEY, v text, n numeric(12,2), doc jsonb, big text)",
+        f"INSERT INTO t SELECT g, 'v' || g, g / 7.0, jsonb_build_object('g', g, 'half', g / 2.0), "
+        f"CASE WHEN g % 500 = 0 THEN repeat(md5(g::text), 100) END FROM generate_series(1, {ROWS}) g",
+        "CREATE TABLE loose (a int, b text)",
+        f"INSERT INTO loose SELECT g % 1000, 'b' || g FROM generate_series(1, {ROWS // 2}) g",
+        "CREATE TABLE small (id int PRIMARY KEY, v text)",
+        "INSERT INTO small SELECT g, 'v' || g FROM generate_series(1, 3) g",
+        "VACUUM ANALYZE t, loose, small",
+    )
+
+
+def table_rows(dsn: str) -> dict[bytes, Any]:
+    with psycopg.connect(dsn) as c:
+        rows = c.execute("SELECT id, v, n::text, doc::text, big FROM t").fetchall()
+    return {
+        orjson.dumps({"id": i}): {"id": i, "v": v, "n": n, "doc": None if d is None else orjson.loads(d), "big": b}
+        for i, v, n, d, b in rows
+    }
+
+
+def normalized(after: dict[str, Any]) -> dict[str, Any]:
+    """An ``after`` image comparable with table_rows: a streamed insert leaves n and doc null."""
+    return {"n": None, "doc": None, "big": None, **after}
+
+
+def snapshot_reads(log_dir: Path, topic: str) -> list[dict[str, Any]]:
+    return [v for _, v, _ in records(log_dir, topic) if v is not None and v["op"] == "r"]
+
+
+def markers(reads: list[dict[str, Any]]) -> tuple[str, str, Counter[str]]:
+    """The first read's marker, the last read's, and how many reads carry each marker."""
+    marks = [r["source"]["snapshot"] for r in reads]
+    return marks[0], marks[-1], Counter(marks)
+
+
+def test_parallel_snapshot_equals_a_single_reader(db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="capture.connector")
+    seed(db)
+    single, parallel = tmp_path / "single", tmp_path / "parallel"
+    one = capture(single, db, slot="one")
+    many = capture(parallel, db, slot="many", snapshot_workers=3)
+    assert one.snapshot_rows == many.snapshot_rows == ROWS + ROWS // 2 + 3
+    indexes: dict[str, list[int]] = {}
+    for topic in (KEYED, KEYLESS, SMALL):
+        a, b = snapshot_reads(single, topic), snapshot_reads(parallel, topic)
+        assert len(a) == len(b) > 0, topic
+        if topic == KEYLESS:  # no key: the same multiset of rows
+            assert Counter(orjson.dumps(r["after"]) for r in a) == Counter(orjson.dumps(r["after"]) for r in b)
+        else:
+            assert {orjson.dumps(r["after"]["id"]): r["after"] for r in a} == {
+                orjson.dumps(r["after"]["id"]): r["after"] for r in b
+            }
+        assert markers(a) == markers(b), topic  # the same first / last markers, as many "true"s
+        assert {r["source"]["lsn"] for r in b} == {r["source"]["commit_lsn"] for r in b}
+        indexes[topic] = [r["source"]["event_index"] for r in b]
+    # tables go in name order: loose (split into ranges), small (read by the connector), t (split)
+    assert markers(snapshot_reads(parallel, KEYLESS))[:2] == ("first", "last_in_data_collection")
+    assert markers(snapshot_reads(parallel, SMALL))[:2] == ("first_in_data_collection", "last_in_data_collection")
+    assert markers(snapshot_reads(parallel, KEYED))[:2] == ("first_in_data_collection", "last")
+    assert "3 snapshot reader processes started" in caplog.text
+    every = sorted(i for found in indexes.values() for i in found)
+    assert every == list(range(len(every)))  # unique and dense, as the single reader numbers them
+    keyed = latest_by_key(parallel, KEYED)
+    assert {k: normalized(v) for k, v in keyed.items()} == table_rows(db)
+    big = [v for v in keyed.values() if v["big"] is not None]
+    assert len(big) == ROWS // 500 and all(len(v["big"]) == 3200 for v in big)
+
+
+def churn(dsn: str, stop: threading.Event, done: list[int]) -> None:
+    """Updates, deletes and inserts of t until ``stop``; ``done``: how many transactions committed."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        i = 0
+        while not stop.is_set() or i < 20:
+            i += 1
+            key = 1 + (i * 7919) % ROWS
+            c.execute("UPDATE t SET v = 'churn' || %s WHERE id = %s", (i, key))
+            c.execute("DELETE FROM t WHERE id = %s", (1 + (i * 104729) % ROWS,))
+            c.execute("INSERT INTO t (id, v) VALUES (%s, 'new') ON CONFLICT (id) DO UPDATE SET v = 'again'",
+                      (ROWS + i,))  # fmt: skip
+            done[0] = i
+
+
+def test_parallel_snapshot_under_concurrent_writes(db: str, tmp_path: Path) -> None:
+    """Writes during the snapshot arrive by streaming after it; per key, the read comes first."""
+    seed(db)
+    stop, done = threading.Event(), [0]
+    writer = threading.Thread(target=churn, args=(db, stop, done), daemon=True)
+    writer.start()
+    try:
+        while done[0] < 5:
+            time.sleep(0.01)
+        stats = capture(tmp_path, db, slot="busy", snapshot_workers=2)
+    finally:
+        stop.set()
+        writer.join()
+    capture(tmp_path, db, slot="busy", snapshot_workers=2)  # streams what the writer did until it stopped
+    assert stats.snapshot_rows > 0
+    assert {k: normalized(v) for k, v in latest_by_key(tmp_path, KEYED).items()} == table_rows(db)
+    streamed: set[bytes] = set()  # keys with a streamed change so far, in log order
+    read: set[bytes] = set()
+    for key, value, _ in records(tmp_path, KEYED):
+        k = orjson.dumps(key)
+        if value is not None and value["op"] == "r":
+            assert k not in streamed, f"key {key}: a streamed change precedes its snapshot read"
+            assert k not in read, f"key {key} read twice"
+            read.add(k)
+        elif value is not None:
+            streamed.add(k)
+    assert streamed and read
+
+
+def test_a_reader_killed_mid_snapshot_fails_and_the_next_start_takes_it_again(db: str, tmp_path: Path) -> None:
+    """Killed once rows are appended (small batches: appended, not committed); nothing visible; taken again."""
+    seed(db)
+    config = CaptureConfig(dsn=db, slot="killed", topic_prefix="cdc", exit_when_caught_up=True, snapshot_workers=2,
+                           batch_events=1_000)  # fmt: skip
+    failure: list[BaseException] = []
+    with Log(tmp_path) as log:
+        connector = Connector(config, log)
+
+        def run() -> None:
+            try:
+                connector.run()
+            except BaseException as e:
+                failure.append(e)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        killed = None
+        while thread.is_alive() and killed is None:
+            readers = [p for p in multiprocessing.active_children() if p.name.startswith("tideline-snapshot-reader")]
+            if readers and readers[0].pid is not None and connector.stats.snapshot_rows >= 5_000:
+                killed = readers[0].pid
+                os.kill(killed, signal.SIGKILL)
+            time.sleep(0.002)
+        thread.join()
+    assert killed is not None, "the snapshot ended before a reader could be killed in it"
+    assert len(failure) == 1 and isinstance(failure[0], SnapshotReaderDied), failure
+    assert str(killed) in str(failure[0])
+    appended = sum(len(records(tmp_path, topic, "read_uncommitted")) for topic in (KEYED, KEYLESS, SMALL))
+    assert appended >= 1_000  # the aborted snapshot's appended batches ...
+    for topic in (KEYED, KEYLESS, SMALL):
+        assert records(tmp_path, topic) == [], topic  # ... of which a read_committed reader sees nothing
+    stats = capture(tmp_path, db, slot="killed", snapshot_workers=2)
+    assert stats.snapshot_rows == ROWS + ROWS // 2 + 3
+    reads = snapshot_reads(tmp_path, KEYED)
+    assert len(reads) == ROWS == len({r["after"]["id"] for r in reads})
+    assert {k: normalized(v) for k, v in latest_by_key(tmp_path, KEYED).items()} == table_rows(db)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tideline-snapshot-reader")]
+
+
+def test_bad_snapshot_workers_are_refused(db: str) -> None:
+    for workers, message in ((0, "--snapshot-workers must be 1 to 64, not 0"), (65, "not 65")):
+        with pytest.raises(ConfigError, match=message):
+            CaptureConfig(dsn=db, snapshot_workers=workers).validate()
+    with pytest.raises(ConfigError, match="needs --value-format json"):
+        CaptureConfig(dsn=db, snapshot_workers=2, value_format=ValueFormat.AVRO).validate()
+    result = CliRunner().invoke(app, ["capture", "run", "--dsn", db, "--snapshot-workers", "-3"])
+    assert result.exit_code != 0 and "--snapshot-workers must be 1 to 64, not -3" in result.output, result.output
+    result = CliRunner().invoke(app, ["capture", "run", "--dsn", db, "--snapshot-workers", "two"])
+    assert result.exit_code != 0 and "--snapshot-workers" in result.output, result.output
