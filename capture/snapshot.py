@@ -157,8 +157,7 @@ class SnapshotReads:
             values: list[bytes | None] = [
                 b"%b%d%b" % (head, i, tail) for i, head, tail in zip(indexes, batch.heads, batch.tails, strict=True)
             ]
-            nbytes = sum(map(len, values)) + sum(len(k) for k in batch.keys if k is not None)  # type: ignore[arg-type]
-            self.writer.add_many(topic, batch.keys, values, nbytes)
+            self.writer.add_many(topic, batch.keys, values, batch.nbytes + 8 * n)  # 8: about the digits
             if not table.keyless:
                 self.builder.remember_reads(topic, batch.keys, batch.big)  # type: ignore[arg-type]
             self.index += n

@@ -141,6 +141,7 @@ class RangeBatch:
     tails: list[bytes]  # ... and after them
     big: dict[int, dict[str, Any]]  # position in keys → the TOAST-able values of a big row (capture.events)
     last: list[Column] | None  # None: a batch of one row
+    nbytes: int  # bytes of keys, heads and tails (for the connector's batch sizing)
 
     @property
     def rows(self) -> int:
@@ -231,7 +232,8 @@ def encode_batch(
             values = encoder.toast_values(table, after)
             if values is not None:
                 big[i] = values
-    return RangeBatch(number, rows[0], keys, heads, tails, big, rows[-1] if len(rows) > 1 else None)
+    nbytes = sum(map(len, heads)) + sum(map(len, tails)) + sum(len(k) for k in keys if k is not None)
+    return RangeBatch(number, rows[0], keys, heads, tails, big, rows[-1] if len(rows) > 1 else None, nbytes)
 
 
 # ---------------------------------------------------------------------------- the connector's side
