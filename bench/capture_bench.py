@@ -55,6 +55,7 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -719,22 +720,37 @@ def copy_read_s(dsn: str, table: str) -> tuple[float, int]:
     return time.perf_counter() - started, read
 
 
-def snapshot_run_s(ctx: Context, dsn: str, workers: int, n: int) -> float:
-    """Seconds of one initial snapshot of the ``n``-row snapshot table alone (new slot, fresh log, ``workers``)."""
+@dataclass(frozen=True, slots=True)
+class SnapshotRun:
+    seconds: float  # wall clock, construction to return
+    connector_cpu_s: float  # user + system CPU of this process (the connector) meanwhile
+    readers_cpu_s: float  # ... of its reader processes (children, counted once they are joined)
+
+    def cpu_note(self, n: int) -> str:
+        total = self.connector_cpu_s + self.readers_cpu_s
+        readers = f" + readers {self.readers_cpu_s:.0f}" if self.readers_cpu_s >= 0.5 else ""
+        return f"CPU {self.connector_cpu_s:.0f} s connector{readers} = {total * 1e6 / n:.0f} µs per row"
+
+
+def snapshot_run(ctx: Context, dsn: str, workers: int, n: int) -> SnapshotRun:
+    """One initial snapshot of the ``n``-row snapshot table alone (new slot, fresh log, ``workers``)."""
     config = CaptureConfig(dsn=dsn, slot="snap", topic_prefix="snapbench", exit_when_caught_up=True,
                            snapshot_workers=workers,
                            table_filter=TableFilter(include=[f"public.{SNAPSHOT_TABLE}"]))  # fmt: skip
     log_dir = ctx.workdir / "snapshot-log"
     shutil.rmtree(log_dir, ignore_errors=True)
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     with Log(log_dir) as log:
         stats = Connector(config, log).run()
     seconds = time.perf_counter() - started
+    own_after, children_after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     execute(dsn, "SELECT pg_drop_replication_slot('snap')")
     shutil.rmtree(log_dir, ignore_errors=True)
     if stats.snapshot_rows != n:
         raise AssertionError(f"the snapshot read {stats.snapshot_rows:,} rows, not {n:,}")
-    return seconds
+    cpu = [a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime for a, b in ((own_after, own), (children_after, children))]
+    return SnapshotRun(seconds, cpu[0], cpu[1])
 
 
 def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> None:
@@ -748,10 +764,13 @@ def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> No
     copies = [copy_read_s(dsn, SNAPSHOT_TABLE) for _ in range(2)]
     copy_s, copy_bytes = min(copies)
     ctx.say(f"snapshot: COPY {n / copy_s:,.0f} rows/s ({copy_bytes / copy_s / 1e6:,.0f} MB/s)")
-    single_s = snapshot_run_s(ctx, dsn, 1, n)
-    ctx.say(f"snapshot: connector, single reader {n / single_s:,.0f} rows/s")
-    parallel_s = snapshot_run_s(ctx, dsn, SNAPSHOT_WORKERS, n)
-    ctx.say(f"snapshot: connector, {SNAPSHOT_WORKERS} reader processes {n / parallel_s:,.0f} rows/s")
+    single = snapshot_run(ctx, dsn, 1, n)
+    single_s = single.seconds
+    ctx.say(f"snapshot: connector, single reader {n / single_s:,.0f} rows/s ({single.cpu_note(n)})")
+    parallel = snapshot_run(ctx, dsn, SNAPSHOT_WORKERS, n)
+    parallel_s = parallel.seconds
+    ctx.say(f"snapshot: connector, {SNAPSHOT_WORKERS} reader processes {n / parallel_s:,.0f} rows/s "
+            f"({parallel.cpu_note(n)})")  # fmt: skip
     table = f"table {SNAPSHOT_TABLE} with the bench table's 6 columns, {copy_bytes / 1e6:,.0f} MB as COPY text"
     copy_runs = f"COPY runs {', '.join(f'{n / s:,.0f}' for s, _ in copies)} rows/s"
     section.results += [
@@ -763,7 +782,7 @@ def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> No
             baseline_value=n / copy_s,
             min_ratio=0.5,
             note=f"{table}; {copy_runs}; one snapshot run ({single_s:.1f} s, new slot, exported snapshot, one log "
-            "transaction)",
+            f"transaction; {single.cpu_note(n)})",
         ),
         measured(
             f"snapshot of one {n:,}-row table into the durable log ({SNAPSHOT_WORKERS} reader processes)",
@@ -773,8 +792,8 @@ def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> No
             baseline_value=n / copy_s,
             min_ratio=0.5,
             note=f"--snapshot-workers {SNAPSHOT_WORKERS}: ctid ranges read by reader processes sharing the exported "
-            f"snapshot (capture.snapshot_readers); one snapshot run ({parallel_s:.1f} s), right after the single "
-            "reader's",
+            f"snapshot (capture.snapshot_readers); one snapshot run ({parallel_s:.1f} s, {parallel.cpu_note(n)}), "
+            "right after the single reader's",
         ),
         measured(
             f"snapshot of one {n:,}-row table: {SNAPSHOT_WORKERS} reader processes against the single reader",

@@ -7,6 +7,10 @@ TRANSACTION SNAPSHOT``, a server-side cursor, values as text converted like the
 stream's) and emitted as ``op=r`` events inside **one** log transaction that ends with
 the position "snapshot done at the slot's consistent point". Events are appended in
 chunks as they are read (memory stays O(chunk)); nothing is visible until the commit.
+With ``snapshot_workers`` > 1, tables of at least ``2 × MIN_RANGE_BLOCKS`` blocks are read
+in ctid ranges by reader processes sharing the exported snapshot (capture.snapshot_readers);
+their encoded batches join the same transaction, numbered and marked by :class:`SnapshotReads`
+as a single reader's rows are. This connection still locks and checks every table first.
 A table whose topic has live keys already (a snapshot taken again) also gets, in that
 transaction, a delete and a tombstone for each of them the snapshot did not read
 (capture.recovery: rows deleted while the slot was lost).

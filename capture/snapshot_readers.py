@@ -56,7 +56,8 @@ memory) closes its pipe: the connector raises :class:`SnapshotReaderDied`, ends 
 readers, aborts the transaction, and stops; the stored position still says "snapshot under
 way", so the next start takes the snapshot again from a new slot. A connector that dies
 leaves its readers blocked on a closed pipe: they exit on EOF (and are daemons of the
-connector process).
+connector process). Readers ignore SIGINT and SIGTERM (sent to the whole process group by
+Ctrl-C or a supervisor): the connector stops them, so that a clean stop stays clean.
 
 Thread-safety: :class:`SnapshotReaders` is used by the connector thread only.
 """
@@ -67,6 +68,7 @@ import contextlib
 import logging
 import multiprocessing
 import pickle
+import signal
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -164,6 +166,10 @@ def tid_ranges(table: TableInfo, blocks: int, workers: int) -> list[TidRange]:
 
 def reader_main(spec: ReaderSpec, pipe: Connection) -> None:
     """A reader process: import the snapshot, then read the ranges the connector sends until it sends None."""
+    # Ctrl-C and a supervisor's SIGTERM reach the whole process group: the connector decides (a clean stop
+    # ends the readers through close()); a reader that died of them would turn that stop into a failure.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         with psycopg.connect(spec.dsn, options=SESSION_OPTIONS) as db:
             db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -326,14 +332,15 @@ class SnapshotReaders:
         raise CaptureError(what)
 
     def close(self, *, wait_s: float = 5.0) -> None:
-        """Tell every reader to finish, then end those still running after ``wait_s`` (SIGTERM)."""
+        """Tell every reader to finish, then end those still running after ``wait_s`` (SIGKILL: they ignore
+        SIGTERM; their transactions are read-only and end with their connections)."""
         for reader in self._readers:
             with contextlib.suppress(OSError):  # dead already
                 reader.pipe.send_bytes(pickle.dumps(None))
         for reader in self._readers:
             reader.process.join(timeout=wait_s)
             if reader.process.is_alive():
-                reader.process.terminate()
+                reader.process.kill()
                 reader.process.join(timeout=5)
             reader.pipe.close()
         self._readers = []

@@ -24,12 +24,13 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from capture_util import capture, drop_slots, fresh_database, latest_by_key, records, sql
+from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, records, sql
 from typer.testing import CliRunner
 
 import capture.snapshot_readers as snapshot_readers
-from capture.config import CaptureConfig, ValueFormat
+from capture.config import CaptureConfig, SnapshotMode, ValueFormat
 from capture.connector import Connector
+from capture.recovery import RECOVERY_MARKER
 from capture.snapshot_readers import SnapshotReaderDied
 from eventstore.errors import ConfigError
 from eventstore.log import Log
@@ -206,6 +207,19 @@ def test_a_reader_killed_mid_snapshot_fails_and_the_next_start_takes_it_again(db
     assert len(reads) == ROWS == len({r["after"]["id"] for r in reads})
     assert {k: normalized(v) for k, v in latest_by_key(tmp_path, KEYED).items()} == table_rows(db)
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("tideline-snapshot-reader")]
+
+
+def test_a_parallel_snapshot_taken_again_deletes_the_rows_gone_meanwhile(db: str, tmp_path: Path) -> None:
+    """The key state written from the readers' batches serves capture.recovery as a single reader's does."""
+    seed(db)
+    capture(tmp_path, db, slot="again", snapshot_workers=2)
+    drop_slots(db)  # the slot is lost: what follows is never streamed
+    sql(db, "DELETE FROM t WHERE id % 3 = 0", "UPDATE t SET v = 'changed' WHERE id % 3 = 1")
+    stats = capture(tmp_path, db, slot="again", snapshot=SnapshotMode.WHEN_NEEDED, snapshot_workers=2)
+    assert stats.snapshot_rows == ROWS - ROWS // 3 + ROWS // 2 + 3
+    recovered = [v for v in events(tmp_path, KEYED) if v["source"]["snapshot"] == RECOVERY_MARKER]
+    assert len(recovered) == ROWS // 3 and all(v["op"] == "d" and v["before"]["id"] % 3 == 0 for v in recovered)
+    assert {k: normalized(v) for k, v in latest_by_key(tmp_path, KEYED).items()} == table_rows(db)
 
 
 def test_bad_snapshot_workers_are_refused(db: str) -> None:
