@@ -10,6 +10,7 @@ lowered so that they still split into several ranges.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import os
@@ -31,7 +32,9 @@ import capture.snapshot_readers as snapshot_readers
 from capture.config import CaptureConfig, SnapshotMode, ValueFormat
 from capture.connector import Connector
 from capture.recovery import RECOVERY_MARKER
-from capture.snapshot_readers import SnapshotReaderDied
+from capture.snapshot import BLOCKS_SQL
+from capture.snapshot_readers import SnapshotReaderDied, tid_ranges
+from capture.tables import KeylessPolicy, TableCatalog, TableFilter, select_columns_sql
 from eventstore.errors import ConfigError
 from eventstore.log import Log
 from tideline.cli import app
@@ -220,6 +223,25 @@ def test_a_parallel_snapshot_taken_again_deletes_the_rows_gone_meanwhile(db: str
     recovered = [v for v in events(tmp_path, KEYED) if v["source"]["snapshot"] == RECOVERY_MARKER]
     assert len(recovered) == ROWS // 3 and all(v["op"] == "d" and v["before"]["id"] % 3 == 0 for v in recovered)
     assert {k: normalized(v) for k, v in latest_by_key(tmp_path, KEYED).items()} == table_rows(db)
+
+
+def test_ranges_cover_the_table_and_are_tid_range_scans(db: str) -> None:
+    """Ranges split the table's blocks without gap or overlap (the last open-ended), each one a TID range scan."""
+    seed(db)
+    table = next(t for t in TableCatalog(db, TableFilter(), KeylessPolicy.KEYLESS).load() if t.name == "loose")
+    with psycopg.connect(db) as c:
+        row = c.execute(BLOCKS_SQL, ("public.loose",)).fetchone()
+        assert row is not None
+        blocks = int(row[0])
+        ranges = tid_ranges(table, blocks, 3)
+        assert len(ranges) > 3 and ranges[0].first_block == 0 and ranges[-1].end_block is None
+        assert all(a.end_block == b.first_block for a, b in itertools.pairwise(ranges))
+        counts = [c.execute(f"SELECT count(*) FROM loose WHERE {r.where()}".encode()).fetchone() for r in ranges]
+        assert sum(n[0] for n in counts if n is not None) == ROWS // 2
+        plan = c.execute(f"EXPLAIN {select_columns_sql(table, ranges[1].where())}".encode()).fetchall()
+        assert plan[0][0].startswith("Tid Range Scan on loose"), plan
+    assert tid_ranges(table, 2 * 8 - 1, 3) == []  # below 2 × MIN_RANGE_BLOCKS: read by the connector
+    assert tid_ranges(table, blocks, 1) == []
 
 
 def test_bad_snapshot_workers_are_refused(db: str) -> None:
