@@ -72,6 +72,7 @@ import orjson
 import psycopg
 
 from bench.report import Section, measured
+from capture import snapshot_readers
 from capture.config import CoreChoice
 from capture.connector import CaptureConfig, Connector, SnapshotMode
 from capture.decoders.wal2json import SLOT_OPTIONS
@@ -767,7 +768,15 @@ def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> No
     single = snapshot_run(ctx, dsn, 1, n)
     single_s = single.seconds
     ctx.say(f"snapshot: connector, single reader {n / single_s:,.0f} rows/s ({single.cpu_note(n)})")
-    parallel = snapshot_run(ctx, dsn, SNAPSHOT_WORKERS, n)
+    # A quick run's table is below the size the readers take (2 × MIN_RANGE_BLOCKS): split it finer.
+    min_blocks = snapshot_readers.MIN_RANGE_BLOCKS
+    snapshot_readers.MIN_RANGE_BLOCKS = 64 if ctx.quick else min_blocks
+    try:
+        parallel = snapshot_run(ctx, dsn, SNAPSHOT_WORKERS, n)
+    finally:
+        snapshot_readers.MIN_RANGE_BLOCKS = min_blocks
+    if parallel.readers_cpu_s <= 0:
+        raise AssertionError("the parallel snapshot ran no reader process (table below the range threshold?)")
     parallel_s = parallel.seconds
     ctx.say(f"snapshot: connector, {SNAPSHOT_WORKERS} reader processes {n / parallel_s:,.0f} rows/s "
             f"({parallel.cpu_note(n)})")  # fmt: skip
