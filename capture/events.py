@@ -61,7 +61,7 @@ from typing import Any
 import orjson
 
 from capture.avro import UNAVAILABLE
-from capture.converters import ValueConverter
+from capture.converters import JsonConverter, ValueConverter
 from capture.keystate import KeyState
 from capture.messages import ChangeMessage, Column, Kind
 from capture.pgtypes import JsonText, dumps, dumps_values
@@ -92,6 +92,7 @@ __all__ = [
 # smaller rows are never cached (a table with a lower toast_tuple_target falls back to the key state).
 TOAST_MIN_ROW_BYTES = 1024
 ENTRY_OVERHEAD = 400  # Python objects per cache entry (dict, tuple, key), for the byte bound
+ENTRY_SCALAR_BYTES = 16  # what ToastCache.size_of counts for a value it does not measure by length
 VERSION = "tideline-0.1"
 TRUNCATE_KEY = b"{}"  # the t event's key: "the whole table"
 
@@ -136,7 +137,7 @@ class ToastCache:
             elif isinstance(v, (dict, list)):
                 total += len(dumps(v))
             else:
-                total += 16
+                total += ENTRY_SCALAR_BYTES
         return total
 
     @classmethod
@@ -193,6 +194,7 @@ class EventEncoder:
         self.filter = table_filter
         self.converter = converter
         self._key = converter.key  # bound once: called for every change
+        self.json_values = isinstance(converter, JsonConverter)  # values hold ``after`` as JSON (toast_values)
 
     # ------------------------------------------------------------------ images
 
@@ -217,14 +219,21 @@ class EventEncoder:
         return self.key_of(table, self._image(table, columns))
 
     @staticmethod
-    def toast_values(table: TableInfo, after: dict[str, Any]) -> dict[str, Any] | None:
+    def toast_values(table: TableInfo, after: dict[str, Any], value_bytes: int | None = None) -> dict[str, Any] | None:
         """The TOAST-able values of a row big enough to have been TOASTed at all (None: a small row).
 
         The row's size is judged by its TOAST-able (variable-length) columns alone: the
-        others are a few bytes each, far below the threshold's margin.
+        others are a few bytes each, far below the threshold's margin. ``value_bytes``: the
+        length of the event value holding ``after`` (JSON), when known. Each value that
+        :meth:`ToastCache.size_of` counts by length appears in that JSON at least half as long
+        (strings as themselves or escaped, bytes in base64, json as its text, arrays as JSON that
+        differs by a few characters per element at most), and the others count 16 each: a value
+        shorter than half the threshold less those is a small row without looking at the values.
         """
         cols = table.toastable_columns
         if not cols:
+            return None
+        if value_bytes is not None and 2 * value_bytes + ENTRY_SCALAR_BYTES * len(cols) < TOAST_MIN_ROW_BYTES:
             return None
         values = {c: after[c] for c in cols if c in after and after[c] != UNAVAILABLE}
         return values if ToastCache.size_of(values) >= TOAST_MIN_ROW_BYTES else None
@@ -323,7 +332,7 @@ class EventBuilder(EventEncoder):
     def snapshot_read(self, table: TableInfo, columns: list[Column], ctx: TxnContext, index: int, now_ms: int) -> Event:
         topic = self.topic(table)
         key, value, after = self.read_record(table, columns, ctx, index, now_ms)
-        self._remember(table, topic, key, after)
+        self._remember(table, topic, key, after, value_bytes=len(value) if self.json_values else None)
         return Event(topic, key, value)
 
     def remember_reads(self, topic: str, keys: list[bytes], big: dict[int, dict[str, Any]]) -> None:
@@ -425,8 +434,9 @@ class EventBuilder(EventEncoder):
                 self.unavailable_filled += 1
 
     def _remember(
-        self, table: TableInfo, topic: str, key: bytes | None, after: dict[str, Any], *, update: bool = False
-    ) -> None:
+        self, table: TableInfo, topic: str, key: bytes | None, after: dict[str, Any], *, update: bool = False,
+        value_bytes: int | None = None,
+    ) -> None:  # fmt: skip
         """Record the key as live, with the TOAST-able values of rows big enough to have been TOASTed at all.
 
         The row's size is judged by its TOAST-able (variable-length) columns alone: the
@@ -436,7 +446,7 @@ class EventBuilder(EventEncoder):
         """
         if key is None:
             return  # keyless: nothing to fill or truncate by key
-        values = self.toast_values(table, after)
+        values = self.toast_values(table, after, value_bytes)
         if values is None:
             self.toast.drop(topic, key)  # a small row is stored inline: nothing to fill later
             if not update:

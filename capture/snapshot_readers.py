@@ -235,7 +235,7 @@ def encode_batch(
         heads.append(value[:cut])
         tails.append(value[cut + 1 :])
         if key is not None:
-            values = encoder.toast_values(table, after)
+            values = encoder.toast_values(table, after, len(value))
             if values is not None:
                 big[i] = values
     nbytes = sum(map(len, heads)) + sum(map(len, tails)) + sum(len(k) for k in keys if k is not None)

@@ -31,10 +31,13 @@ from typer.testing import CliRunner
 import capture.snapshot_readers as snapshot_readers
 from capture.config import CaptureConfig, SnapshotMode, ValueFormat
 from capture.connector import Connector
+from capture.converters import JsonConverter
+from capture.events import EventEncoder, TxnContext
+from capture.pgtypes import SESSION_OPTIONS
 from capture.recovery import RECOVERY_MARKER
 from capture.snapshot import BLOCKS_SQL
 from capture.snapshot_readers import SnapshotReaderDied, tid_ranges
-from capture.tables import KeylessPolicy, TableCatalog, TableFilter, select_columns_sql
+from capture.tables import KeylessPolicy, TableCatalog, TableFilter, result_rows, select_columns_sql
 from eventstore.errors import ConfigError
 from eventstore.log import Log
 from tideline.cli import app
@@ -242,6 +245,33 @@ def test_ranges_cover_the_table_and_are_tid_range_scans(db: str) -> None:
         assert plan[0][0].startswith("Tid Range Scan on loose"), plan
     assert tid_ranges(table, 2 * 8 - 1, 3) == []  # below 2 × MIN_RANGE_BLOCKS: read by the connector
     assert tid_ranges(table, blocks, 1) == []
+
+
+def test_the_small_row_shortcut_never_misses_a_big_row(db: str) -> None:
+    """EventEncoder.toast_values given the value's length answers as it does from the values, rows of every
+    variable-length kind from tiny to past the TOAST threshold (the shortcut's bound, checked)."""
+    sql(
+        db,
+        "CREATE TABLE kinds (id int PRIMARY KEY, s text, b bytea, j jsonb, ts timestamptz[], n numeric, i int[])",
+        "INSERT INTO kinds SELECT g, repeat('é', g), decode(repeat('ab', g), 'hex'), "
+        "jsonb_build_object('k', repeat('x', g)), array_fill('2024-03-31 01:30:00.123456+02'::timestamptz, "
+        "ARRAY[g / 16]), repeat('9', 1 + g % 900)::numeric, array_fill(7, ARRAY[g / 2]) "
+        "FROM generate_series(0, 1400, 7) g",
+    )
+    table = next(t for t in TableCatalog(db, TableFilter(), KeylessPolicy.KEYLESS).load() if t.name == "kinds")
+    encoder = EventEncoder("cdc", "db", TableFilter(), JsonConverter())
+    ctx = TxnContext(None, 1, 1, snapshot="true")
+    with psycopg.connect(db, options=SESSION_OPTIONS) as c:
+        res = c.execute(select_columns_sql(table).encode()).pgresult
+        assert res is not None
+        rows = list(result_rows(res, table))
+    outcomes: Counter[str] = Counter()
+    for columns in rows:
+        _, value, after = encoder.read_record(table, columns, ctx, 0, 0)
+        exact = encoder.toast_values(table, after)
+        assert encoder.toast_values(table, after, len(value)) == exact
+        outcomes["big" if exact is not None else "small"] += 1
+    assert outcomes["big"] > 10 and outcomes["small"] > 10, outcomes
 
 
 def test_bad_snapshot_workers_are_refused(db: str) -> None:
