@@ -215,6 +215,28 @@ def test_a_reader_killed_mid_snapshot_fails_and_the_next_start_takes_it_again(db
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("tideline-snapshot-reader")]
 
 
+def test_stopped_mid_snapshot_ends_the_readers_and_the_next_start_takes_it_again(db: str, tmp_path: Path) -> None:
+    seed(db)
+    config = CaptureConfig(dsn=db, slot="stopped", topic_prefix="cdc", exit_when_caught_up=True, snapshot_workers=2,
+                           batch_events=1_000)  # fmt: skip
+    with Log(tmp_path) as log:
+        connector = Connector(config, log)
+        thread = threading.Thread(target=connector.run)
+        thread.start()
+        while thread.is_alive() and connector.stats.snapshot_rows < 5_000:
+            time.sleep(0.002)
+        stopped_at = connector.stats.snapshot_rows
+        connector.stop()
+        thread.join()
+    assert stopped_at < ROWS + ROWS // 2 + 3, "the snapshot ended before it could be stopped"
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tideline-snapshot-reader")]
+    for topic in (KEYED, KEYLESS, SMALL):
+        assert records(tmp_path, topic) == [], topic
+    stats = capture(tmp_path, db, slot="stopped", snapshot_workers=2)
+    assert stats.snapshot_rows == ROWS + ROWS // 2 + 3
+    assert {k: normalized(v) for k, v in latest_by_key(tmp_path, KEYED).items()} == table_rows(db)
+
+
 def test_a_parallel_snapshot_taken_again_deletes_the_rows_gone_meanwhile(db: str, tmp_path: Path) -> None:
     """The key state written from the readers' batches serves capture.recovery as a single reader's does."""
     seed(db)
