@@ -229,7 +229,7 @@ def encode_batch(
     for i, columns in enumerate(rows[1:-1]):
         key, value, after = encoder.read_record(table, columns, ctx, 0, now)
         cut = value.rfind(INDEX_FIELD) + cut_after  # source is the envelope's last object with this field
-        if value[cut : cut + 2] != b"0}":
+        if not value.startswith(b"0}", cut):
             raise AssertionError(f"no event index where expected in a value of {table.qualified}")
         keys.append(key)
         heads.append(value[:cut])
