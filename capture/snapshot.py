@@ -56,6 +56,7 @@ from capture.snapshot_readers import (
     RangeBatch,
     ReaderLockTimeout,
     ReaderSpec,
+    SnapshotReaderDied,
     SnapshotReaders,
     TidRange,
     tid_ranges,
@@ -110,6 +111,7 @@ REWRITTEN_SQL = (
     "FROM pg_class c WHERE c.oid = %s::regclass"
 )
 SNAPSHOT_ATTEMPTS = 5
+STOP_SIGNAL_WAIT_S = 2.0  # a reader died: how long a stop asked at the same time (the same signal) may take
 # The table's heap blocks now (not as of the snapshot: pages added since hold only rows it cannot see).
 BLOCKS_SQL = "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::bigint"
 
@@ -351,6 +353,13 @@ class SnapshotSource:
                 self._batch_done()
         except ReaderLockTimeout as e:
             raise TableRewritten(f"table {table.qualified}: {e} (a TRUNCATE or ALTER waiting?)") from e
+        except SnapshotReaderDied as e:
+            # A supervisor stopping every process of the service (a cgroup's SIGTERM) ends the readers too; the
+            # connector got the signal as well, and its handler sets the stop flag about now. Asked to stop, the
+            # snapshot is aborted either way: a stop, not a failure.
+            if self.stop.wait(STOP_SIGNAL_WAIT_S):
+                raise SnapshotStopped(f"stopped during the snapshot ({e})") from e
+            raise
 
     def _batch_done(self) -> None:
         if self.writer.full:

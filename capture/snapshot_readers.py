@@ -1,7 +1,9 @@
 """Snapshot reader processes: one big table read in ctid ranges by several connections sharing one snapshot.
 
 With ``--snapshot-workers N`` (N > 1) the initial snapshot (capture.snapshot) starts N reader
-**processes** (``multiprocessing``, ``spawn`` context: the connector has threads, so no fork).
+**processes**: ``python -m capture.snapshot_readers``, each in a session of its own (a fresh
+interpreter rather than a fork — the connector has threads — that imports only what a reader
+needs, never the connector's main module; and out of reach of a Ctrl-C meant for the connector).
 Each opens its own connection in ``REPEATABLE READ, READ ONLY`` and imports the slot's exported
 snapshot (``SET TRANSACTION SNAPSHOT``): every reader sees the table as of the slot's
 consistent point. The export stays valid while the replication connection that created the
@@ -32,10 +34,12 @@ commit). What a batch cannot know is decided by the connector:
   last_in_data_collection / last) as the single reader would; the rows between are never a
   table's first or last and carry ``"true"``.
 
-**Wire format** (a ``multiprocessing`` pipe per reader, each message one ``send_bytes`` of a
-pickle, protocol 5 — bytes and lists of bytes, not an object per value)::
+**Wire format** (the reader's stdin and stdout, as ``multiprocessing.connection.Connection``
+messages: a 4-byte length, then a pickle, protocol 5 — bytes and lists of bytes, not an object
+per value)::
 
-    connector → reader   TidRange              read this range next
+    connector → reader   ReaderSpec            first, once
+                         TidRange              read this range next
                          None                  finish: end the transaction, exit 0
     reader → connector   ("batch", RangeBatch) up to SNAPSHOT_FETCH_ROWS rows of one range
                          ("done", range, rows) the range is read
@@ -55,9 +59,10 @@ nothing is visible until the snapshot's one commit. A reader that dies (killed, 
 memory) closes its pipe: the connector raises :class:`SnapshotReaderDied`, ends the other
 readers, aborts the transaction, and stops; the stored position still says "snapshot under
 way", so the next start takes the snapshot again from a new slot. A connector that dies
-leaves its readers blocked on a closed pipe: they exit on EOF (and are daemons of the
-connector process). Readers ignore SIGINT and SIGTERM (sent to the whole process group by
-Ctrl-C or a supervisor): the connector stops them, so that a clean stop stays clean.
+leaves its readers with closed pipes: they exit on EOF. Ctrl-C reaches the connector, not
+its readers (their own sessions): it stops them. A reader that dies while the connector is
+asked to stop at the same time (a supervisor signalling every process of the service)
+counts as that stop, not as a failure (capture.snapshot).
 
 Thread-safety: :class:`SnapshotReaders` is used by the connector thread only.
 """
@@ -66,14 +71,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
+import os
 import pickle
-import signal
+import subprocess
+import sys
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import psycopg
@@ -99,6 +104,10 @@ INDEX_FIELD = b'"event_index":'  # where a value's event index digits go (the la
 
 class SnapshotReaderDied(CaptureError):
     """A snapshot reader process ended without finishing its ranges; the snapshot is taken again on the next start."""
+
+    def __init__(self, message: str, exitcode: int | None) -> None:
+        super().__init__(message)
+        self.exitcode = exitcode
 
 
 class ReaderLockTimeout(CaptureError):
@@ -164,12 +173,8 @@ def tid_ranges(table: TableInfo, blocks: int, workers: int) -> list[TidRange]:
 # ---------------------------------------------------------------------------- the reader process
 
 
-def reader_main(spec: ReaderSpec, pipe: Connection) -> None:
+def reader_main(spec: ReaderSpec, tasks: Connection, pipe: Connection) -> None:
     """A reader process: import the snapshot, then read the ranges the connector sends until it sends None."""
-    # Ctrl-C and a supervisor's SIGTERM reach the whole process group: the connector decides (a clean stop
-    # ends the readers through close()); a reader that died of them would turn that stop into a failure.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         with psycopg.connect(spec.dsn, options=SESSION_OPTIONS) as db:
             db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -179,7 +184,7 @@ def reader_main(spec: ReaderSpec, pipe: Connection) -> None:
             ctx = TxnContext(None, spec.consistent_point, spec.ts_ms, snapshot="true")
             locked: set[str] = set()
             while True:
-                task = pickle.loads(pipe.recv_bytes())
+                task = pickle.loads(tasks.recv_bytes())
                 if task is None:
                     break
                 _read_range(db, pipe, encoder, ctx, task, locked)
@@ -191,6 +196,15 @@ def reader_main(spec: ReaderSpec, pipe: Connection) -> None:
         with contextlib.suppress(OSError):  # the connector may be gone too
             pipe.send_bytes(pickle.dumps(("failed", kind, f"{type(e).__name__}: {e}".strip())))
         raise SystemExit(1) from None
+
+
+def _process_main() -> None:
+    """``python -m capture.snapshot_readers``: tasks on stdin, results on stdout (moved off fd 1 first, so that
+    nothing printed can mix into them), the :class:`ReaderSpec` as the first message."""
+    tasks = Connection(os.dup(0), writable=False)
+    results = Connection(os.dup(1), readable=False)
+    os.dup2(2, 1)
+    reader_main(pickle.loads(tasks.recv_bytes()), tasks, results)
 
 
 def _read_range(
@@ -247,8 +261,9 @@ def encode_batch(
 
 @dataclass(slots=True)
 class _Reader:
-    process: BaseProcess
-    pipe: Connection
+    process: subprocess.Popen[bytes]
+    tasks: Connection  # to its stdin
+    pipe: Connection  # from its stdout
     in_flight: int = 0
 
 
@@ -256,16 +271,19 @@ class SnapshotReaders:
     """The reader processes of one snapshot: started once, reused for every big table, closed at its end."""
 
     def __init__(self, spec: ReaderSpec, workers: int) -> None:
-        context = multiprocessing.get_context("spawn")
         self._readers: list[_Reader] = []
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's modules
         try:
-            for i in range(workers):
-                ours, theirs = context.Pipe(duplex=True)
-                process = context.Process(target=reader_main, args=(spec, theirs), daemon=True,
-                                          name=f"tideline-snapshot-reader-{i}")  # fmt: skip
-                process.start()
-                theirs.close()  # ours alone: the reader's end closes (EOF) when it dies
-                self._readers.append(_Reader(process, ours))
+            for _ in range(workers):
+                process = subprocess.Popen([sys.executable, "-m", "capture.snapshot_readers"], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, env=env, start_new_session=True)  # fmt: skip
+                assert process.stdin is not None and process.stdout is not None
+                reader = _Reader(process, Connection(os.dup(process.stdin.fileno()), readable=False),
+                                 Connection(os.dup(process.stdout.fileno()), writable=False))  # fmt: skip
+                process.stdin.close()
+                process.stdout.close()
+                self._readers.append(reader)
+                reader.tasks.send_bytes(pickle.dumps(spec, protocol=5))
         except BaseException:
             self.close(wait_s=0)
             raise
@@ -274,7 +292,7 @@ class SnapshotReaders:
 
     @property
     def pids(self) -> list[int]:
-        return [r.process.pid for r in self._readers if r.process.pid is not None]
+        return [r.process.pid for r in self._readers]
 
     def read(self, ranges: list[TidRange]) -> Iterator[RangeBatch | None]:
         """Every range's batches, in arrival order; None after ``WAIT_S`` without one (the caller's stop check)."""
@@ -302,7 +320,7 @@ class SnapshotReaders:
 
     def _send(self, reader: _Reader, task: TidRange) -> None:
         try:
-            reader.pipe.send_bytes(pickle.dumps(task, protocol=5))
+            reader.tasks.send_bytes(pickle.dumps(task, protocol=5))
         except OSError:  # BrokenPipeError, ConnectionResetError: its end is closed
             raise self._died(reader) from None
         reader.in_flight += 1
@@ -317,10 +335,12 @@ class SnapshotReaders:
 
     @staticmethod
     def _died(reader: _Reader) -> SnapshotReaderDied:
-        reader.process.join(timeout=5)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            reader.process.wait(timeout=5)
         return SnapshotReaderDied(
-            f"snapshot reader process {reader.process.pid} ended (exit code {reader.process.exitcode}) before "
-            "its ranges were read: the snapshot is aborted and taken again on the next start"
+            f"snapshot reader process {reader.process.pid} ended (exit code {reader.process.returncode}) before "
+            "its ranges were read: the snapshot is aborted and taken again on the next start",
+            reader.process.returncode,
         )
 
     def _failed(self, reader: _Reader, kind: str, text: str) -> None:
@@ -332,15 +352,23 @@ class SnapshotReaders:
         raise CaptureError(what)
 
     def close(self, *, wait_s: float = 5.0) -> None:
-        """Tell every reader to finish, then end those still running after ``wait_s`` (SIGKILL: they ignore
-        SIGTERM; their transactions are read-only and end with their connections)."""
+        """Tell every reader to finish, then kill those still running after ``wait_s`` (their transactions are
+        read-only and end with their connections)."""
         for reader in self._readers:
             with contextlib.suppress(OSError):  # dead already
-                reader.pipe.send_bytes(pickle.dumps(None))
+                reader.tasks.send_bytes(pickle.dumps(None))
         for reader in self._readers:
-            reader.process.join(timeout=wait_s)
-            if reader.process.is_alive():
+            try:
+                reader.process.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
                 reader.process.kill()
-                reader.process.join(timeout=5)
+                reader.process.wait(timeout=5)
+            reader.tasks.close()
             reader.pipe.close()
         self._readers = []
+
+
+if __name__ == "__main__":  # a reader process (SnapshotReaders): the module's own names, not __main__'s
+    from capture.snapshot_readers import _process_main
+
+    _process_main()

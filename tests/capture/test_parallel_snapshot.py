@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import multiprocessing
 import os
 import signal
 import threading
@@ -87,6 +86,21 @@ def table_rows(dsn: str) -> dict[bytes, Any]:
 def normalized(after: dict[str, Any]) -> dict[str, Any]:
     """An ``after`` image comparable with table_rows: a streamed insert leaves n and doc null."""
     return {"n": None, "doc": None, "big": None, **after}
+
+
+def reader_pids() -> list[int]:
+    """This process's snapshot reader processes (``python -m capture.snapshot_readers`` children), alive or not
+    yet reaped."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue  # not a process, or gone meanwhile
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"capture.snapshot_readers" in cmdline:
+            found.append(int(entry.name))
+    return sorted(found)
 
 
 def snapshot_reads(log_dir: Path, topic: str) -> list[dict[str, Any]]:
@@ -194,9 +208,9 @@ def test_a_reader_killed_mid_snapshot_fails_and_the_next_start_takes_it_again(db
         thread.start()
         killed = None
         while thread.is_alive() and killed is None:
-            readers = [p for p in multiprocessing.active_children() if p.name.startswith("tideline-snapshot-reader")]
-            if readers and readers[0].pid is not None and connector.stats.snapshot_rows >= 5_000:
-                killed = readers[0].pid
+            readers = reader_pids()
+            if readers and connector.stats.snapshot_rows >= 5_000:
+                killed = readers[0]
                 os.kill(killed, signal.SIGKILL)
             time.sleep(0.002)
         thread.join()
@@ -212,7 +226,7 @@ def test_a_reader_killed_mid_snapshot_fails_and_the_next_start_takes_it_again(db
     reads = snapshot_reads(tmp_path, KEYED)
     assert len(reads) == ROWS == len({r["after"]["id"] for r in reads})
     assert {k: normalized(v) for k, v in latest_by_key(tmp_path, KEYED).items()} == table_rows(db)
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tideline-snapshot-reader")]
+    assert not reader_pids()
 
 
 def test_stopped_mid_snapshot_ends_the_readers_and_the_next_start_takes_it_again(db: str, tmp_path: Path) -> None:
@@ -229,7 +243,7 @@ def test_stopped_mid_snapshot_ends_the_readers_and_the_next_start_takes_it_again
         connector.stop()
         thread.join()
     assert stopped_at < ROWS + ROWS // 2 + 3, "the snapshot ended before it could be stopped"
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tideline-snapshot-reader")]
+    assert not reader_pids()
     for topic in (KEYED, KEYLESS, SMALL):
         assert records(tmp_path, topic) == [], topic
     stats = capture(tmp_path, db, slot="stopped", snapshot_workers=2)
