@@ -54,6 +54,7 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import shutil
@@ -858,3 +859,35 @@ def run(ctx: Context, section: Section) -> None:
         bench_snapshot(ctx, section, sizes, dsn)
     finally:
         pg.stop()
+
+
+def snapshot_only(argv: list[str]) -> None:
+    """``python -m bench.capture_bench snapshot [ROWS] [WORKERS]``: only part 3 (default 5,000,000 rows, 2 reader
+    processes) on a private cluster in a temporary directory; prints its results, writes no BENCHMARKS.md."""
+    import tempfile
+
+    from rich.console import Console
+
+    from bench.__main__ import Context as RunContext
+    from bench.report import Machine
+
+    global SNAPSHOT_WORKERS
+    rows = int(argv[0]) if argv else FULL.snapshot_rows
+    SNAPSHOT_WORKERS = int(argv[1]) if len(argv) > 1 else SNAPSHOT_WORKERS
+    with tempfile.TemporaryDirectory(prefix="tideline-snapshot-bench-") as workdir:
+        ctx = RunContext(Path(workdir), False, Console())
+        section = Section(KEY, TITLE, Machine.collect())
+        pg = LocalPostgres(ctx.workdir / "pg", fast=True)
+        try:
+            pg.start()
+            bench_snapshot(ctx, section, dataclasses.replace(FULL, snapshot_rows=rows), pg.create_database("snap"))
+        finally:
+            pg.stop()
+    for r in section.results:
+        print(f"{r.name}: {r.value:,.0f} {r.unit} ({r.ratio or 0:.3f}× {r.baseline_name}; target {r.target})")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["snapshot"]:
+        raise SystemExit("usage: python -m bench.capture_bench snapshot [ROWS] [WORKERS]   (everything: make bench)")
+    snapshot_only(sys.argv[2:])
