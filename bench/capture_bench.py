@@ -49,7 +49,8 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
    fresh log directory, exit when caught up), timed from construction to return; the log
    must hold ``snapshot_rows`` reads. Twice in a row: the single reader (``--snapshot-workers 1``),
    then ``SNAPSHOT_WORKERS`` reader processes (capture.snapshot_readers), which must also beat the
-   single reader of the same run.
+   single reader of the same run; CPU seconds of the connector and of its readers are noted.
+   ``python -m bench.capture_bench snapshot [ROWS] [WORKERS]`` runs only this part.
 """
 
 from __future__ import annotations
