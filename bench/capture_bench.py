@@ -47,12 +47,17 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
    '/dev/null'``-style read: every row as text, over the wire, nothing kept) against the
    connector's initial snapshot of that table alone (``--snapshot initial``, a new slot, a
    fresh log directory, exit when caught up), timed from construction to return; the log
-   must hold ``snapshot_rows`` reads. Today's snapshot is a single reader.
+   must hold ``snapshot_rows`` reads. Twice in a row: the single reader (``--snapshot-workers 1``),
+   then ``SNAPSHOT_WORKERS`` reader processes (capture.snapshot_readers), which must also beat the
+   single reader of the same run; CPU seconds of the connector and of its readers are noted.
+   ``python -m bench.capture_bench snapshot [ROWS] [WORKERS]`` runs only this part.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -69,6 +74,7 @@ import orjson
 import psycopg
 
 from bench.report import Section, measured
+from capture import snapshot_readers
 from capture.config import CoreChoice
 from capture.connector import CaptureConfig, Connector, SnapshotMode
 from capture.decoders.wal2json import SLOT_OPTIONS
@@ -127,6 +133,7 @@ FULL = Sizes(changes=300_000, runs=3, latency_seconds=10.0, low_rate_seconds=5.0
 QUICK = Sizes(changes=30_000, runs=1, latency_seconds=3.0, low_rate_seconds=2.0, drain_seconds=10.0,
               snapshot_rows=100_000)  # fmt: skip
 SNAPSHOT_TABLE = "snap"
+SNAPSHOT_WORKERS = 2  # reader processes of the parallel snapshot run (this machine has 2 CPUs; Postgres needs one)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -715,6 +722,39 @@ def copy_read_s(dsn: str, table: str) -> tuple[float, int]:
     return time.perf_counter() - started, read
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotRun:
+    seconds: float  # wall clock, construction to return
+    connector_cpu_s: float  # user + system CPU of this process (the connector) meanwhile
+    readers_cpu_s: float  # ... of its reader processes (children, counted once they are joined)
+
+    def cpu_note(self, n: int) -> str:
+        total = self.connector_cpu_s + self.readers_cpu_s
+        readers = f" + readers {self.readers_cpu_s:.0f}" if self.readers_cpu_s >= 0.5 else ""
+        return f"CPU {self.connector_cpu_s:.0f} s connector{readers} = {total * 1e6 / n:.0f} µs per row"
+
+
+def snapshot_run(ctx: Context, dsn: str, workers: int, n: int) -> SnapshotRun:
+    """One initial snapshot of the ``n``-row snapshot table alone (new slot, fresh log, ``workers``)."""
+    config = CaptureConfig(dsn=dsn, slot="snap", topic_prefix="snapbench", exit_when_caught_up=True,
+                           snapshot_workers=workers,
+                           table_filter=TableFilter(include=[f"public.{SNAPSHOT_TABLE}"]))  # fmt: skip
+    log_dir = ctx.workdir / "snapshot-log"
+    shutil.rmtree(log_dir, ignore_errors=True)
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    with Log(log_dir) as log:
+        stats = Connector(config, log).run()
+    seconds = time.perf_counter() - started
+    own_after, children_after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    execute(dsn, "SELECT pg_drop_replication_slot('snap')")
+    shutil.rmtree(log_dir, ignore_errors=True)
+    if stats.snapshot_rows != n:
+        raise AssertionError(f"the snapshot read {stats.snapshot_rows:,} rows, not {n:,}")
+    cpu = [a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime for a, b in ((own_after, own), (children_after, children))]
+    return SnapshotRun(seconds, cpu[0], cpu[1])
+
+
 def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> None:
     """The connector's initial snapshot of one big table against COPY of the same table (module docstring, 3)."""
     n = sizes.snapshot_rows
@@ -726,33 +766,55 @@ def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> No
     copies = [copy_read_s(dsn, SNAPSHOT_TABLE) for _ in range(2)]
     copy_s, copy_bytes = min(copies)
     ctx.say(f"snapshot: COPY {n / copy_s:,.0f} rows/s ({copy_bytes / copy_s / 1e6:,.0f} MB/s)")
-    config = CaptureConfig(dsn=dsn, slot="snap", topic_prefix="snapbench", exit_when_caught_up=True,
-                           table_filter=TableFilter(include=[f"public.{SNAPSHOT_TABLE}"]))  # fmt: skip
-    log_dir = ctx.workdir / "snapshot-log"
-    shutil.rmtree(log_dir, ignore_errors=True)
-    started = time.perf_counter()
-    with Log(log_dir) as log:
-        stats = Connector(config, log).run()
-    snap_s = time.perf_counter() - started
-    execute(dsn, "SELECT pg_drop_replication_slot('snap')")
-    if stats.snapshot_rows != n:
-        raise AssertionError(f"the snapshot read {stats.snapshot_rows:,} rows, not {n:,}")
-    ctx.say(f"snapshot: connector {n / snap_s:,.0f} rows/s")
-    section.results.append(
+    single = snapshot_run(ctx, dsn, 1, n)
+    single_s = single.seconds
+    ctx.say(f"snapshot: connector, single reader {n / single_s:,.0f} rows/s ({single.cpu_note(n)})")
+    # A quick run's table is below the size the readers take (2 × MIN_RANGE_BLOCKS): split it finer.
+    min_blocks = snapshot_readers.MIN_RANGE_BLOCKS
+    snapshot_readers.MIN_RANGE_BLOCKS = 64 if ctx.quick else min_blocks
+    try:
+        parallel = snapshot_run(ctx, dsn, SNAPSHOT_WORKERS, n)
+    finally:
+        snapshot_readers.MIN_RANGE_BLOCKS = min_blocks
+    if parallel.readers_cpu_s <= 0:
+        raise AssertionError("the parallel snapshot ran no reader process (table below the range threshold?)")
+    parallel_s = parallel.seconds
+    ctx.say(f"snapshot: connector, {SNAPSHOT_WORKERS} reader processes {n / parallel_s:,.0f} rows/s "
+            f"({parallel.cpu_note(n)})")  # fmt: skip
+    table = f"table {SNAPSHOT_TABLE} with the bench table's 6 columns, {copy_bytes / 1e6:,.0f} MB as COPY text"
+    copy_runs = f"COPY runs {', '.join(f'{n / s:,.0f}' for s, _ in copies)} rows/s"
+    section.results += [
         measured(
             f"snapshot of one {n:,}-row table into the durable log (single reader)",
-            n / snap_s,
+            n / single_s,
             "rows/s",
             baseline_name="COPY … TO STDOUT of the same table, drained",
             baseline_value=n / copy_s,
             min_ratio=0.5,
-            note=(
-                f"table {SNAPSHOT_TABLE} with the bench table's 6 columns, {copy_bytes / 1e6:,.0f} MB as COPY text; "
-                f"COPY runs {', '.join(f'{n / s:,.0f}' for s, _ in copies)} rows/s; one snapshot run "
-                f"({snap_s:.1f} s, new slot, exported snapshot, one log transaction)"
-            ),
-        )
-    )
+            note=f"{table}; {copy_runs}; one snapshot run ({single_s:.1f} s, new slot, exported snapshot, one log "
+            f"transaction; {single.cpu_note(n)})",
+        ),
+        measured(
+            f"snapshot of one {n:,}-row table into the durable log ({SNAPSHOT_WORKERS} reader processes)",
+            n / parallel_s,
+            "rows/s",
+            baseline_name="COPY … TO STDOUT of the same table, drained",
+            baseline_value=n / copy_s,
+            min_ratio=0.5,
+            note=f"--snapshot-workers {SNAPSHOT_WORKERS}: ctid ranges read by reader processes sharing the exported "
+            f"snapshot (capture.snapshot_readers); one snapshot run ({parallel_s:.1f} s, {parallel.cpu_note(n)}), "
+            "right after the single reader's",
+        ),
+        measured(
+            f"snapshot of one {n:,}-row table: {SNAPSHOT_WORKERS} reader processes against the single reader",
+            n / parallel_s,
+            "rows/s",
+            baseline_name="the single reader in the same run",
+            baseline_value=n / single_s,
+            min_ratio=1.0,
+            note="must be faster than the single reader (ratio > 1)",
+        ),
+    ]
     execute(dsn, f"DROP TABLE {SNAPSHOT_TABLE}")
 
 
@@ -784,7 +846,8 @@ def run(ctx: Context, section: Section) -> None:
         "timestamp, ms) per event; target p99 ≤ 50 ms (DESIGN.md §3).",
         f"Snapshot: a {sizes.snapshot_rows:,}-row table with the bench table's columns; the connector's initial "
         "snapshot of it alone (new slot, fresh log directory) against the best of two `COPY … TO STDOUT` reads of "
-        "it drained through psycopg; target ≥ 0.5× (DESIGN.md §3).",
+        "it drained through psycopg; target ≥ 0.5× (DESIGN.md §3); the single reader, then "
+        f"`--snapshot-workers {SNAPSHOT_WORKERS}` (reader processes over ctid ranges), which must beat it.",
     ]
     try:
         server = pg.start()
@@ -796,3 +859,35 @@ def run(ctx: Context, section: Section) -> None:
         bench_snapshot(ctx, section, sizes, dsn)
     finally:
         pg.stop()
+
+
+def snapshot_only(argv: list[str]) -> None:
+    """``python -m bench.capture_bench snapshot [ROWS] [WORKERS]``: only part 3 (default 5,000,000 rows, 2 reader
+    processes) on a private cluster in a temporary directory; prints its results, writes no BENCHMARKS.md."""
+    import tempfile
+
+    from rich.console import Console
+
+    from bench.__main__ import Context as RunContext
+    from bench.report import Machine
+
+    global SNAPSHOT_WORKERS
+    rows = int(argv[0]) if argv else FULL.snapshot_rows
+    SNAPSHOT_WORKERS = int(argv[1]) if len(argv) > 1 else SNAPSHOT_WORKERS
+    with tempfile.TemporaryDirectory(prefix="tideline-snapshot-bench-") as workdir:
+        ctx = RunContext(Path(workdir), False, Console())
+        section = Section(KEY, TITLE, Machine.collect())
+        pg = LocalPostgres(ctx.workdir / "pg", fast=True)
+        try:
+            pg.start()
+            bench_snapshot(ctx, section, dataclasses.replace(FULL, snapshot_rows=rows), pg.create_database("snap"))
+        finally:
+            pg.stop()
+    for r in section.results:
+        print(f"{r.name}: {r.value:,.0f} {r.unit} ({r.ratio or 0:.3f}× {r.baseline_name}; target {r.target})")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["snapshot"]:
+        raise SystemExit("usage: python -m bench.capture_bench snapshot [ROWS] [WORKERS]   (everything: make bench)")
+    snapshot_only(sys.argv[2:])

@@ -69,6 +69,8 @@ class ValueFormat(enum.Enum):
         return parse_choice(cls, text, "--value-format")
 
 
+MAX_SNAPSHOT_WORKERS = 64  # reader processes of one snapshot, each with its own database connection
+
 # A slot holding back more WAL than this is warned about (connector log, capture status, console).
 RETAINED_WAL_WARN_BYTES = 1 << 30
 
@@ -154,6 +156,9 @@ class CaptureConfig:
     # snapshots of tables new to the include list still run. capture.signals.DEFAULT_SIGNAL_TABLE: the usual name.
     signal_table: str | None = None
     incremental_chunk_size: int = 1024
+    # Reader processes of the initial snapshot (capture.snapshot_readers; Debezium's snapshot.max.threads):
+    # 1 (default) reads every table in the connector's own connection; N > 1 splits big tables into ctid ranges.
+    snapshot_workers: int = 1
 
 
     # The per-change core (capture.native): auto (the native extension when built and applicable), python, native.
@@ -192,6 +197,11 @@ class CaptureConfig:
             raise ConfigError(f"key state cache must be at least 1 MiB, not {self.key_state_cache_bytes} bytes")
         if self.signal_table is not None:
             split_table_name(self.signal_table)
+        if not 1 <= self.snapshot_workers <= MAX_SNAPSHOT_WORKERS:
+            raise ConfigError(f"--snapshot-workers must be 1 to {MAX_SNAPSHOT_WORKERS}, not {self.snapshot_workers}")
+        if self.snapshot_workers > 1 and self.value_format is not ValueFormat.JSON:
+            raise ConfigError("--snapshot-workers > 1 needs --value-format json (Avro schemas are registered by "
+                              "the connector itself): use --snapshot-workers 1 with avro")  # fmt: skip
         if self.incremental_chunk_size < 1:
             raise ConfigError(f"--incremental-chunk-size must be ≥ 1, not {self.incremental_chunk_size}")
         for table, topic in self.table_topics.items():

@@ -61,7 +61,7 @@ from typing import Any
 import orjson
 
 from capture.avro import UNAVAILABLE
-from capture.converters import ValueConverter
+from capture.converters import JsonConverter, ValueConverter
 from capture.keystate import KeyState
 from capture.messages import ChangeMessage, Column, Kind
 from capture.pgtypes import JsonText, dumps, dumps_values
@@ -83,6 +83,7 @@ __all__ = [
     "UNAVAILABLE",
     "Event",
     "EventBuilder",
+    "EventEncoder",
     "ToastCache",
     "TxnContext",
     "table_topic",
@@ -91,6 +92,7 @@ __all__ = [
 # smaller rows are never cached (a table with a lower toast_tuple_target falls back to the key state).
 TOAST_MIN_ROW_BYTES = 1024
 ENTRY_OVERHEAD = 400  # Python objects per cache entry (dict, tuple, key), for the byte bound
+ENTRY_SCALAR_BYTES = 16  # what ToastCache.size_of counts for a value it does not measure by length
 VERSION = "tideline-0.1"
 TRUNCATE_KEY = b"{}"  # the t event's key: "the whole table"
 
@@ -135,7 +137,7 @@ class ToastCache:
             elif isinstance(v, (dict, list)):
                 total += len(dumps(v))
             else:
-                total += 16
+                total += ENTRY_SCALAR_BYTES
         return total
 
     @classmethod
@@ -179,38 +181,20 @@ class ToastCache:
             self.drop(*k)
 
 
-class EventBuilder:
-    """Builds the events of change messages for one connector.
+class EventEncoder:
+    """The stateless part of building events: images, record keys, ``source``, snapshot reads as bytes.
 
-    It keeps the key state (capture.keystate) in step with the events it builds: live keys,
-    the TOAST-able values of big rows, routed outbox versions. The caller makes sure the
-    table topics it builds for are tracked there (capture.writer).
+    It needs no key state, so a snapshot reader process (capture.snapshot_readers) builds its
+    reads with it exactly as the connector's :class:`EventBuilder` does.
     """
 
-    def __init__(
-        self,
-        prefix: str,
-        db: str,
-        table_filter: TableFilter,
-        router: TopicRouter,
-        converter: ValueConverter,
-        toast_cache: ToastCache,
-        keystate: KeyState,
-    ) -> None:
+    def __init__(self, prefix: str, db: str, table_filter: TableFilter, converter: ValueConverter) -> None:
         self.prefix = prefix
         self.db = db
         self.filter = table_filter
-        self.router = router
         self.converter = converter
         self._key = converter.key  # bound once: called for every change
-        self.toast = toast_cache
-        self.keystate = keystate
-        self.message_topic = f"{prefix}.message"
-        self.transaction_topic = f"{prefix}.transaction"
-        self.unavailable_filled = 0
-
-    def topic(self, table: TableInfo) -> str:
-        return self.router.topic(table.schema, table.name)
+        self.json_values = isinstance(converter, JsonConverter)  # values hold ``after`` as JSON (toast_values)
 
     # ------------------------------------------------------------------ images
 
@@ -231,8 +215,28 @@ class EventBuilder:
         return self._key(table, image)
 
     def row_key(self, table: TableInfo, columns: list[Column]) -> bytes | None:
-        """The record key of a row read from the table (as :meth:`snapshot_read` keys it)."""
+        """The record key of a row read from the table (as :meth:`EventBuilder.snapshot_read` keys it)."""
         return self.key_of(table, self._image(table, columns))
+
+    @staticmethod
+    def toast_values(table: TableInfo, after: dict[str, Any], value_bytes: int | None = None) -> dict[str, Any] | None:
+        """The TOAST-able values of a row big enough to have been TOASTed at all (None: a small row).
+
+        The row's size is judged by its TOAST-able (variable-length) columns alone: the
+        others are a few bytes each, far below the threshold's margin. ``value_bytes``: the
+        length of the event value holding ``after`` (JSON), when known. Each value that
+        :meth:`ToastCache.size_of` counts by length appears in that JSON at least half as long
+        (strings as themselves or escaped, bytes in base64, json as its text, arrays as JSON that
+        differs by a few characters per element at most), and the others count 16 each: a value
+        shorter than half the threshold less those is a small row without looking at the values.
+        """
+        cols = table.toastable_columns
+        if not cols:
+            return None
+        if value_bytes is not None and 2 * value_bytes + ENTRY_SCALAR_BYTES * len(cols) < TOAST_MIN_ROW_BYTES:
+            return None
+        values = {c: after[c] for c in cols if c in after and after[c] != UNAVAILABLE}
+        return values if ToastCache.size_of(values) >= TOAST_MIN_ROW_BYTES else None
 
     def _source(self, m: ChangeMessage | None, table: TableInfo | None, ctx: TxnContext, index: int) -> bytes:
         """``source`` as JSON: the part shared by a transaction's events of one table is rendered once."""
@@ -254,6 +258,45 @@ class EventBuilder:
             prefix = ctx.source_prefix[name] = dumps(shared)[:-1]
         lsn = m.lsn if m is not None else ctx.commit_lsn
         return prefix + b',"lsn":%d,"event_index":%d}' % (lsn, index)
+
+    def read_record(
+        self, table: TableInfo, columns: list[Column], ctx: TxnContext, index: int, now_ms: int
+    ) -> tuple[bytes | None, bytes, dict[str, Any]]:
+        """A snapshot read's record key and value, and its ``after`` image (for the key state)."""
+        after = self._image(table, columns)
+        key = self.key_of(table, after)
+        source = self._source(None, table, ctx, index)
+        return key, self.converter.envelope(table, b"r", None, after, source, None, now_ms), after
+
+
+class EventBuilder(EventEncoder):
+    """Builds the events of change messages for one connector.
+
+    It keeps the key state (capture.keystate) in step with the events it builds: live keys,
+    the TOAST-able values of big rows, routed outbox versions. The caller makes sure the
+    table topics it builds for are tracked there (capture.writer).
+    """
+
+    def __init__(
+        self,
+        prefix: str,
+        db: str,
+        table_filter: TableFilter,
+        router: TopicRouter,
+        converter: ValueConverter,
+        toast_cache: ToastCache,
+        keystate: KeyState,
+    ) -> None:
+        super().__init__(prefix, db, table_filter, converter)
+        self.router = router
+        self.toast = toast_cache
+        self.keystate = keystate
+        self.message_topic = f"{prefix}.message"
+        self.transaction_topic = f"{prefix}.transaction"
+        self.unavailable_filled = 0
+
+    def topic(self, table: TableInfo) -> str:
+        return self.router.topic(table.schema, table.name)
 
     def count(self, table: TableInfo, ctx: TxnContext) -> int:
         """Count one change of ``table`` in its transaction; its order within the table."""
@@ -288,11 +331,18 @@ class EventBuilder:
 
     def snapshot_read(self, table: TableInfo, columns: list[Column], ctx: TxnContext, index: int, now_ms: int) -> Event:
         topic = self.topic(table)
-        after = self._image(table, columns)
-        key = self.key_of(table, after)
-        self._remember(table, topic, key, after)
-        source = self._source(None, table, ctx, index)
-        return Event(topic, key, self.converter.envelope(table, b"r", None, after, source, None, now_ms))
+        key, value, after = self.read_record(table, columns, ctx, index, now_ms)
+        self._remember(table, topic, key, after, value_bytes=len(value) if self.json_values else None)
+        return Event(topic, key, value)
+
+    def remember_reads(self, topic: str, keys: list[bytes], big: dict[int, dict[str, Any]]) -> None:
+        """The key state of snapshot reads built elsewhere (capture.snapshot_readers), as :meth:`snapshot_read`
+        keeps it: every key live; ``big``: position in ``keys`` → the TOAST-able values of a big row."""
+        self.toast.drop_many(topic, keys)
+        self.keystate.put_many(topic, keys, [None] * len(keys))
+        for i, values in big.items():
+            self.toast.put(topic, keys[i], values)
+            self.keystate.put(topic, keys[i], values)
 
     def change(
         self, m: ChangeMessage, table: TableInfo, ctx: TxnContext, index: int, now_ms: int, topic: str | None = None
@@ -384,8 +434,9 @@ class EventBuilder:
                 self.unavailable_filled += 1
 
     def _remember(
-        self, table: TableInfo, topic: str, key: bytes | None, after: dict[str, Any], *, update: bool = False
-    ) -> None:
+        self, table: TableInfo, topic: str, key: bytes | None, after: dict[str, Any], *, update: bool = False,
+        value_bytes: int | None = None,
+    ) -> None:  # fmt: skip
         """Record the key as live, with the TOAST-able values of rows big enough to have been TOASTed at all.
 
         The row's size is judged by its TOAST-able (variable-length) columns alone: the
@@ -395,9 +446,8 @@ class EventBuilder:
         """
         if key is None:
             return  # keyless: nothing to fill or truncate by key
-        cols = table.toastable_columns
-        values = {c: after[c] for c in cols if c in after and after[c] != UNAVAILABLE} if cols else None
-        if values is None or ToastCache.size_of(values) < TOAST_MIN_ROW_BYTES:
+        values = self.toast_values(table, after, value_bytes)
+        if values is None:
             self.toast.drop(topic, key)  # a small row is stored inline: nothing to fill later
             if not update:
                 self.keystate.put(topic, key, None)

@@ -7,6 +7,10 @@ TRANSACTION SNAPSHOT``, a server-side cursor, values as text converted like the
 stream's) and emitted as ``op=r`` events inside **one** log transaction that ends with
 the position "snapshot done at the slot's consistent point". Events are appended in
 chunks as they are read (memory stays O(chunk)); nothing is visible until the commit.
+With ``snapshot_workers`` > 1, tables of at least ``2 × MIN_RANGE_BLOCKS`` blocks are read
+in ctid ranges by reader processes sharing the exported snapshot (capture.snapshot_readers);
+their encoded batches join the same transaction, numbered and marked by :class:`SnapshotReads`
+as a single reader's rows are. This connection still locks and checks every table first.
 A table whose topic has live keys already (a snapshot taken again) also gets, in that
 transaction, a delete and a tombstone for each of them the snapshot did not read
 (capture.recovery: rows deleted while the slot was lost).
@@ -47,6 +51,16 @@ from capture.pgtypes import SESSION_OPTIONS
 from capture.recovery import Reconciliation
 from capture.replication import ReplicationConnection
 from capture.slots import SlotState, drop_slot
+from capture.snapshot_readers import (
+    SNAPSHOT_FETCH_ROWS,
+    RangeBatch,
+    ReaderLockTimeout,
+    ReaderSpec,
+    SnapshotReaderDied,
+    SnapshotReaders,
+    TidRange,
+    tid_ranges,
+)
 from capture.status import Stats
 from capture.tables import TableCatalog, TableInfo, qualified_name, result_rows, select_columns_sql
 from capture.writer import LogWriter
@@ -55,7 +69,6 @@ from eventstore.topic import now_ms
 
 log = logging.getLogger("capture.connector")
 
-SNAPSHOT_FETCH_ROWS = 5_000
 SNAPSHOT_MARKERS = ("first", "first_in_data_collection", "true", "last_in_data_collection", "last")
 
 
@@ -98,6 +111,81 @@ REWRITTEN_SQL = (
     "FROM pg_class c WHERE c.oid = %s::regclass"
 )
 SNAPSHOT_ATTEMPTS = 5
+STOP_SIGNAL_WAIT_S = 2.0  # a reader died: how long a stop asked at the same time (the same signal) may take
+# The table's heap blocks now (not as of the snapshot: pages added since hold only rows it cannot see).
+BLOCKS_SQL = "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::bigint"
+
+
+class SnapshotReads:
+    """The snapshot's table reads in the order they enter the log: their event indexes and ``source.snapshot``.
+
+    Indexes count every read (outbox rows too) from 0 in append order. The latest read is held
+    back until the next one comes: only then is it known whether it was the last of its table,
+    or of the snapshot (see :func:`snapshot_marker`). Reads encoded by reader processes
+    (:class:`capture.snapshot_readers.RangeBatch`) sit between two rows of their table, so are
+    never a table's first or last: they keep ``"true"`` and get only their index here.
+    """
+
+    def __init__(self, builder: EventBuilder, writer: LogWriter, stats: Stats, consistent_point: int,
+                 ts_ms: int) -> None:  # fmt: skip
+        self.builder = builder
+        self.writer = writer
+        self.stats = stats
+        self.ts_ms = ts_ms
+        # one context per source.snapshot marker: each renders its source prefix once
+        self.marked = {m: TxnContext(None, consistent_point, ts_ms, snapshot=m) for m in SNAPSHOT_MARKERS}
+        self.index = 0  # the next read's event index
+        self._held: tuple[TableInfo, list[Column], int, bool] | None = None  # (table, row, index, first in table)
+        self._table: str | None = None  # the latest read's table
+        self._first = True  # no read emitted yet
+
+    def row(self, table: TableInfo, columns: list[Column]) -> None:
+        """One row read, in the order of the log."""
+        self._release(table)
+        self._held = (table, columns, self.index, table.qualified != self._table)
+        self._table = table.qualified
+        self.index += 1
+        self.stats.snapshot_rows += 1
+
+    def skip(self) -> None:
+        """An outbox row: routed by the caller with :attr:`index`, which it consumes."""
+        self.index += 1
+        self.stats.snapshot_rows += 1
+
+    def batch(self, table: TableInfo, topic: str, batch: RangeBatch) -> None:
+        """A reader's batch: its first row, the encoded rows between (indexes joined in), its last row."""
+        self.row(table, batch.first)
+        n = len(batch.keys)
+        if n:
+            self._release(table)
+            start = self.index
+            indexes = range(start, start + n)
+            values: list[bytes | None] = [
+                b"%b%d%b" % (head, i, tail) for i, head, tail in zip(indexes, batch.heads, batch.tails, strict=True)
+            ]
+            self.writer.add_many(topic, batch.keys, values, batch.nbytes + 8 * n)  # 8: about the digits
+            if not table.keyless:
+                self.builder.remember_reads(topic, batch.keys, batch.big)  # type: ignore[arg-type]
+            self.index += n
+            self.stats.snapshot_rows += n
+        if batch.last is not None:
+            self.row(table, batch.last)
+
+    def finish(self) -> None:
+        """After the last table: the held read is the snapshot's last."""
+        self._release(None)
+
+    def _release(self, next_table: TableInfo | None) -> None:
+        if self._held is None:
+            return
+        table, columns, index, first_in_table = self._held
+        last = next_table is None
+        last_in_table = next_table is None or next_table.qualified != table.qualified
+        marker = snapshot_marker(first=self._first, last=last, first_in_table=first_in_table,
+                                 last_in_table=last_in_table)  # fmt: skip
+        self.writer.add(self.builder.snapshot_read(table, columns, self.marked[marker], index, now_ms()))
+        self._first = False
+        self._held = None
 
 
 @dataclass(slots=True)
@@ -183,61 +271,39 @@ class SnapshotSource:
     def run(self, snapshot_name: str, consistent_point: int) -> None:
         """Every captured table in the exported snapshot, in one log transaction."""
         tables = self.catalog.load()
-        ctx = TxnContext(None, consistent_point, now_ms(), snapshot="true")
-        # one context per source.snapshot marker: each renders its source prefix once (see snapshot_marker)
-        marked = {marker: TxnContext(None, consistent_point, ctx.ts_ms, snapshot=marker) for marker in SNAPSHOT_MARKERS}
-        index = 0
-        # the latest read (table, columns, index, first of its table), emitted when the next one comes: only
-        # then is it known whether it was the last of its table, or of the snapshot
-        held: tuple[TableInfo, list[Column], int, bool] | None = None
-        first_read = True
+        reads = SnapshotReads(self.builder, self.writer, self.stats, consistent_point, now_ms())
         self.writer.begin()
         reconciliation = Reconciliation(self.builder, self.writer.keystate)
-        # Values are read uncast in text format: the type's output function, as wal2json prints
-        # it (``::text`` differs: char(n) padding, inet netmasks), under the same session settings.
-        with psycopg.connect(self.config.dsn, options=SESSION_OPTIONS) as c:
-            c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            c.execute(f"SET TRANSACTION SNAPSHOT '{snapshot_name}'")
-            for t_i, table in enumerate(tables):
-                outbox = table.qualified == self.config.outbox_table
-                select = select_columns_sql(table)
-                if outbox:
-                    select += " ORDER BY " + ", ".join(f'"{k}"' for k in table.key)
-                else:
-                    topic = self.builder.topic(table)
-                    self.writer.ensure_table_topic(table, topic)
-                    reconciliation.table_started(table, topic)  # keys live before: deleted if not read again
-                cursor = f"tideline_snapshot_{t_i}"
-                self._check_not_rewritten(c, table)
-                c.execute(f"DECLARE {cursor} NO SCROLL CURSOR FOR {select}".encode())
-                first_in_table = True
-                while True:
-                    res = c.execute(f"FETCH {SNAPSHOT_FETCH_ROWS} FROM {cursor}".encode()).pgresult
-                    if res is None or res.ntuples == 0:
-                        break
-                    for columns in result_rows(res, table):
-                        if outbox:
-                            self._route_outbox(table, columns, ctx, index)
-                        else:
-                            if held is not None:  # one read held back: see snapshot_marker
-                                marker = snapshot_marker(first=first_read, last=False, first_in_table=held[3],
-                                                         last_in_table=held[0] is not table)  # fmt: skip
-                                self.writer.add(self.builder.snapshot_read(held[0], held[1], marked[marker],
-                                                                           held[2], now_ms()))  # fmt: skip
-                                first_read = False
-                            held = (table, columns, index, first_in_table)
-                            first_in_table = False
-                        index += 1
-                        self.stats.snapshot_rows += 1
-                    if self.writer.full:
-                        self.writer.send_pending()  # appended, not committed: one transaction for all
-                    if self.stop.is_set():
-                        raise SnapshotStopped("stopped during the snapshot")
-            if held is not None:
-                marker = snapshot_marker(first=first_read, last=True, first_in_table=held[3], last_in_table=True)
-                self.writer.add(self.builder.snapshot_read(held[0], held[1], marked[marker], held[2], now_ms()))
-            log.info("capture: snapshot of %d tables, %d rows", len(tables), index)
-        for chunk in reconciliation.deletes(consistent_point, index, ctx.ts_ms, now_ms()):
+        readers: SnapshotReaders | None = None
+        done = False
+        try:
+            # Values are read uncast in text format: the type's output function, as wal2json prints
+            # it (``::text`` differs: char(n) padding, inet netmasks), under the same session settings.
+            with psycopg.connect(self.config.dsn, options=SESSION_OPTIONS) as c:
+                c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                c.execute(f"SET TRANSACTION SNAPSHOT '{snapshot_name}'")
+                for t_i, table in enumerate(tables):
+                    outbox = table.qualified == self.config.outbox_table
+                    if not outbox:
+                        topic = self.builder.topic(table)
+                        self.writer.ensure_table_topic(table, topic)
+                        reconciliation.table_started(table, topic)  # keys live before: deleted if not read again
+                    self._check_not_rewritten(c, table)
+                    ranges = [] if outbox else self._ranges(c, table)
+                    if not ranges:
+                        self._read(c, table, t_i, outbox, reads)
+                        continue
+                    if readers is None:
+                        spec = self._reader_spec(snapshot_name, consistent_point, reads)
+                        readers = SnapshotReaders(spec, self.config.snapshot_workers)
+                    self._read_ranges(readers, table, ranges, reads)
+                reads.finish()
+                log.info("capture: snapshot of %d tables, %d rows", len(tables), reads.index)
+            done = True
+        finally:
+            if readers is not None:
+                readers.close(wait_s=5.0 if done else 0.0)
+        for chunk in reconciliation.deletes(consistent_point, reads.index, reads.ts_ms, now_ms()):
             for event in chunk:
                 self.writer.add(event)
             self.stats.events += len(chunk)
@@ -245,6 +311,61 @@ class SnapshotSource:
                 self.writer.send_pending()
         self.offsets.snapshot_done(consistent_point)
         self._commit()
+
+    def _read(self, c: psycopg.Connection[Any], table: TableInfo, t_i: int, outbox: bool, reads: SnapshotReads) -> None:
+        """One table through the connector's own connection (a server-side cursor)."""
+        select = select_columns_sql(table)
+        if outbox:
+            select += " ORDER BY " + ", ".join(f'"{k}"' for k in table.key)
+        cursor = f"tideline_snapshot_{t_i}"
+        c.execute(f"DECLARE {cursor} NO SCROLL CURSOR FOR {select}".encode())
+        while True:
+            res = c.execute(f"FETCH {SNAPSHOT_FETCH_ROWS} FROM {cursor}".encode()).pgresult
+            if res is None or res.ntuples == 0:
+                break
+            for columns in result_rows(res, table):
+                if outbox:
+                    self._route_outbox(table, columns, reads.marked["true"], reads.index)
+                    reads.skip()
+                else:
+                    reads.row(table, columns)
+            self._batch_done()
+
+    def _ranges(self, c: psycopg.Connection[Any], table: TableInfo) -> list[TidRange]:
+        """The table's ctid ranges for the reader processes ([]: read it here; capture.snapshot_readers)."""
+        if self.config.snapshot_workers < 2 or c.info.server_version < 140000:  # TID range scans: PostgreSQL 14
+            return []
+        row = c.execute(BLOCKS_SQL.encode(), (qualified_name(table),)).fetchone()
+        return tid_ranges(table, int(row[0]) if row else 0, self.config.snapshot_workers)
+
+    def _reader_spec(self, snapshot_name: str, consistent_point: int, reads: SnapshotReads) -> ReaderSpec:
+        return ReaderSpec(self.config.dsn, snapshot_name, self.builder.prefix, self.builder.db,
+                          self.config.table_filter, consistent_point, reads.ts_ms)  # fmt: skip
+
+    def _read_ranges(self, readers: SnapshotReaders, table: TableInfo, ranges: list[TidRange],
+                     reads: SnapshotReads) -> None:  # fmt: skip
+        """One big table through the reader processes: their batches appended as they come."""
+        topic = self.builder.topic(table)
+        try:
+            for batch in readers.read(ranges):
+                if batch is not None:
+                    reads.batch(table, topic, batch)
+                self._batch_done()
+        except ReaderLockTimeout as e:
+            raise TableRewritten(f"table {table.qualified}: {e} (a TRUNCATE or ALTER waiting?)") from e
+        except SnapshotReaderDied as e:
+            # A supervisor stopping every process of the service (a cgroup's SIGTERM) ends the readers too; the
+            # connector got the signal as well, and its handler sets the stop flag about now. Asked to stop, the
+            # snapshot is aborted either way: a stop, not a failure.
+            if self.stop.wait(STOP_SIGNAL_WAIT_S):
+                raise SnapshotStopped(f"stopped during the snapshot ({e})") from e
+            raise
+
+    def _batch_done(self) -> None:
+        if self.writer.full:
+            self.writer.send_pending()  # appended, not committed: one transaction for all
+        if self.stop.is_set():
+            raise SnapshotStopped("stopped during the snapshot")
 
     @staticmethod
     def _check_not_rewritten(c: psycopg.Connection[Any], table: TableInfo) -> None:

@@ -332,14 +332,16 @@ def qualified_name(table: TableInfo) -> str:
     return f"{_quote(table.schema)}.{_quote(table.name)}"
 
 
-def select_columns_sql(table: TableInfo) -> str:
+def select_columns_sql(table: TableInfo, where: str | None = None) -> str:
     """``SELECT`` of every column, uncast: a text-format result then holds each type's output text.
 
-    Rows of a publication's row filter only (pgoutput): the snapshot holds what the stream would.
+    Rows of a publication's row filter only (pgoutput): the snapshot holds what the stream would;
+    ``where``: a further condition (a snapshot reader's ctid range).
     """
     cols = ", ".join(_quote(col.name) for col in table.columns)
     select = f"SELECT {cols} FROM {qualified_name(table)}"
-    return select if table.row_filter is None else f"{select} WHERE {table.row_filter}"
+    conditions = [f"({c})" for c in (table.row_filter, where) if c is not None]
+    return select if not conditions else f"{select} WHERE {' AND '.join(conditions)}"
 
 
 def _quote(name: str) -> str:

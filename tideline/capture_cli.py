@@ -289,6 +289,15 @@ def run(
             help="Rows per chunk of incremental snapshots (a signal's chunk-size overrides it).",
         ),
     ] = 1024,
+    snapshot_workers: Annotated[
+        int,
+        typer.Option(
+            "--snapshot-workers",
+            help="Reader processes of the initial snapshot (Debezium's snapshot.max.threads): 1 reads every table "
+            "in one connection; N > 1 reads big tables in ctid ranges over N connections sharing the snapshot "
+            "(JSON values only; docs/capture.md).",
+        ),
+    ] = 1,
     log_cleaner: Annotated[
         bool,
         typer.Option(
@@ -352,6 +361,7 @@ def run(
             outbox_topic_prefix=outbox_topic_prefix,
             signal_table=signal_table,
             incremental_chunk_size=incremental_chunk_size,
+            snapshot_workers=snapshot_workers,
         )
         if (replication_factor is not None or min_insync_replicas is not None) and State.kafka is None:
             raise fail("--replication-factor and --min-insync-replicas are Kafka topic settings: give --kafka")

@@ -1,0 +1,376 @@
+"""Snapshot reader processes: one big table read in ctid ranges by several connections sharing one snapshot.
+
+With ``--snapshot-workers N`` (N > 1) the initial snapshot (capture.snapshot) starts N reader
+**processes**: ``python -m capture.snapshot_readers``, each in a session of its own (a fresh
+interpreter rather than a fork — the connector has threads — that imports only what a reader
+needs, never the connector's main module; and out of reach of a Ctrl-C meant for the connector).
+Each opens its own connection in ``REPEATABLE READ, READ ONLY`` and imports the slot's exported
+snapshot (``SET TRANSACTION SNAPSHOT``): every reader sees the table as of the slot's
+consistent point. The export stays valid while the replication connection that created the
+slot sits idle in its transaction; the connector sends it nothing until the snapshot is done
+(capture.replication, ``START_REPLICATION`` comes after).
+
+**Ranges.** A table of at least ``2 × MIN_RANGE_BLOCKS`` heap blocks is split by block number
+into up to ``RANGES_PER_WORKER × N`` equal ranges, read as PostgreSQL 14+ TID range scans
+(``WHERE ctid >= '(b0,0)'::tid AND ctid < '(b1,0)'::tid``; the last range is open-ended, so
+pages added after the size was taken are covered too — their rows are invisible to the
+snapshot anyway). ctid rather than the primary key: it works for keyless tables, needs no
+index or key statistics to split evenly, and reads the heap sequentially, block by block,
+as COPY does. Ranges are handed out two at a time per reader, the next when one is done, so
+a slow reader does not hold the others back.
+
+**Work split.** A reader converts its rows with the single reader's code (capture.tables'
+``result_rows``, :class:`capture.events.EventEncoder`) into the final record keys and values;
+the connector only appends them, with the key state updates, to its one log transaction.
+Batches arrive in whatever order the readers finish them: the snapshot reads each key once,
+so per-key order needs no order between ranges (streamed changes follow the snapshot's
+commit). What a batch cannot know is decided by the connector:
+
+* ``source.event_index`` — numbered in the order the connector appends reads (unique and
+  dense, 0…rows−1 as the single reader's); a reader sends each value cut where the index's
+  digits go (``head``, ``tail``), the connector joins ``head + digits + tail``;
+* ``source.snapshot`` markers — a batch's first and last rows come as rows (not encoded),
+  so the connector builds them with their marker (first / first_in_data_collection /
+  last_in_data_collection / last) as the single reader would; the rows between are never a
+  table's first or last and carry ``"true"``.
+
+**Wire format** (the reader's stdin and stdout, as ``multiprocessing.connection.Connection``
+messages: a 4-byte length, then a pickle, protocol 5 — bytes and lists of bytes, not an object
+per value)::
+
+    connector → reader   ReaderSpec            first, once
+                         TidRange              read this range next
+                         None                  finish: end the transaction, exit 0
+    reader → connector   ("batch", RangeBatch) up to SNAPSHOT_FETCH_ROWS rows of one range
+                         ("done", range, rows) the range is read
+                         ("failed", kind, text) the reader stopped; kind "connection" (the
+                                               server went away: retried like any connection
+                                               loss), "lock" (see below) or "error"
+
+**Locks.** The connector's own snapshot connection locks each table (ACCESS SHARE) and checks
+that it was not rewritten since the consistent point before any reader touches it (capture.snapshot,
+``REWRITTEN_SQL``). A reader's lock on the same table could then queue behind a TRUNCATE that
+itself waits for the connector's lock — a wait no one would ever end — so readers take their
+locks with ``lock_timeout`` (``READER_LOCK_TIMEOUT_MS``); a reader that times out reports
+``lock`` and the snapshot is taken again (as for a rewritten table).
+
+**Crash policy.** Everything a reader sends goes into the connector's open log transaction;
+nothing is visible until the snapshot's one commit. A reader that dies (killed, out of
+memory) closes its pipe: the connector raises :class:`SnapshotReaderDied`, ends the other
+readers, aborts the transaction, and stops; the stored position still says "snapshot under
+way", so the next start takes the snapshot again from a new slot. A connector that dies
+leaves its readers with closed pipes: they exit on EOF. Ctrl-C reaches the connector, not
+its readers (their own sessions): it stops them. A reader that dies while the connector is
+asked to stop at the same time (a supervisor signalling every process of the service)
+counts as that stop, not as a failure (capture.snapshot).
+
+Thread-safety: :class:`SnapshotReaders` is used by the connector thread only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickle
+import subprocess
+import sys
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import psycopg
+
+from capture.converters import JsonConverter
+from capture.errors import CaptureError, is_connection_error
+from capture.events import EventEncoder, TxnContext
+from capture.messages import Column
+from capture.pgtypes import SESSION_OPTIONS
+from capture.tables import TableFilter, TableInfo, qualified_name, result_rows, select_columns_sql
+from eventstore.topic import now_ms
+
+log = logging.getLogger("capture.connector")
+
+SNAPSHOT_FETCH_ROWS = 5_000  # rows per FETCH, and per batch sent to the connector
+# 32 MiB of heap: tables under twice that are read by the connector's own connection (a reader's start, ≈ 1 s,
+# outweighs what it saves there: 300,000 bench rows took 0.7× as long with one reader as with two).
+MIN_RANGE_BLOCKS = 4_096
+RANGES_PER_WORKER = 4  # ranges per reader, for balance when readers run at different speeds
+RANGES_IN_FLIGHT = 2  # ranges handed to a reader ahead, so it never waits for the next one
+READER_LOCK_TIMEOUT_MS = 2_000  # see "Locks" above
+WAIT_S = 0.5  # the connector's longest wait for a reader's message (then it looks at its stop flag)
+INDEX_FIELD = b'"event_index":'  # where a value's event index digits go (the last one in the value)
+
+
+class SnapshotReaderDied(CaptureError):
+    """A snapshot reader process ended without finishing its ranges; the snapshot is taken again on the next start."""
+
+    def __init__(self, message: str, exitcode: int | None) -> None:
+        super().__init__(message)
+        self.exitcode = exitcode
+
+
+class ReaderLockTimeout(CaptureError):
+    """A reader's lock on a table queued behind a conflicting lock request (see "Locks" in the module docstring)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderSpec:
+    """What every reader process needs: where, which snapshot, and how reads are encoded."""
+
+    dsn: str
+    snapshot_name: str  # the slot's exported snapshot
+    topic_prefix: str  # source.name
+    db: str  # source.db
+    table_filter: TableFilter  # excluded and masked columns
+    consistent_point: int  # source.lsn and commit_lsn of every read
+    ts_ms: int  # source.ts_ms of every read
+
+
+@dataclass(frozen=True, slots=True)
+class TidRange:
+    """Heap blocks ``[first_block, end_block)`` of one table (``end_block`` None: to the table's end)."""
+
+    table: TableInfo
+    number: int  # 0-based, per table
+    first_block: int
+    end_block: int | None
+
+    def where(self) -> str:
+        lower = f"ctid >= '({self.first_block},0)'::tid"
+        return lower if self.end_block is None else f"{lower} AND ctid < '({self.end_block},0)'::tid"
+
+
+@dataclass(frozen=True, slots=True)
+class RangeBatch:
+    """Rows of one range, in ctid order: the first and last as rows, those between encoded."""
+
+    range: int
+    first: list[Column]
+    keys: list[bytes | None]  # of the rows between first and last
+    heads: list[bytes]  # their values up to the event index's digits
+    tails: list[bytes]  # ... and after them
+    big: dict[int, dict[str, Any]]  # position in keys → the TOAST-able values of a big row (capture.events)
+    last: list[Column] | None  # None: a batch of one row
+    nbytes: int  # bytes of keys, heads and tails (for the connector's batch sizing)
+
+    @property
+    def rows(self) -> int:
+        return len(self.keys) + 1 + (self.last is not None)
+
+
+def tid_ranges(table: TableInfo, blocks: int, workers: int) -> list[TidRange]:
+    """The ranges of a table of ``blocks`` heap blocks; [] when it is too small to be worth splitting."""
+    if workers < 2 or blocks < 2 * MIN_RANGE_BLOCKS:
+        return []
+    count = min(workers * RANGES_PER_WORKER, blocks // MIN_RANGE_BLOCKS)
+    bounds = [blocks * i // count for i in range(count)]
+    return [
+        TidRange(table, i, bounds[i], bounds[i + 1] if i + 1 < count else None) for i in range(count)
+    ]
+
+
+# ---------------------------------------------------------------------------- the reader process
+
+
+def reader_main(spec: ReaderSpec, tasks: Connection, pipe: Connection) -> None:
+    """A reader process: import the snapshot, then read the ranges the connector sends until it sends None."""
+    try:
+        with psycopg.connect(spec.dsn, options=SESSION_OPTIONS) as db:
+            db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            db.execute(f"SET TRANSACTION SNAPSHOT '{spec.snapshot_name}'".encode())
+            db.execute(f"SET LOCAL lock_timeout = {READER_LOCK_TIMEOUT_MS}".encode())
+            encoder = EventEncoder(spec.topic_prefix, spec.db, spec.table_filter, JsonConverter())
+            ctx = TxnContext(None, spec.consistent_point, spec.ts_ms, snapshot="true")
+            locked: set[str] = set()
+            while True:
+                task = pickle.loads(tasks.recv_bytes())
+                if task is None:
+                    break
+                _read_range(db, pipe, encoder, ctx, task, locked)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the connector is gone: nothing to report to
+    except BaseException as e:
+        kind = "lock" if isinstance(e, psycopg.errors.LockNotAvailable) else (
+            "connection" if is_connection_error(e) else "error")  # fmt: skip
+        with contextlib.suppress(OSError):  # the connector may be gone too
+            pipe.send_bytes(pickle.dumps(("failed", kind, f"{type(e).__name__}: {e}".strip())))
+        raise SystemExit(1) from None
+
+
+def _process_main() -> None:
+    """``python -m capture.snapshot_readers``: tasks on stdin, results on stdout (moved off fd 1 first, so that
+    nothing printed can mix into them), the :class:`ReaderSpec` as the first message."""
+    tasks = Connection(os.dup(0), writable=False)
+    results = Connection(os.dup(1), readable=False)
+    os.dup2(2, 1)
+    reader_main(pickle.loads(tasks.recv_bytes()), tasks, results)
+
+
+def _read_range(
+    db: psycopg.Connection[Any], pipe: Connection, encoder: EventEncoder, ctx: TxnContext, task: TidRange,
+    locked: set[str],
+) -> None:  # fmt: skip
+    table = task.table
+    name = qualified_name(table)
+    if name not in locked:
+        db.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE".encode())  # under lock_timeout: see "Locks"
+        locked.add(name)
+    cursor = f"tideline_range_{task.number}"
+    db.execute(f"DECLARE {cursor} NO SCROLL CURSOR FOR {select_columns_sql(table, task.where())}".encode())
+    rows = 0
+    while True:
+        res = db.execute(f"FETCH {SNAPSHOT_FETCH_ROWS} FROM {cursor}".encode()).pgresult
+        if res is None or res.ntuples == 0:
+            break
+        batch = encode_batch(encoder, table, list(result_rows(res, table)), ctx, task.number)
+        rows += batch.rows
+        pipe.send_bytes(pickle.dumps(("batch", batch), protocol=5))
+    db.execute(f"CLOSE {cursor}".encode())
+    pipe.send_bytes(pickle.dumps(("done", task.number, rows), protocol=5))
+
+
+def encode_batch(
+    encoder: EventEncoder, table: TableInfo, rows: list[list[Column]], ctx: TxnContext, number: int
+) -> RangeBatch:
+    """Rows of one FETCH → a :class:`RangeBatch` (rows ≥ 1): the middle ones encoded, their values cut at the index."""
+    now = now_ms()
+    keys: list[bytes | None] = []
+    heads: list[bytes] = []
+    tails: list[bytes] = []
+    big: dict[int, dict[str, Any]] = {}
+    cut_after = len(INDEX_FIELD)
+    for i, columns in enumerate(rows[1:-1]):
+        key, value, after = encoder.read_record(table, columns, ctx, 0, now)
+        cut = value.rfind(INDEX_FIELD) + cut_after  # source is the envelope's last object with this field
+        if not value.startswith(b"0}", cut):
+            raise AssertionError(f"no event index where expected in a value of {table.qualified}")
+        keys.append(key)
+        heads.append(value[:cut])
+        tails.append(value[cut + 1 :])
+        if key is not None:
+            values = encoder.toast_values(table, after, len(value))
+            if values is not None:
+                big[i] = values
+    nbytes = sum(map(len, heads)) + sum(map(len, tails)) + sum(len(k) for k in keys if k is not None)
+    return RangeBatch(number, rows[0], keys, heads, tails, big, rows[-1] if len(rows) > 1 else None, nbytes)
+
+
+# ---------------------------------------------------------------------------- the connector's side
+
+
+@dataclass(slots=True)
+class _Reader:
+    process: subprocess.Popen[bytes]
+    tasks: Connection  # to its stdin
+    pipe: Connection  # from its stdout
+    in_flight: int = 0
+
+
+class SnapshotReaders:
+    """The reader processes of one snapshot: started once, reused for every big table, closed at its end."""
+
+    def __init__(self, spec: ReaderSpec, workers: int) -> None:
+        self._readers: list[_Reader] = []
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's modules
+        try:
+            for _ in range(workers):
+                process = subprocess.Popen([sys.executable, "-m", "capture.snapshot_readers"], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, env=env, start_new_session=True)  # fmt: skip
+                assert process.stdin is not None and process.stdout is not None
+                reader = _Reader(process, Connection(os.dup(process.stdin.fileno()), readable=False),
+                                 Connection(os.dup(process.stdout.fileno()), writable=False))  # fmt: skip
+                process.stdin.close()
+                process.stdout.close()
+                self._readers.append(reader)
+                reader.tasks.send_bytes(pickle.dumps(spec, protocol=5))
+        except BaseException:
+            self.close(wait_s=0)
+            raise
+        log.info("capture: %d snapshot reader processes started (pids %s)", workers,
+                 ", ".join(str(r.process.pid) for r in self._readers))  # fmt: skip
+
+    @property
+    def pids(self) -> list[int]:
+        return [r.process.pid for r in self._readers]
+
+    def read(self, ranges: list[TidRange]) -> Iterator[RangeBatch | None]:
+        """Every range's batches, in arrival order; None after ``WAIT_S`` without one (the caller's stop check)."""
+        pending = deque(ranges)
+        for reader in self._readers:
+            while pending and reader.in_flight < RANGES_IN_FLIGHT:
+                self._send(reader, pending.popleft())
+        by_pipe = {id(r.pipe): r for r in self._readers}
+        while any(r.in_flight for r in self._readers):
+            ready = wait([r.pipe for r in self._readers if r.in_flight], timeout=WAIT_S)
+            if not ready:
+                yield None
+            for pipe in ready:
+                assert isinstance(pipe, Connection)
+                reader = by_pipe[id(pipe)]
+                message = self._receive(reader)
+                if message[0] == "batch":
+                    yield message[1]
+                elif message[0] == "done":
+                    reader.in_flight -= 1
+                    if pending:
+                        self._send(reader, pending.popleft())
+                else:
+                    self._failed(reader, message[1], message[2])
+
+    def _send(self, reader: _Reader, task: TidRange) -> None:
+        try:
+            reader.tasks.send_bytes(pickle.dumps(task, protocol=5))
+        except OSError:  # BrokenPipeError, ConnectionResetError: its end is closed
+            raise self._died(reader) from None
+        reader.in_flight += 1
+
+    def _receive(self, reader: _Reader) -> tuple[Any, ...]:
+        try:
+            message = pickle.loads(reader.pipe.recv_bytes())
+        except (EOFError, OSError):
+            raise self._died(reader) from None
+        assert isinstance(message, tuple)
+        return message
+
+    @staticmethod
+    def _died(reader: _Reader) -> SnapshotReaderDied:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            reader.process.wait(timeout=5)
+        return SnapshotReaderDied(
+            f"snapshot reader process {reader.process.pid} ended (exit code {reader.process.returncode}) before "
+            "its ranges were read: the snapshot is aborted and taken again on the next start",
+            reader.process.returncode,
+        )
+
+    def _failed(self, reader: _Reader, kind: str, text: str) -> None:
+        what = f"snapshot reader process {reader.process.pid}: {text}"
+        if kind == "connection":
+            raise psycopg.OperationalError(what)  # the server went away: a connection loss, retried as such
+        if kind == "lock":
+            raise ReaderLockTimeout(what)
+        raise CaptureError(what)
+
+    def close(self, *, wait_s: float = 5.0) -> None:
+        """Tell every reader to finish, then kill those still running after ``wait_s`` (their transactions are
+        read-only and end with their connections)."""
+        for reader in self._readers:
+            with contextlib.suppress(OSError):  # dead already
+                reader.tasks.send_bytes(pickle.dumps(None))
+        for reader in self._readers:
+            try:
+                reader.process.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                reader.process.kill()
+                reader.process.wait(timeout=5)
+            reader.tasks.close()
+            reader.pipe.close()
+        self._readers = []
+
+
+if __name__ == "__main__":  # a reader process (SnapshotReaders): the module's own names, not __main__'s
+    from capture.snapshot_readers import _process_main
+
+    _process_main()
