@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 from capture.config import ENV as ENV  # re-exported: where the choice comes from
 from capture.config import CoreChoice, ValueFormat
 from capture.converters import JsonConverter
+from capture.decoders.pgoutput import PgOutputDecoder, Relation
 from capture.keystate import DELETE_MARKER
 from capture.messages import Plugin
 from eventstore.errors import ConfigError
@@ -49,6 +50,7 @@ from eventstore.topic import now_ms
 if TYPE_CHECKING:
     from capture.config import CaptureConfig
     from capture.events import EventBuilder, TxnContext
+    from capture.messages import Decoder
     from capture.status import Stats
     from capture.tables import TableCatalog, TableInfo
     from capture.writer import LogWriter
@@ -74,11 +76,7 @@ def available() -> bool:
 
 def check_native(config: CaptureConfig) -> None:
     """``--core native``: raise :class:`NativeUnavailableError` unless the extension is built and covers the
-    configuration (wal2json, JSON values)."""
-    if config.plugin is not Plugin.WAL2JSON:
-        raise NativeUnavailableError(
-            f"--core native covers --plugin wal2json, not {config.plugin.value}: use --core auto or python"
-        )
+    configuration (JSON values, either plugin)."""
     if config.value_format is not ValueFormat.JSON:
         raise NativeUnavailableError(
             f"--core native covers JSON values, not --value-format {config.value_format.value}: "
@@ -92,34 +90,53 @@ def check_native(config: CaptureConfig) -> None:
 
 
 def native_core_for(
-    config: CaptureConfig, catalog: TableCatalog, builder: EventBuilder, writer: LogWriter, stats: Stats
+    config: CaptureConfig,
+    catalog: TableCatalog,
+    builder: EventBuilder,
+    writer: LogWriter,
+    stats: Stats,
+    decoder: Decoder | None = None,
 ) -> NativeCore | None:
-    """The native core the configuration asks for (None: the Python path)."""
+    """The native core the configuration asks for (None: the Python path). ``decoder``: the stream's
+    decoder (pgoutput: the core decodes row messages with the Relation messages it read)."""
     if config.core is CoreChoice.PYTHON:
         return None
     if config.core is CoreChoice.NATIVE:
         check_native(config)
-    elif config.plugin is not Plugin.WAL2JSON or not BUILT:
+    elif not BUILT:
         return None
     if not isinstance(builder.converter, JsonConverter):
         if config.core is CoreChoice.NATIVE:
             raise NativeUnavailableError("--core native covers the JSON value converter only")
         return None
-    return NativeCore(config, catalog, builder, writer, stats)
+    if config.plugin is Plugin.PGOUTPUT and not isinstance(decoder, PgOutputDecoder):
+        raise TypeError("the native core for pgoutput needs the stream's PgOutputDecoder")
+    pgoutput = decoder if isinstance(decoder, PgOutputDecoder) else None
+    return NativeCore(config, catalog, builder, writer, stats, pgoutput)
 
 
 class NativeCore:
     """The extension's core for one connector: table registrations, runs, and their results into the batch."""
 
     def __init__(
-        self, config: CaptureConfig, catalog: TableCatalog, builder: EventBuilder, writer: LogWriter, stats: Stats
+        self,
+        config: CaptureConfig,
+        catalog: TableCatalog,
+        builder: EventBuilder,
+        writer: LogWriter,
+        stats: Stats,
+        pgoutput: PgOutputDecoder | None = None,
     ) -> None:
         self.config = config
         self.catalog = catalog
         self.builder = builder
         self.writer = writer
         self.stats = stats
-        self.core = tideline_native.Core(builder.prefix, builder.db)
+        # pgoutput: the decoder whose Relation messages the core mirrors (None: wal2json payloads)
+        self.pgoutput = pgoutput
+        self.core = tideline_native.Core(builder.prefix, builder.db, "wal2json" if pgoutput is None else "pgoutput")
+        self._relations: dict[int, Relation] = {}  # pgoutput: relation OID → the Relation the core holds
+        self._relations_read = 0
         self._ids: dict[tuple[str, str], int] = {}
         self._tables: list[TableInfo] = []
         self._topics: list[str] = []
@@ -135,6 +152,8 @@ class NativeCore:
         key = (table.schema, table.name)
         tid = self._ids.get(key)
         if tid is not None and self._tables[tid] is table:
+            if self.pgoutput is not None:
+                self._sync_relation(tid, table)
             return
         if table.qualified == self.config.outbox_table or self._columns_filtered:
             return
@@ -154,6 +173,34 @@ class NativeCore:
             list(table.toastable_columns),
             table.replica_identity,
         )
+        if self.pgoutput is not None:
+            self._sync_relation(tid, table)
+
+    def _sync_relation(self, tid: int, table: TableInfo) -> None:
+        """pgoutput: give the core the Relation message the decoder holds for ``table`` (its row messages are
+        decoded with it), unless it has it already."""
+        assert self.pgoutput is not None
+        relation = self.pgoutput.relation_named(table.schema, table.name)
+        if relation is None or self._relations.get(relation.oid) is relation:
+            return
+        self._relations[relation.oid] = relation
+        self.core.register_relation(
+            relation.oid,
+            tid,
+            [c.name for c in relation.columns],
+            [c.type_oid for c in relation.columns],
+            [c.is_key for c in relation.columns],
+        )
+
+    def _resync_relations(self) -> None:
+        """pgoutput: the decoder read Relation messages since the last run: forget every relation whose
+        message it replaced (the Python path registers the new one with the next change of its table)."""
+        assert self.pgoutput is not None
+        self._relations_read = self.pgoutput.relations_read
+        for oid, relation in list(self._relations.items()):
+            if self.pgoutput.relation(oid) is not relation:
+                self.core.forget_relation(oid)
+                del self._relations[oid]
 
     def _resync(self) -> None:
         """The catalog was read again: every registration follows its current table info (or goes)."""
@@ -161,25 +208,35 @@ class NativeCore:
         for (schema, name), tid in list(self._ids.items()):
             current = self.catalog.current(schema, name)
             if current is None:
-                self.core.unregister_table(schema, name)
+                self.core.unregister_table(schema, name)  # its relations too
                 del self._ids[(schema, name)]
+                for oid in [o for o, r in self._relations.items() if (r.schema, r.table) == (schema, name)]:
+                    del self._relations[oid]
             elif current is not self._tables[tid]:
                 self.sync(current)
 
     # ------------------------------------------------------------------ runs
 
-    def run(self, payloads: list[bytes], start: int, ctx: TxnContext, index: int) -> tuple[int, int]:
+    def run(
+        self, payloads: list[bytes], start: int, ctx: TxnContext, index: int, lsns: list[int] | None = None
+    ) -> tuple[int, int]:
         """Handle ``payloads[start:]`` of the transaction ``ctx`` from event ``index`` on, until one needs the
-        Python path. Returns ``(payloads handled, next event index)``; the events are in the batch."""
+        Python path. ``lsns``: pgoutput's XLogData WAL starts, one per payload (a row message's LSN).
+        Returns ``(payloads handled, next event index)``; the events are in the batch."""
         if self.catalog.generation != self._generation:
             self._resync()
         if not self._ids:
             return 0, index
+        if self.pgoutput is not None:
+            if self.pgoutput.in_stream:
+                return 0, index  # row messages of a streamed transaction are spilled by the decoder
+            if self.pgoutput.relations_read != self._relations_read:
+                self._resync_relations()
         if ctx.per_table is None:
             ctx.per_table = {}
         handled, index, total_order, counts, outputs = self.core.process(
             payloads, start, RUN_LIMIT, ctx.xid, ctx.commit_lsn, ctx.ts_ms, ctx.snapshot, ctx.total_order,
-            ctx.per_table, index, now_ms(), DELETE_MARKER,
+            ctx.per_table, index, now_ms(), DELETE_MARKER, lsns,
         )  # fmt: skip
         if not handled:
             return 0, index

@@ -145,6 +145,7 @@ class StreamingSource:
         writer = self.writer
         native = self.native
         payloads: list[bytes] | None = None
+        lsns: list[int] | None = None  # pgoutput: row messages carry no LSN of their own
         p = 0
         while p < len(batch):
             ctx = self._ctx
@@ -156,7 +157,9 @@ class StreamingSource:
             ):
                 if payloads is None:
                     payloads = [m.payload for m in batch]
-                handled, self._index = native.run(payloads, p, ctx, self._index)
+                    if native.pgoutput is not None:
+                        lsns = [m.data_start for m in batch]
+                handled, self._index = native.run(payloads, p, ctx, self._index, lsns)
                 if handled:
                     p += handled
                     self.stats.server_wal_end = max(self.stats.server_wal_end, batch[p - 1].wal_end)

@@ -8,7 +8,7 @@ VERSION: str
 Output = tuple[int, int, list[bytes | None], list[bytes | None], int, list[bytes], list[Any], list[bytes]]
 
 class Core:
-    def __init__(self, prefix: str, db: str) -> None: ...
+    def __init__(self, prefix: str, db: str, plugin: str = "wal2json") -> None: ...
     def register_table(
         self,
         table_id: int,
@@ -20,6 +20,10 @@ class Core:
         replica_identity: str,
     ) -> None: ...
     def unregister_table(self, schema: str, name: str) -> None: ...
+    def register_relation(
+        self, oid: int, table_id: int, names: list[str], type_oids: list[int], key_flags: list[bool]
+    ) -> None: ...
+    def forget_relation(self, oid: int) -> None: ...
     def process(
         self,
         payloads: list[bytes],
@@ -34,6 +38,7 @@ class Core:
         index: int,
         now_ms: int,
         delete_marker: object,
+        lsns: list[int] | None = None,
     ) -> tuple[int, int, int, list[tuple[str, int]], list[Output]]: ...
     @staticmethod
     def json_string(text: str) -> bytes: ...
