@@ -1,35 +1,46 @@
-"""The native capture core: wal2json row changes → envelopes and keys in compiled code, a run at a time.
+"""The native capture core: wal2json or pgoutput row changes → envelopes and keys in compiled code, a run at a time.
 
 ``tideline_native`` is a Rust extension (PyO3, built by maturin from ``native/``: ``make
 native``). :class:`NativeCore` drives it for the streaming source (capture.streaming): the
-source hands it a run of wal2json payloads inside a transaction; the extension parses each,
-converts its values, renders the envelope and the key — the same bytes the Python reference
-path (capture.decoders.wal2json → capture.events → capture.converters.JsonConverter) writes —
+source hands it a run of XLogData messages inside a transaction, as they came off the wire
+(header and payload: no Python object per message; the header's data start is a pgoutput row
+message's LSN); the extension parses each payload, converts its values, renders
+the envelope and the key — the same bytes the Python reference path (capture.decoders.wal2json
+or capture.decoders.pgoutput → capture.events → capture.converters.JsonConverter) writes —
 and stops at the first payload it does not handle, which then takes the Python path; then
 the next run starts. The results come back per table as lists (keys, values, the key-state
 changes), added to the batch with one call each: no ChangeMessage, Column, image dict or
 Event is made for a natively handled change.
 
-Native: INSERT, UPDATE and DELETE records of a registered table (a captured table, not the
-outbox table, no excluded or masked columns, the JSON value format) whose values are all
-NULL or of a built-in type with a fixed OID: integers, numeric, real/double, boolean, the
-text types, json/jsonb, uuid, bytea, date, timestamp(tz), time(tz), box — in the forms
-PostgreSQL prints under the connector's session settings.
+Native: INSERT, UPDATE and DELETE records (wal2json) or Insert, Update and Delete messages
+(pgoutput) of a registered table (a captured table, not the outbox table, no excluded or
+masked columns, the JSON value format) whose values are all NULL or of a built-in type with a
+fixed OID: integers, numeric, real/double, boolean, the text types, json/jsonb, uuid, bytea,
+date, timestamp(tz), time(tz), box — in the forms PostgreSQL prints under the connector's
+session settings (pgoutput: the types' text output, NaN and ±Infinity of numeric and
+real/double included). pgoutput's row messages name their relation by OID: the core is given
+the Relation message the decoder holds for a table (:meth:`NativeCore.sync`, after the Python
+path handled a change of it) and forgets it as soon as the decoder has read any Relation
+message for that OID again (checked at the start of every run), so the core always decodes
+with the Relation the Python decoder would use.
 
 Python (the reference path, for that payload only, in stream order): BEGIN/COMMIT records,
-TRUNCATE, logical messages; a table seen for the first time (it is registered after the
-Python path handled its first change) or not captured; arrays, interval, enums, domains and
+TRUNCATE, logical messages; pgoutput's Relation, Type, Origin and Stream messages, and every
+change of a streamed transaction (spilled by the decoder, replayed through the Python path at
+Stream Commit); a table seen for the first time (it is registered after the
+Python path handled its first change) or not captured; a pgoutput relation the core was not
+given; arrays, interval, enums, domains and
 other types without a fixed OID; unusual forms of a value (an infinite or BC timestamp,
-``24:00:00``, a numeric written with an exponent, ``-0``); a missing (unchanged-TOAST)
-column, a row big enough to be TOASTed (≥ 1 KiB of TOAST-able values: the TOAST cache
+``24:00:00``, a numeric written with an exponent or leading zeros, ``-0`` where the reference
+reads it as 0); a missing (unchanged-TOAST, pgoutput ``u``) column, a row big enough to be
+TOASTed (≥ 1 KiB of TOAST-able values: the TOAST cache
 keeps it), a primary-key change, a table whose columns changed (the Python path reads the
 catalog again); anything malformed (the Python path raises the reference error); a
-transaction partly stored before a restart; pgoutput and Avro altogether.
+transaction partly stored before a restart; Avro altogether.
 
 Choice: ``CaptureConfig.core`` (``--core``, default from ``TIDELINE_CAPTURE_CORE``):
-``auto`` uses the extension when it is importable and applies (wal2json, JSON values),
-``python`` never, ``native`` requires it (a clear error when it is not built, or for pgoutput
-or Avro).
+``auto`` uses the extension when it is importable and applies (JSON values, either plugin),
+``python`` never, ``native`` requires it (a clear error when it is not built, or for Avro).
 
 Thread-safety: none; owned by the connector thread.
 """
@@ -217,12 +228,11 @@ class NativeCore:
 
     # ------------------------------------------------------------------ runs
 
-    def run(
-        self, payloads: list[bytes], start: int, ctx: TxnContext, index: int, lsns: list[int] | None = None
-    ) -> tuple[int, int]:
-        """Handle ``payloads[start:]`` of the transaction ``ctx`` from event ``index`` on, until one needs the
-        Python path. ``lsns``: pgoutput's XLogData WAL starts, one per payload (a row message's LSN).
-        Returns ``(payloads handled, next event index)``; the events are in the batch."""
+    def run(self, messages: list[bytes], start: int, ctx: TxnContext, index: int) -> tuple[int, int]:
+        """Handle ``messages[start:]`` of the transaction ``ctx`` from event ``index`` on, until one needs the
+        Python path. ``messages``: XLogData messages as they came (capture.replication.XLogRun: b"w", the
+        header, whose data start is a pgoutput row's LSN, then the payload).
+        Returns ``(messages handled, next event index)``; the events are in the batch."""
         if self.catalog.generation != self._generation:
             self._resync()
         if not self._ids:
@@ -235,8 +245,8 @@ class NativeCore:
         if ctx.per_table is None:
             ctx.per_table = {}
         handled, index, total_order, counts, outputs = self.core.process(
-            payloads, start, RUN_LIMIT, ctx.xid, ctx.commit_lsn, ctx.ts_ms, ctx.snapshot, ctx.total_order,
-            ctx.per_table, index, now_ms(), DELETE_MARKER, lsns,
+            messages, start, RUN_LIMIT, ctx.xid, ctx.commit_lsn, ctx.ts_ms, ctx.snapshot, ctx.total_order,
+            ctx.per_table, index, now_ms(), DELETE_MARKER,
         )  # fmt: skip
         if not handled:
             return 0, index

@@ -26,7 +26,7 @@ class Core:
     def forget_relation(self, oid: int) -> None: ...
     def process(
         self,
-        payloads: list[bytes],
+        messages: list[bytes],
         start: int,
         limit: int,
         xid: int | None,
@@ -38,7 +38,6 @@ class Core:
         index: int,
         now_ms: int,
         delete_marker: object,
-        lsns: list[int] | None = None,
     ) -> tuple[int, int, int, list[tuple[str, int]], list[Output]]: ...
     @staticmethod
     def json_string(text: str) -> bytes: ...

@@ -26,6 +26,7 @@ use pgoutput::{RelColumn, Relation};
 
 const VERSION: &str = "tideline-0.1";
 const TOAST_MIN_ROW_BYTES: usize = 1024;
+const XLOG_BODY: usize = 25; // b"w" and three Int64 (data start, WAL end, send time): then the payload
 pub(crate) const UNAVAILABLE: &str = "__debezium_unavailable_value";
 
 /// What the core knows of one captured table (registered from its `TableInfo`).
@@ -221,17 +222,18 @@ impl Core {
         }
     }
 
-    /// Handle ``payloads[start:]`` until one needs the Python path, or ``limit`` are handled. pgoutput:
-    /// ``lsns[i]`` is the XLogData WAL start of ``payloads[i]`` (a row message's LSN).
+    /// Handle ``messages[start:]`` until one needs the Python path, or ``limit`` are handled. Each is an
+    /// XLogData message as it came: b"w", Int64 data start (a pgoutput row message's LSN), Int64 WAL end,
+    /// Int64 send time, then the plugin's payload.
     ///
     /// Returns ``(handled, index, total_order, per_table_counts, outputs)``; ``outputs`` is a list of
     /// ``(table_id, changes, keys, values, nbytes, keystate_keys, keystate_values, toast_keys)``.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (payloads, start, limit, xid, commit_lsn, ts_ms, snapshot, total_order, per_table, index, now_ms, delete_marker, lsns=None))]
+    #[pyo3(signature = (messages, start, limit, xid, commit_lsn, ts_ms, snapshot, total_order, per_table, index, now_ms, delete_marker))]
     fn process<'py>(
         &self,
         py: Python<'py>,
-        payloads: &Bound<'py, PyList>,
+        messages: &Bound<'py, PyList>,
         start: usize,
         limit: usize,
         xid: Option<i64>,
@@ -243,28 +245,25 @@ impl Core {
         mut index: i64,
         now_ms: i64,
         delete_marker: PyObject,
-        lsns: Option<Vec<u64>>,
     ) -> PyResult<Processed> {
-        if self.plugin == Plugin::Pgoutput
-            && lsns.as_ref().is_none_or(|l| l.len() != payloads.len())
-        {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "process: pgoutput needs lsns, one per payload",
-            ));
-        }
         let mut outs: Vec<Out> = Vec::new();
         let mut slot_of: HashMap<usize, usize> = HashMap::new();
         let mut counts: HashMap<usize, i64> = HashMap::new();
         let mut source_prefix: HashMap<usize, Vec<u8>> = HashMap::new();
         let mut handled = 0usize;
-        let end = payloads.len().min(start.saturating_add(limit));
+        let end = messages.len().min(start.saturating_add(limit));
         let mut i = start;
         while i < end {
-            let item = payloads.get_item(i)?;
-            let payload = match item.downcast::<PyBytes>() {
+            let item = messages.get_item(i)?;
+            let message = match item.downcast::<PyBytes>() {
                 Ok(b) => b.as_bytes(),
                 Err(_) => break,
             };
+            if message.len() < XLOG_BODY || message[0] != b'w' {
+                break;
+            }
+            let data_start = u64::from_be_bytes(message[1..9].try_into().expect("8 bytes"));
+            let payload = &message[XLOG_BODY..];
             let record; // wal2json: the parsed record the change borrows from
             let (table_id, change) = match self.plugin {
                 Plugin::Wal2json => {
@@ -281,7 +280,7 @@ impl Core {
                     (table_id, change)
                 }
                 Plugin::Pgoutput => {
-                    let lsn = lsns.as_ref().map_or(0, |l| l[i]);
+                    let lsn = data_start;
                     let Some(relation) =
                         pgoutput::relation_oid(payload).and_then(|oid| self.relations.get(&oid))
                     else {

@@ -55,7 +55,7 @@ from capture.keystate import DELETE_MARKER, KeyState
 from capture.messages import Decoder, Plugin
 from capture.native import NativeCore, native_core_for
 from capture.offsets import OffsetContext
-from capture.replication import ReplicationConnection, XLogData
+from capture.replication import ReplicationConnection, XLogData, XLogRun
 from capture.sinks.embedded import EmbeddedLogSink
 from capture.status import Stats, StatusReporter
 from capture.streaming import StreamingSource
@@ -155,8 +155,8 @@ def run(core: CoreChoice, tables: list[TableInfo], payloads: list[bytes], cuts: 
         try:
             start = 0
             for end in [*sorted(set(cuts)), len(stream)]:
-                if end > start:
-                    source._handle(stream[start:end], repl, None)
+                if end > start:  # as the streaming source hands them over when the core is there
+                    source._handle(XLogRun([m.raw() for m in stream[start:end]]), repl, None)
                     start = end
         except Exception as e:
             error = (type(e).__name__, str(e))
@@ -166,8 +166,10 @@ def run(core: CoreChoice, tables: list[TableInfo], payloads: list[bytes], cuts: 
         return Outcome(
             error,
             {t: (list(r.keys), list(r.values), r.headers) for t, r in writer._records.items()},
-            {(names[tid], key): ("DELETE" if v is DELETE_MARKER else v) for (tid, key), v in keystate._keys.items()},
-            [(k, v[0]) for k, v in source.builder.toast._entries.items()],
+            # repr: the values as the Python path holds them, NaN included (Decimal('NaN') != itself)
+            {(names[tid], key): "DELETE" if v is DELETE_MARKER else repr(v)
+             for (tid, key), v in keystate._keys.items()},
+            [(k, repr(v[0])) for k, v in source.builder.toast._entries.items()],
             None if ctx is None else (ctx.xid, ctx.commit_lsn, ctx.ts_ms, ctx.total_order, ctx.per_table),
             source._index,
             source.offsets.pending,

@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 import pytest
 from capture_util import capture as capture_into
-from capture_util import fresh_database, records, sql
+from capture_util import drop_slots, fresh_database, records, sql
 from hypothesis import given
 from hypothesis import strategies as st
 from test_native_core import (  # noqa: F401 (pinned_clock: an autouse fixture, used here too)
@@ -50,7 +50,7 @@ from test_native_core import (  # noqa: F401 (pinned_clock: an autouse fixture, 
 )
 
 import capture.native
-from capture.config import CaptureConfig, CoreChoice, SnapshotMode
+from capture.config import CaptureConfig, CoreChoice, SnapshotMode, ValueFormat
 from capture.messages import Plugin
 from capture.native import NativeCore
 from capture.pgtypes import SESSION_SETTINGS
@@ -250,7 +250,7 @@ def change(draw: st.DrawFn, tbl: TableInfo, rows: dict[tuple[Any, ...], dict[str
         key = {"id": str(draw(st.integers(1, 6)))}
     elif tbl is FULL:
         key = {"a": draw(st.sampled_from(["x", "y", 'é"z'])), "b": str(draw(st.integers(0, 2)))}
-    if op in ("U", "D") and rows and draw(st.booleans()):
+    if op in ("U", "D") and len(rows) > 0 and draw(st.booleans()):
         key = dict(zip(tbl.key, draw(st.sampled_from(sorted(rows))), strict=True))
     values = {"id": key["id"]} if tbl is OTHER else draw(row_values(tbl, key))
     if tbl is WIDE and draw(st.integers(0, 9)) == 0:
@@ -374,7 +374,7 @@ def test_core_native_accepts_pgoutput_but_not_avro(monkeypatch: pytest.MonkeyPat
     CaptureConfig(dsn="postgresql://x", core=CoreChoice.NATIVE, plugin=Plugin.PGOUTPUT).validate()
     with pytest.raises(capture.native.NativeUnavailableError, match="JSON values, not --value-format avro"):
         CaptureConfig(dsn="postgresql://x", core=CoreChoice.NATIVE, plugin=Plugin.PGOUTPUT,
-                      value_format=capture.native.ValueFormat.AVRO).validate()  # fmt: skip
+                      value_format=ValueFormat.AVRO).validate()  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- against a real server
@@ -421,15 +421,15 @@ def test_real_pgoutput_payloads_are_identical(postgres: LocalPostgres) -> None:
     dates, a key change, unchanged TOAST, REPLICA IDENTITY FULL), as a slot returns them, through both paths."""
     db = fresh_database(postgres, "native_pgo_payloads")
     sql(db, NATIVE_TYPES_DDL, "CREATE PUBLICATION pub FOR ALL TABLES")
-    sql(db, "SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+    sql(db, "SELECT pg_create_logical_replication_slot('pgo_payloads', 'pgoutput')")
     sql(db, *NATIVE_TYPES_ROWS)
     options = "-c " + " -c ".join(f"{k}={v}" for k, v in SESSION_SETTINGS.items())
     with psycopg.connect(db, autocommit=True, options=options) as conn:
         rows = conn.execute(
-            "SELECT lsn::text, data FROM pg_logical_slot_get_binary_changes('s', NULL, NULL, "
+            "SELECT lsn::text, data FROM pg_logical_slot_get_binary_changes('pgo_payloads', NULL, NULL, "
             "'proto_version', '2', 'publication_names', 'pub', 'messages', 'true')"
         ).fetchall()
-        sql(db, "SELECT pg_drop_replication_slot('s')")
+        sql(db, "SELECT pg_drop_replication_slot('pgo_payloads')")
     lsns = [int(h, 16) << 32 | int(lo, 16) for h, lo in (r[0].split("/") for r in rows)]
     payloads = [bytes(r[1]) for r in rows]
     catalog = TableCatalog(db, TableFilter(include=["public.native_types", "public.full_ident"]))
@@ -458,8 +458,9 @@ def test_native_core_end_to_end_pgoutput(postgres: LocalPostgres, tmp_path: Path
     sql(db, "CREATE TABLE acct (id bigint PRIMARY KEY, owner text, balance numeric(12,2), seen timestamptz, "
             "tags text[], doc jsonb, raw bytea, ok boolean, r real)")  # fmt: skip
     sql(db, "CREATE PUBLICATION e2e FOR ALL TABLES")
-    sql(db, "SELECT pg_create_logical_replication_slot('py', 'pgoutput')")
-    sql(db, "SELECT pg_copy_logical_replication_slot('py', 'nat')")
+    # slots are the cluster's, not the database's: names of this test's own (dropped at the end)
+    sql(db, "SELECT pg_create_logical_replication_slot('pgo_py', 'pgoutput')")
+    sql(db, "SELECT pg_copy_logical_replication_slot('pgo_py', 'pgo_nat')")
     sql(db, "INSERT INTO acct SELECT g, 'owner ' || g, g / 7.0, '2024-03-31 01:30:00.5+00'::timestamptz + g * "
             "interval '1 hour', CASE WHEN g % 10 = 0 THEN ARRAY['a', g::text] END, "  # arrays: the Python path
             "jsonb_build_object('g', g, 'f', g / 3.0), decode(md5(g::text), 'hex'), g % 2 = 0, g / 3.0 "
@@ -475,12 +476,15 @@ def test_native_core_end_to_end_pgoutput(postgres: LocalPostgres, tmp_path: Path
     sql(db, "TRUNCATE acct")
     sql(db, "INSERT INTO acct (id, owner) VALUES (1, 'after truncate')")
     logs = {}
-    for slot, core in (("py", CoreChoice.PYTHON), ("nat", CoreChoice.NATIVE)):
-        logs[core] = tmp_path / slot
-        stats = capture_into(logs[core], db, slot=slot, snapshot=SnapshotMode.NEVER, core=core,
-                             plugin=Plugin.PGOUTPUT, publication="e2e",
-                             publication_autocreate=PublicationMode.DISABLED)  # fmt: skip
-        assert stats.events > 600
+    try:
+        for slot, core in (("pgo_py", CoreChoice.PYTHON), ("pgo_nat", CoreChoice.NATIVE)):
+            logs[core] = tmp_path / slot
+            stats = capture_into(logs[core], db, slot=slot, snapshot=SnapshotMode.NEVER, core=core,
+                                 plugin=Plugin.PGOUTPUT, publication="e2e",
+                                 publication_autocreate=PublicationMode.DISABLED)  # fmt: skip
+            assert stats.events > 600
+    finally:
+        drop_slots(db)
     topic = "cdc.public.acct"
     python, native = records(logs[CoreChoice.PYTHON], topic), records(logs[CoreChoice.NATIVE], topic)
     for stored in (python, native):
