@@ -69,7 +69,8 @@ if TYPE_CHECKING:
 try:
     import tideline_native
 
-    BUILT = True
+    # a build older than its sources (no pgoutput in it) counts as not built: `make native` rebuilds it
+    BUILT = hasattr(tideline_native.Core, "register_relation")
 except ImportError:  # not built: the Python path (or a clear error when --core native asks for it)
     BUILT = False
 
