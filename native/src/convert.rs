@@ -458,19 +458,36 @@ fn offset(b: &[u8]) -> Option<Option<i32>> {
 }
 
 fn write_clock(out: &mut Vec<u8>, (h, m, s, micros): Clock) {
-    out.extend_from_slice(format!("{h:02}:{m:02}:{s:02}").as_bytes());
+    two_digits(out, h);
+    out.push(b':');
+    two_digits(out, m);
+    out.push(b':');
+    two_digits(out, s);
     if micros != 0 {
-        out.extend_from_slice(format!(".{micros:06}").as_bytes());
+        out.push(b'.');
+        for p in [100_000, 10_000, 1_000, 100, 10, 1] {
+            out.push(b'0' + (micros / p % 10) as u8);
+        }
     }
+}
+
+/// A number below 100 as two digits (the callers' hours, minutes and seconds are).
+fn two_digits(out: &mut Vec<u8>, n: u32) {
+    out.push(b'0' + (n / 10 % 10) as u8);
+    out.push(b'0' + (n % 10) as u8);
 }
 
 fn write_offset(out: &mut Vec<u8>, zone: Option<i32>) {
     let Some(seconds) = zone else { return };
     let sign = if seconds < 0 { '-' } else { '+' };
     let a = seconds.unsigned_abs();
-    out.extend_from_slice(format!("{sign}{:02}:{:02}", a / 3600, a / 60 % 60).as_bytes());
+    out.push(sign as u8);
+    two_digits(out, a / 3600);
+    out.push(b':');
+    two_digits(out, a / 60 % 60);
     if a % 60 != 0 {
-        out.extend_from_slice(format!(":{:02}", a % 60).as_bytes());
+        out.push(b':');
+        two_digits(out, a % 60);
     }
 }
 

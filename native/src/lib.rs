@@ -524,10 +524,25 @@ fn build(
 ) -> Option<Built> {
     let mut source = Vec::with_capacity(source_prefix.len() + 48);
     source.extend_from_slice(source_prefix);
-    source
-        .extend_from_slice(format!(",\"lsn\":{},\"event_index\":{index}}}", change.lsn).as_bytes());
+    source.extend_from_slice(b",\"lsn\":");
+    write_int(&mut source, change.lsn);
+    source.extend_from_slice(b",\"event_index\":");
+    write_int(&mut source, index);
+    source.push(b'}');
     let txn = |order: i64, n: i64| -> Option<Vec<u8>> {
-        xid.map(|x| format!("{{\"id\":\"{x}:{commit_lsn}\",\"total_order\":{order},\"data_collection_order\":{n}}}").into_bytes())
+        xid.map(|x| {
+            let mut t = Vec::with_capacity(96);
+            t.extend_from_slice(b"{\"id\":\"");
+            write_int(&mut t, x);
+            t.push(b':');
+            write_int(&mut t, commit_lsn);
+            t.extend_from_slice(b"\",\"total_order\":");
+            write_int(&mut t, order);
+            t.extend_from_slice(b",\"data_collection_order\":");
+            write_int(&mut t, n);
+            t.push(b'}');
+            t
+        })
     };
     let counted = xid.is_some();
     let known = |c: &Col| table.columns.iter().any(|k| *k == c.name);
@@ -740,7 +755,9 @@ fn envelope(
     out.extend_from_slice(source);
     out.extend_from_slice(b",\"op\":\"");
     out.extend_from_slice(op);
-    out.extend_from_slice(format!("\",\"ts_ms\":{now_ms},\"transaction\":").as_bytes());
+    out.extend_from_slice(b"\",\"ts_ms\":");
+    write_int(&mut out, now_ms);
+    out.extend_from_slice(b",\"transaction\":");
     out.extend_from_slice(txn.unwrap_or(b"null"));
     out.push(b'}');
     out
@@ -751,4 +768,10 @@ fn tideline_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Core>()?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     Ok(())
+}
+
+/// An integer's decimal digits, written without an intermediate string.
+fn write_int(out: &mut Vec<u8>, n: impl std::fmt::Display) {
+    use std::io::Write;
+    write!(out, "{n}").expect("writing to a Vec cannot fail");
 }

@@ -323,7 +323,7 @@ def tally() -> Iterator[dict[str, int]]:
 def test_generated_pgoutput_streams_are_identical(tally: dict[str, int]) -> None:
     generated()
     assert tally["errors"] < tally["runs"] * 0.8, tally
-    assert tally["native_changes"] > tally["runs"], tally
+    assert tally["native_changes"] > tally["runs"] // 2, tally  # 52 to 249 in 60 runs seen: random examples
 
 
 @SETTINGS
