@@ -19,7 +19,7 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
      construction to return (connections and topic creation included); the log must then
      hold exactly ``changes`` change events.
 
-   * with wal2json and the native core built (capture.native, the default ``--core auto``), the
+   * with the native core built (capture.native, the default ``--core auto``; either plugin), the
      same connector once more with ``--core python`` (every change through the Python reference
      path): the rows "(Python core)", and the speed-up of the native core in paired runs;
    * the same connector into Apache Kafka (a private single-broker KRaft cluster,
@@ -219,7 +219,7 @@ def plugin_config(
     auto: the native one when it is built and covers the plugin)."""
     extra: dict[str, object] = {"core": core}
     if plugin.capabilities.needs_publication:
-        extra = {"publication": PUBLICATION, "publication_autocreate": PublicationMode.DISABLED}
+        extra |= {"publication": PUBLICATION, "publication_autocreate": PublicationMode.DISABLED}
     return CaptureConfig(dsn=dsn, slot=slot, topic_prefix=prefix, plugin=plugin, snapshot=SnapshotMode.NEVER,
                          exit_when_caught_up=True, **extra)  # type: ignore[arg-type]  # fmt: skip
 
@@ -283,7 +283,7 @@ def run_connector(
 
 def native_applies(plugin: Plugin) -> bool:
     """Whether the connector's default (auto) core is the native one for this plugin (capture.native)."""
-    return native_available() and plugin is Plugin.WAL2JSON
+    return native_available() and plugin in (Plugin.WAL2JSON, Plugin.PGOUTPUT)
 
 
 def count_kafka_records(bootstrap: str, topic: str) -> int:
@@ -837,8 +837,8 @@ def run(ctx: Context, section: Section) -> None:
         "proto_version 2, messages, streaming) vs the connector in-process (default settings, snapshot never, "
         "exit when caught up) writing a fresh log directory, and (bench workload) into a single-broker Kafka; "
         "interleaved run by run. The connector's per-change core is its default (`--core auto`): the native core "
-        "(`capture.native`, Rust) for wal2json when `tideline_native` is built, the Python path for pgoutput; with "
-        "wal2json the connector also runs with `--core python` on the same WAL, interleaved (rows '(Python core)').",
+        "(`capture.native`, Rust) for both plugins when `tideline_native` is built; the connector also runs with "
+        "`--core python` on the same WAL, interleaved (rows '(Python core)').",
         f"Latency: connector in its own process (default settings: 4 MiB / linger 20 ms log transactions, fsync "
         f"per log transaction), a writer process committing {LATENCY_TXN_ROWS}-row INSERTs on a fixed schedule of "
         f"{LATENCY_RATE // LATENCY_TXN_ROWS:,} transactions/s for {sizes.latency_seconds:.0f} s, and a "

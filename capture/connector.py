@@ -315,7 +315,7 @@ class Connector:
                 self.config.status_interval_s,
                 self.config.retained_wal_warn_bytes,
             )
-            native = native_core_for(self.config, self.catalog, builder, self.writer, self.stats)
+            native = native_core_for(self.config, self.catalog, builder, self.writer, self.stats, decoder)
             streaming = StreamingSource(
                 self.config, self.catalog, decoder, builder, self.writer, self.offsets, self.stats, status, self._stop,
                 incremental, self.signal_table,

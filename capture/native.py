@@ -1,35 +1,46 @@
-"""The native capture core: wal2json row changes → envelopes and keys in compiled code, a run at a time.
+"""The native capture core: wal2json or pgoutput row changes → envelopes and keys in compiled code, a run at a time.
 
 ``tideline_native`` is a Rust extension (PyO3, built by maturin from ``native/``: ``make
 native``). :class:`NativeCore` drives it for the streaming source (capture.streaming): the
-source hands it a run of wal2json payloads inside a transaction; the extension parses each,
-converts its values, renders the envelope and the key — the same bytes the Python reference
-path (capture.decoders.wal2json → capture.events → capture.converters.JsonConverter) writes —
+source hands it a run of XLogData messages inside a transaction, as they came off the wire
+(header and payload: no Python object per message; the header's data start is a pgoutput row
+message's LSN); the extension parses each payload, converts its values, renders
+the envelope and the key — the same bytes the Python reference path (capture.decoders.wal2json
+or capture.decoders.pgoutput → capture.events → capture.converters.JsonConverter) writes —
 and stops at the first payload it does not handle, which then takes the Python path; then
 the next run starts. The results come back per table as lists (keys, values, the key-state
 changes), added to the batch with one call each: no ChangeMessage, Column, image dict or
 Event is made for a natively handled change.
 
-Native: INSERT, UPDATE and DELETE records of a registered table (a captured table, not the
-outbox table, no excluded or masked columns, the JSON value format) whose values are all
-NULL or of a built-in type with a fixed OID: integers, numeric, real/double, boolean, the
-text types, json/jsonb, uuid, bytea, date, timestamp(tz), time(tz), box — in the forms
-PostgreSQL prints under the connector's session settings.
+Native: INSERT, UPDATE and DELETE records (wal2json) or Insert, Update and Delete messages
+(pgoutput) of a registered table (a captured table, not the outbox table, no excluded or
+masked columns, the JSON value format) whose values are all NULL or of a built-in type with a
+fixed OID: integers, numeric, real/double, boolean, the text types, json/jsonb, uuid, bytea,
+date, timestamp(tz), time(tz), box — in the forms PostgreSQL prints under the connector's
+session settings (pgoutput: the types' text output, NaN and ±Infinity of numeric and
+real/double included). pgoutput's row messages name their relation by OID: the core is given
+the Relation message the decoder holds for a table (:meth:`NativeCore.sync`, after the Python
+path handled a change of it) and forgets it as soon as the decoder has read any Relation
+message for that OID again (checked at the start of every run), so the core always decodes
+with the Relation the Python decoder would use.
 
 Python (the reference path, for that payload only, in stream order): BEGIN/COMMIT records,
-TRUNCATE, logical messages; a table seen for the first time (it is registered after the
-Python path handled its first change) or not captured; arrays, interval, enums, domains and
+TRUNCATE, logical messages; pgoutput's Relation, Type, Origin and Stream messages, and every
+change of a streamed transaction (spilled by the decoder, replayed through the Python path at
+Stream Commit); a table seen for the first time (it is registered after the
+Python path handled its first change) or not captured; a pgoutput relation the core was not
+given; arrays, interval, enums, domains and
 other types without a fixed OID; unusual forms of a value (an infinite or BC timestamp,
-``24:00:00``, a numeric written with an exponent, ``-0``); a missing (unchanged-TOAST)
-column, a row big enough to be TOASTed (≥ 1 KiB of TOAST-able values: the TOAST cache
+``24:00:00``, a numeric written with an exponent or leading zeros, ``-0`` where the reference
+reads it as 0); a missing (unchanged-TOAST, pgoutput ``u``) column, a row big enough to be
+TOASTed (≥ 1 KiB of TOAST-able values: the TOAST cache
 keeps it), a primary-key change, a table whose columns changed (the Python path reads the
 catalog again); anything malformed (the Python path raises the reference error); a
-transaction partly stored before a restart; pgoutput and Avro altogether.
+transaction partly stored before a restart; Avro altogether.
 
 Choice: ``CaptureConfig.core`` (``--core``, default from ``TIDELINE_CAPTURE_CORE``):
-``auto`` uses the extension when it is importable and applies (wal2json, JSON values),
-``python`` never, ``native`` requires it (a clear error when it is not built, or for pgoutput
-or Avro).
+``auto`` uses the extension when it is importable and applies (JSON values, either plugin),
+``python`` never, ``native`` requires it (a clear error when it is not built, or for Avro).
 
 Thread-safety: none; owned by the connector thread.
 """
@@ -41,6 +52,7 @@ from typing import TYPE_CHECKING
 from capture.config import ENV as ENV  # re-exported: where the choice comes from
 from capture.config import CoreChoice, ValueFormat
 from capture.converters import JsonConverter
+from capture.decoders.pgoutput import PgOutputDecoder, Relation
 from capture.keystate import DELETE_MARKER
 from capture.messages import Plugin
 from eventstore.errors import ConfigError
@@ -49,6 +61,7 @@ from eventstore.topic import now_ms
 if TYPE_CHECKING:
     from capture.config import CaptureConfig
     from capture.events import EventBuilder, TxnContext
+    from capture.messages import Decoder
     from capture.status import Stats
     from capture.tables import TableCatalog, TableInfo
     from capture.writer import LogWriter
@@ -56,7 +69,8 @@ if TYPE_CHECKING:
 try:
     import tideline_native
 
-    BUILT = True
+    # a build older than its sources (no pgoutput in it) counts as not built: `make native` rebuilds it
+    BUILT = hasattr(tideline_native.Core, "register_relation")
 except ImportError:  # not built: the Python path (or a clear error when --core native asks for it)
     BUILT = False
 
@@ -74,11 +88,7 @@ def available() -> bool:
 
 def check_native(config: CaptureConfig) -> None:
     """``--core native``: raise :class:`NativeUnavailableError` unless the extension is built and covers the
-    configuration (wal2json, JSON values)."""
-    if config.plugin is not Plugin.WAL2JSON:
-        raise NativeUnavailableError(
-            f"--core native covers --plugin wal2json, not {config.plugin.value}: use --core auto or python"
-        )
+    configuration (JSON values, either plugin)."""
     if config.value_format is not ValueFormat.JSON:
         raise NativeUnavailableError(
             f"--core native covers JSON values, not --value-format {config.value_format.value}: "
@@ -92,34 +102,53 @@ def check_native(config: CaptureConfig) -> None:
 
 
 def native_core_for(
-    config: CaptureConfig, catalog: TableCatalog, builder: EventBuilder, writer: LogWriter, stats: Stats
+    config: CaptureConfig,
+    catalog: TableCatalog,
+    builder: EventBuilder,
+    writer: LogWriter,
+    stats: Stats,
+    decoder: Decoder | None = None,
 ) -> NativeCore | None:
-    """The native core the configuration asks for (None: the Python path)."""
+    """The native core the configuration asks for (None: the Python path). ``decoder``: the stream's
+    decoder (pgoutput: the core decodes row messages with the Relation messages it read)."""
     if config.core is CoreChoice.PYTHON:
         return None
     if config.core is CoreChoice.NATIVE:
         check_native(config)
-    elif config.plugin is not Plugin.WAL2JSON or not BUILT:
+    elif not BUILT:
         return None
     if not isinstance(builder.converter, JsonConverter):
         if config.core is CoreChoice.NATIVE:
             raise NativeUnavailableError("--core native covers the JSON value converter only")
         return None
-    return NativeCore(config, catalog, builder, writer, stats)
+    if config.plugin is Plugin.PGOUTPUT and not isinstance(decoder, PgOutputDecoder):
+        raise TypeError("the native core for pgoutput needs the stream's PgOutputDecoder")
+    pgoutput = decoder if isinstance(decoder, PgOutputDecoder) else None
+    return NativeCore(config, catalog, builder, writer, stats, pgoutput)
 
 
 class NativeCore:
     """The extension's core for one connector: table registrations, runs, and their results into the batch."""
 
     def __init__(
-        self, config: CaptureConfig, catalog: TableCatalog, builder: EventBuilder, writer: LogWriter, stats: Stats
+        self,
+        config: CaptureConfig,
+        catalog: TableCatalog,
+        builder: EventBuilder,
+        writer: LogWriter,
+        stats: Stats,
+        pgoutput: PgOutputDecoder | None = None,
     ) -> None:
         self.config = config
         self.catalog = catalog
         self.builder = builder
         self.writer = writer
         self.stats = stats
-        self.core = tideline_native.Core(builder.prefix, builder.db)
+        # pgoutput: the decoder whose Relation messages the core mirrors (None: wal2json payloads)
+        self.pgoutput = pgoutput
+        self.core = tideline_native.Core(builder.prefix, builder.db, "wal2json" if pgoutput is None else "pgoutput")
+        self._relations: dict[int, Relation] = {}  # pgoutput: relation OID → the Relation the core holds
+        self._relations_read = 0
         self._ids: dict[tuple[str, str], int] = {}
         self._tables: list[TableInfo] = []
         self._topics: list[str] = []
@@ -135,6 +164,8 @@ class NativeCore:
         key = (table.schema, table.name)
         tid = self._ids.get(key)
         if tid is not None and self._tables[tid] is table:
+            if self.pgoutput is not None:
+                self._sync_relation(tid, table)
             return
         if table.qualified == self.config.outbox_table or self._columns_filtered:
             return
@@ -154,6 +185,34 @@ class NativeCore:
             list(table.toastable_columns),
             table.replica_identity,
         )
+        if self.pgoutput is not None:
+            self._sync_relation(tid, table)
+
+    def _sync_relation(self, tid: int, table: TableInfo) -> None:
+        """pgoutput: give the core the Relation message the decoder holds for ``table`` (its row messages are
+        decoded with it), unless it has it already."""
+        assert self.pgoutput is not None
+        relation = self.pgoutput.relation_named(table.schema, table.name)
+        if relation is None or self._relations.get(relation.oid) is relation:
+            return
+        self._relations[relation.oid] = relation
+        self.core.register_relation(
+            relation.oid,
+            tid,
+            [c.name for c in relation.columns],
+            [c.type_oid for c in relation.columns],
+            [c.is_key for c in relation.columns],
+        )
+
+    def _resync_relations(self) -> None:
+        """pgoutput: the decoder read Relation messages since the last run: forget every relation whose
+        message it replaced (the Python path registers the new one with the next change of its table)."""
+        assert self.pgoutput is not None
+        self._relations_read = self.pgoutput.relations_read
+        for oid, relation in list(self._relations.items()):
+            if self.pgoutput.relation(oid) is not relation:
+                self.core.forget_relation(oid)
+                del self._relations[oid]
 
     def _resync(self) -> None:
         """The catalog was read again: every registration follows its current table info (or goes)."""
@@ -161,24 +220,33 @@ class NativeCore:
         for (schema, name), tid in list(self._ids.items()):
             current = self.catalog.current(schema, name)
             if current is None:
-                self.core.unregister_table(schema, name)
+                self.core.unregister_table(schema, name)  # its relations too
                 del self._ids[(schema, name)]
+                for oid in [o for o, r in self._relations.items() if (r.schema, r.table) == (schema, name)]:
+                    del self._relations[oid]
             elif current is not self._tables[tid]:
                 self.sync(current)
 
     # ------------------------------------------------------------------ runs
 
-    def run(self, payloads: list[bytes], start: int, ctx: TxnContext, index: int) -> tuple[int, int]:
-        """Handle ``payloads[start:]`` of the transaction ``ctx`` from event ``index`` on, until one needs the
-        Python path. Returns ``(payloads handled, next event index)``; the events are in the batch."""
+    def run(self, messages: list[bytes], start: int, ctx: TxnContext, index: int) -> tuple[int, int]:
+        """Handle ``messages[start:]`` of the transaction ``ctx`` from event ``index`` on, until one needs the
+        Python path. ``messages``: XLogData messages as they came (capture.replication.XLogRun: b"w", the
+        header, whose data start is a pgoutput row's LSN, then the payload).
+        Returns ``(messages handled, next event index)``; the events are in the batch."""
         if self.catalog.generation != self._generation:
             self._resync()
         if not self._ids:
             return 0, index
+        if self.pgoutput is not None:
+            if self.pgoutput.in_stream:
+                return 0, index  # row messages of a streamed transaction are spilled by the decoder
+            if self.pgoutput.relations_read != self._relations_read:
+                self._resync_relations()
         if ctx.per_table is None:
             ctx.per_table = {}
         handled, index, total_order, counts, outputs = self.core.process(
-            payloads, start, RUN_LIMIT, ctx.xid, ctx.commit_lsn, ctx.ts_ms, ctx.snapshot, ctx.total_order,
+            messages, start, RUN_LIMIT, ctx.xid, ctx.commit_lsn, ctx.ts_ms, ctx.snapshot, ctx.total_order,
             ctx.per_table, index, now_ms(), DELETE_MARKER,
         )  # fmt: skip
         if not handled:

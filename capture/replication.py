@@ -26,7 +26,9 @@ from __future__ import annotations
 import select
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import psycopg
 from psycopg.pq.abc import PGconn
@@ -35,10 +37,11 @@ from capture.messages import Plugin
 from capture.pgtypes import SESSION_OPTIONS
 from schemas.position import format_lsn, parse_lsn
 
-__all__ = ["CreatedSlot", "Keepalive", "ReplicationConnection", "XLogData", "format_lsn", "parse_lsn"]
+__all__ = ["CreatedSlot", "Keepalive", "ReplicationConnection", "XLogData", "XLogRun", "format_lsn", "parse_lsn"]
 
 PG_EPOCH_OFFSET_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds
-XLOG_HEADER = struct.Struct("!QQQ")
+XLOG_HEADER = struct.Struct("!QQQ")  # after the 'w': data start, WAL end, send time
+XLOG_BODY = 1 + XLOG_HEADER.size  # where an XLogData message's payload starts
 KEEPALIVE = struct.Struct("!QQB")
 STATUS = struct.Struct("!cQQQqB")
 
@@ -56,6 +59,35 @@ class XLogData:
     data_start: int
     wal_end: int
     payload: bytes
+
+    def raw(self) -> bytes:
+        """The CopyData message it came in (the send time, which nothing reads, as 0)."""
+        return b"w" + XLOG_HEADER.pack(self.data_start, self.wal_end, 0) + self.payload
+
+
+class XLogRun(Sequence[XLogData]):
+    """XLogData messages as they came off the wire ('w', header, payload), each decoded only when asked for:
+    the native core reads headers and payloads itself (capture.native), so no Python object is made per
+    message it handles."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: list[bytes]) -> None:
+        self.raw = raw  # every one an XLogData message: b"w" + XLOG_HEADER + payload
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    @overload
+    def __getitem__(self, i: int) -> XLogData: ...
+    @overload
+    def __getitem__(self, i: slice) -> XLogRun: ...
+    def __getitem__(self, i: int | slice) -> XLogData | XLogRun:
+        if isinstance(i, slice):
+            return XLogRun(self.raw[i])
+        raw = self.raw[i]
+        start, end, _ = XLOG_HEADER.unpack_from(raw, 1)
+        return XLogData(start, end, raw[XLOG_BODY:])
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,20 +133,19 @@ class ReplicationConnection:
             self._ahead = self.read(0.0)
         return self._ahead is not None
 
-    def read_ready(self, limit: int) -> list[XLogData]:
-        """Up to ``limit`` XLogData messages that have arrived already (no waiting); a keepalive met on the
-        way stops it and is the next :meth:`read`'s. The native core's read-ahead: the per-message loop kept
-        short (what libpq has buffered first; the socket is looked at only when that runs out)."""
-        out: list[XLogData] = []
+    def read_ready(self, limit: int) -> list[bytes]:
+        """Up to ``limit`` XLogData messages that have arrived already (no waiting), as they came (see
+        :class:`XLogRun`); a keepalive met on the way stops it and is the next :meth:`read`'s. The native
+        core's read-ahead: the per-message loop kept short (what libpq has buffered first; the socket is
+        looked at only when that runs out), no object made per message."""
+        out: list[bytes] = []
         if self._ahead is not None:
             if not isinstance(self._ahead, XLogData):
                 return out
-            out.append(self._ahead)
+            out.append(self._ahead.raw())
             self._ahead = None
         pg = self.conn.pgconn
         get = pg.get_copy_data
-        unpack = XLOG_HEADER.unpack_from
-        body = 1 + XLOG_HEADER.size
         while len(out) < limit:
             n, data = get(1)
             if n == 0:
@@ -127,11 +158,10 @@ class ReplicationConnection:
             if n < 0:
                 raise psycopg.OperationalError(f"replication stream ended: {_end_reason(pg)}")
             raw = bytes(data)
-            if raw[:1] == b"w":
-                start, end, _ = unpack(raw, 1)
-                out.append(XLogData(start, end, raw[body:]))
+            if raw[:1] == b"w" and len(raw) >= XLOG_BODY:
+                out.append(raw)
                 continue
-            self._ahead = _message(raw)  # a keepalive: the next read()'s
+            self._ahead = _message(raw)  # a keepalive (or a malformed message): the next read()'s
             break
         return out
 
@@ -190,7 +220,7 @@ def _message(raw: bytes) -> XLogData | Keepalive:
     kind = raw[:1]
     if kind == b"w":
         start, end, _ = XLOG_HEADER.unpack_from(raw, 1)
-        return XLogData(start, end, raw[1 + XLOG_HEADER.size :])
+        return XLogData(start, end, raw[XLOG_BODY:])
     if kind == b"k":
         end, _, reply = KEEPALIVE.unpack_from(raw, 1)
         return Keepalive(end, bool(reply))

@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -53,7 +53,7 @@ from capture.incremental import WATERMARK_PREFIX, IncrementalSnapshot
 from capture.messages import ChangeMessage, DecodeError, Decoder, Kind
 from capture.native import NativeCore
 from capture.offsets import OffsetContext
-from capture.replication import Keepalive, ReplicationConnection, XLogData
+from capture.replication import Keepalive, ReplicationConnection, XLogData, XLogRun
 from capture.status import Stats, StatusReporter
 from capture.tables import TableCatalog, TableInfo
 from capture.writer import LogWriter
@@ -135,16 +135,17 @@ class StreamingSource:
                 continue
             assert isinstance(msg, XLogData)
             # With the native core: the messages that have arrived already, so that it gets runs of them.
-            batch = [msg] if native is None else [msg, *repl.read_ready(READ_AHEAD)]
+            batch = [msg] if native is None else XLogRun([msg.raw(), *repl.read_ready(READ_AHEAD)])
             if self._handle(batch, repl, target):
                 return
 
-    def _handle(self, batch: list[XLogData], repl: ReplicationConnection, target: int | None) -> bool:
+    def _handle(self, batch: Sequence[XLogData], repl: ReplicationConnection, target: int | None) -> bool:
         """XLogData messages in stream order: runs of them through the native core while it handles them,
-        the others one by one through the Python path. True: ``target`` is stored, stop."""
+        the others one by one through the Python path. True: ``target`` is stored, stop. The core reads the
+        messages as they came (an :class:`XLogRun`'s, else made again from the XLogData)."""
         writer = self.writer
         native = self.native
-        payloads: list[bytes] | None = None
+        messages: list[bytes] | None = None  # as they came: b"w", header (the data start: a row's LSN), payload
         p = 0
         while p < len(batch):
             ctx = self._ctx
@@ -154,9 +155,9 @@ class StreamingSource:
                 and self.incremental.chunk is None  # an open chunk must see every change (IncrementalSnapshot.seen)
                 and not self.offsets.covers(ctx.commit_lsn, self._index)
             ):
-                if payloads is None:
-                    payloads = [m.payload for m in batch]
-                handled, self._index = native.run(payloads, p, ctx, self._index)
+                if messages is None:
+                    messages = batch.raw if isinstance(batch, XLogRun) else [m.raw() for m in batch]
+                handled, self._index = native.run(messages, p, ctx, self._index)
                 if handled:
                     p += handled
                     self.stats.server_wal_end = max(self.stats.server_wal_end, batch[p - 1].wal_end)

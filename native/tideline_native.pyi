@@ -8,7 +8,7 @@ VERSION: str
 Output = tuple[int, int, list[bytes | None], list[bytes | None], int, list[bytes], list[Any], list[bytes]]
 
 class Core:
-    def __init__(self, prefix: str, db: str) -> None: ...
+    def __init__(self, prefix: str, db: str, plugin: str = "wal2json") -> None: ...
     def register_table(
         self,
         table_id: int,
@@ -20,9 +20,13 @@ class Core:
         replica_identity: str,
     ) -> None: ...
     def unregister_table(self, schema: str, name: str) -> None: ...
+    def register_relation(
+        self, oid: int, table_id: int, names: list[str], type_oids: list[int], key_flags: list[bool]
+    ) -> None: ...
+    def forget_relation(self, oid: int) -> None: ...
     def process(
         self,
-        payloads: list[bytes],
+        messages: list[bytes],
         start: int,
         limit: int,
         xid: int | None,

@@ -1,10 +1,11 @@
-//! Tideline's native capture core: wal2json format-version 2 payloads → change-event envelopes and
-//! record keys, a whole run of payloads per call (see `capture/native.py` for how it is driven and
-//! `docs/capture.md` for what is native and what falls back).
+//! Tideline's native capture core: wal2json format-version 2 payloads or pgoutput row messages →
+//! change-event envelopes and record keys, a whole run of payloads per call (see `capture/native.py`
+//! for how it is driven and `docs/capture.md` for what is native and what falls back).
 //!
 //! Contract: for every payload it handles, the bytes it returns are exactly those the Python
-//! reference path (`capture.decoders.wal2json` → `capture.events` → `capture.converters.JsonConverter`)
-//! would produce. Anything it is not sure about — a record that is not an INSERT/UPDATE/DELETE, a
+//! reference path (`capture.decoders.wal2json` or `capture.decoders.pgoutput` → `capture.events` →
+//! `capture.converters.JsonConverter`) would produce. Each plugin's reader turns a payload into a
+//! plugin-neutral [`Change`] (row images of converted columns); [`build`] makes its events. Anything it is not sure about — a record that is not an INSERT/UPDATE/DELETE, a
 //! table not registered, a type it does not convert, a malformed or unusual field, a row big enough
 //! to be TOASTed, a missing (unchanged TOAST) column, a key change — makes it stop *before* that
 //! payload and say so: the caller runs that payload through the Python path and calls again. It
@@ -12,6 +13,7 @@
 
 mod convert;
 mod json;
+mod pgoutput;
 
 use std::collections::HashMap;
 
@@ -20,10 +22,12 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use convert::{Kind, NOT_NATIVE};
 use json::{parse_obj, parse_record, raw_i64, raw_str, Obj, Record};
+use pgoutput::{RelColumn, Relation};
 
 const VERSION: &str = "tideline-0.1";
 const TOAST_MIN_ROW_BYTES: usize = 1024;
-const UNAVAILABLE: &str = "__debezium_unavailable_value";
+const XLOG_BODY: usize = 25; // b"w" and three Int64 (data start, WAL end, send time): then the payload
+pub(crate) const UNAVAILABLE: &str = "__debezium_unavailable_value";
 
 /// What the core knows of one captured table (registered from its `TableInfo`).
 struct Table {
@@ -38,11 +42,35 @@ struct Table {
 }
 
 /// One converted column of a row image: its name and its JSON value.
-struct Col<'a> {
-    name: std::borrow::Cow<'a, str>,
-    json: Vec<u8>,
-    size: usize,       // capture.events.ToastCache.size_of's measure of the Python value
-    unavailable: bool, // a text value equal to the UNAVAILABLE marker
+#[derive(Clone)]
+pub(crate) struct Col<'a> {
+    pub name: std::borrow::Cow<'a, str>,
+    pub json: Vec<u8>,
+    pub size: usize, // capture.events.ToastCache.size_of's measure of the Python value
+    pub unavailable: bool, // a text value equal to the UNAVAILABLE marker
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
+    Insert,
+    Update,
+    Delete,
+}
+
+/// A row change as a plugin gives it (capture.messages.ChangeMessage's part that matters here): the new
+/// row (``columns``) and the old key or row (``identity``), each None when the payload has none.
+pub(crate) struct Change<'a> {
+    pub action: Action,
+    pub lsn: u64,
+    pub after: Option<Vec<Col<'a>>>,
+    pub identity: Option<Vec<Col<'a>>>,
+}
+
+/// Which plugin's payloads the core reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Plugin {
+    Wal2json,
+    Pgoutput,
 }
 
 /// Outputs of one table within one call.
@@ -73,20 +101,84 @@ type Processed = (usize, i64, i64, Vec<(String, i64)>, Vec<PyObject>);
 struct Core {
     prefix: String,
     db: String,
+    plugin: Plugin,
     by_name: HashMap<(String, String), usize>,
     tables: Vec<Option<Table>>,
+    relations: HashMap<u32, Relation>, // pgoutput: relation OID → its Relation message and table
 }
 
 #[pymethods]
 impl Core {
+    /// ``plugin``: ``"wal2json"`` (format-version 2 records) or ``"pgoutput"`` (protocol messages).
     #[new]
-    fn new(prefix: String, db: String) -> Self {
-        Core {
+    #[pyo3(signature = (prefix, db, plugin="wal2json"))]
+    fn new(prefix: String, db: String, plugin: &str) -> PyResult<Self> {
+        let plugin = match plugin {
+            "wal2json" => Plugin::Wal2json,
+            "pgoutput" => Plugin::Pgoutput,
+            other => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "plugin must be wal2json or pgoutput, not {other:?}"
+                )))
+            }
+        };
+        Ok(Core {
             prefix,
             db,
+            plugin,
             by_name: HashMap::new(),
             tables: Vec::new(),
+            relations: HashMap::new(),
+        })
+    }
+
+    /// pgoutput: the Relation message the Python decoder holds for ``oid`` (column names, type OIDs,
+    /// replica identity key flags), whose changes go to the registered table ``table_id``. A relation
+    /// with a column named twice is not registered (its changes take the Python path).
+    fn register_relation(
+        &mut self,
+        oid: u32,
+        table_id: usize,
+        names: Vec<String>,
+        type_oids: Vec<i64>,
+        key_flags: Vec<bool>,
+    ) -> PyResult<()> {
+        if names.len() != type_oids.len() || names.len() != key_flags.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "register_relation: names, type_oids and key_flags differ in length",
+            ));
         }
+        self.relations.remove(&oid);
+        if names
+            .iter()
+            .enumerate()
+            .any(|(i, n)| names[..i].contains(n))
+        {
+            return Ok(());
+        }
+        let columns = names
+            .into_iter()
+            .zip(type_oids)
+            .zip(key_flags)
+            .map(|((name, oid), is_key)| RelColumn {
+                name,
+                kind: convert::kind_of(oid),
+                is_key,
+            })
+            .collect();
+        self.relations.insert(
+            oid,
+            Relation {
+                table: table_id,
+                columns,
+            },
+        );
+        Ok(())
+    }
+
+    /// pgoutput: forget a relation (the Python decoder read a new Relation message for it).
+    fn forget_relation(&mut self, oid: u32) {
+        self.relations.remove(&oid);
     }
 
     /// Register (or replace) a table the core may handle; ``table_id`` is the caller's handle for it.
@@ -126,19 +218,22 @@ impl Core {
             if let Some(slot) = self.tables.get_mut(id) {
                 *slot = None;
             }
+            self.relations.retain(|_, r| r.table != id);
         }
     }
 
-    /// Handle ``payloads[start:]`` until one needs the Python path, or ``limit`` are handled.
+    /// Handle ``messages[start:]`` until one needs the Python path, or ``limit`` are handled. Each is an
+    /// XLogData message as it came: b"w", Int64 data start (a pgoutput row message's LSN), Int64 WAL end,
+    /// Int64 send time, then the plugin's payload.
     ///
     /// Returns ``(handled, index, total_order, per_table_counts, outputs)``; ``outputs`` is a list of
     /// ``(table_id, changes, keys, values, nbytes, keystate_keys, keystate_values, toast_keys)``.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (payloads, start, limit, xid, commit_lsn, ts_ms, snapshot, total_order, per_table, index, now_ms, delete_marker))]
+    #[pyo3(signature = (messages, start, limit, xid, commit_lsn, ts_ms, snapshot, total_order, per_table, index, now_ms, delete_marker))]
     fn process<'py>(
         &self,
         py: Python<'py>,
-        payloads: &Bound<'py, PyList>,
+        messages: &Bound<'py, PyList>,
         start: usize,
         limit: usize,
         xid: Option<i64>,
@@ -156,19 +251,49 @@ impl Core {
         let mut counts: HashMap<usize, i64> = HashMap::new();
         let mut source_prefix: HashMap<usize, Vec<u8>> = HashMap::new();
         let mut handled = 0usize;
-        let end = payloads.len().min(start.saturating_add(limit));
+        let end = messages.len().min(start.saturating_add(limit));
         let mut i = start;
         while i < end {
-            let item = payloads.get_item(i)?;
-            let payload = match item.downcast::<PyBytes>() {
+            let item = messages.get_item(i)?;
+            let message = match item.downcast::<PyBytes>() {
                 Ok(b) => b.as_bytes(),
                 Err(_) => break,
             };
-            let Some(rec) = parse_record(payload) else {
+            if message.len() < XLOG_BODY || message[0] != b'w' {
                 break;
-            };
-            let Some(table_id) = self.route(&rec.obj) else {
-                break;
+            }
+            let data_start = u64::from_be_bytes(message[1..9].try_into().expect("8 bytes"));
+            let payload = &message[XLOG_BODY..];
+            let record; // wal2json: the parsed record the change borrows from
+            let (table_id, change) = match self.plugin {
+                Plugin::Wal2json => {
+                    let Some(rec) = parse_record(payload) else {
+                        break;
+                    };
+                    record = rec;
+                    let Some(table_id) = self.route(&record.obj) else {
+                        break;
+                    };
+                    let Some(change) = wal2json_change(&record) else {
+                        break;
+                    };
+                    (table_id, change)
+                }
+                Plugin::Pgoutput => {
+                    let lsn = data_start;
+                    let Some(relation) =
+                        pgoutput::relation_oid(payload).and_then(|oid| self.relations.get(&oid))
+                    else {
+                        break;
+                    };
+                    if self.tables.get(relation.table).is_none_or(|t| t.is_none()) {
+                        break;
+                    }
+                    let Some(change) = pgoutput::change(payload, lsn, relation) else {
+                        break;
+                    };
+                    (relation.table, change)
+                }
             };
             let table = self.tables[table_id]
                 .as_ref()
@@ -193,7 +318,7 @@ impl Core {
                 )
             });
             let built = match build(
-                &rec,
+                change,
                 table,
                 prefix,
                 xid,
@@ -343,22 +468,11 @@ fn source_prefix_of(
     s
 }
 
-/// The events of one I/U/D payload of ``table``, or None when it must take the Python path.
-#[allow(clippy::too_many_arguments)]
-fn build(
-    record: &Record,
-    table: &Table,
-    source_prefix: &[u8],
-    xid: Option<i64>,
-    commit_lsn: u64,
-    total_order: i64,
-    table_count: i64,
-    index: i64,
-    now_ms: i64,
-) -> Option<Built> {
+/// A wal2json I/U/D record → its change (the columns its action reads, converted), or None when it
+/// must take the Python path. The record-level fields are checked as the reference decoder checks them.
+fn wal2json_change<'a>(record: &Record<'a>) -> Option<Change<'a>> {
     let rec = &record.obj;
     let action = raw_str(rec.get("action")?)?;
-    // fields every row record must carry, checked as the reference decoder checks them
     let xid_raw = rec.get("xid")?;
     if xid_raw.get() != "null" {
         raw_i64(xid_raw)?;
@@ -376,22 +490,72 @@ fn build(
             parse_obj(item.get().as_bytes())?.get("name")?;
         }
     }
+    // the reference converts an identity wherever it is (an INSERT's too), and checks its names
+    let identity = match &record.identity {
+        Some(_) => Some(columns(record.identity.as_ref())?),
+        None => None,
+    };
+    let (action, after) = match &*action {
+        "I" => (Action::Insert, Some(columns(record.columns.as_ref())?)),
+        "U" => (Action::Update, Some(columns(record.columns.as_ref())?)),
+        "D" => (Action::Delete, None),
+        _ => return None,
+    };
+    Some(Change {
+        action,
+        lsn,
+        after,
+        identity,
+    })
+}
+
+/// The events of one row change of ``table``, or None when it must take the Python path.
+#[allow(clippy::too_many_arguments)]
+fn build(
+    change: Change,
+    table: &Table,
+    source_prefix: &[u8],
+    xid: Option<i64>,
+    commit_lsn: u64,
+    total_order: i64,
+    table_count: i64,
+    index: i64,
+    now_ms: i64,
+) -> Option<Built> {
     let mut source = Vec::with_capacity(source_prefix.len() + 48);
     source.extend_from_slice(source_prefix);
-    source.extend_from_slice(format!(",\"lsn\":{lsn},\"event_index\":{index}}}").as_bytes());
+    source.extend_from_slice(b",\"lsn\":");
+    write_int(&mut source, change.lsn);
+    source.extend_from_slice(b",\"event_index\":");
+    write_int(&mut source, index);
+    source.push(b'}');
     let txn = |order: i64, n: i64| -> Option<Vec<u8>> {
-        xid.map(|x| format!("{{\"id\":\"{x}:{commit_lsn}\",\"total_order\":{order},\"data_collection_order\":{n}}}").into_bytes())
+        xid.map(|x| {
+            let mut t = Vec::with_capacity(96);
+            t.extend_from_slice(b"{\"id\":\"");
+            write_int(&mut t, x);
+            t.push(b':');
+            write_int(&mut t, commit_lsn);
+            t.extend_from_slice(b"\",\"total_order\":");
+            write_int(&mut t, order);
+            t.extend_from_slice(b",\"data_collection_order\":");
+            write_int(&mut t, n);
+            t.push(b'}');
+            t
+        })
     };
     let counted = xid.is_some();
     let known = |c: &Col| table.columns.iter().any(|k| *k == c.name);
-    match &*action {
-        "I" => {
-            let after = columns(record.columns.as_ref())?;
+    match change.action {
+        Action::Insert => {
+            let after = change.after?;
             if after.len() != table.columns.len() || !after.iter().all(known) {
                 return None; // the table changed: the Python path reads the catalog again
             }
-            if record.identity.is_some() && !columns(record.identity.as_ref())?.iter().all(known) {
-                return None; // the reference converts an identity wherever it is, and checks its names
+            if let Some(identity) = &change.identity {
+                if !identity.iter().all(known) {
+                    return None;
+                }
             }
             let key = key_of(table, &after);
             if key.is_some() && toast_sized(table, &after)? {
@@ -414,11 +578,11 @@ fn build(
                 counted,
             })
         }
-        "D" => {
+        Action::Delete => {
             if table.key.is_empty() {
                 return None;
             }
-            let before = columns(record.identity.as_ref())?;
+            let before = change.identity?;
             if !before.iter().all(known) {
                 return None;
             }
@@ -439,20 +603,15 @@ fn build(
                 counted,
             })
         }
-        "U" => {
+        Action::Update => {
             if table.key.is_empty() {
                 return None;
             }
-            let after = columns(record.columns.as_ref())?;
+            let after = change.after?;
             if after.len() != table.columns.len() || !after.iter().all(known) {
                 return None; // an unchanged TOAST column left out, or the table changed
             }
-            let identity = if record.identity.is_some() {
-                Some(columns(record.identity.as_ref())?)
-            } else {
-                None
-            };
-            let identity = identity.filter(|cols| !cols.is_empty());
+            let identity = change.identity.filter(|cols| !cols.is_empty());
             if let Some(cols) = &identity {
                 if !cols.iter().all(known) {
                     return None;
@@ -484,7 +643,6 @@ fn build(
                 counted,
             })
         }
-        _ => None,
     }
 }
 
@@ -597,7 +755,9 @@ fn envelope(
     out.extend_from_slice(source);
     out.extend_from_slice(b",\"op\":\"");
     out.extend_from_slice(op);
-    out.extend_from_slice(format!("\",\"ts_ms\":{now_ms},\"transaction\":").as_bytes());
+    out.extend_from_slice(b"\",\"ts_ms\":");
+    write_int(&mut out, now_ms);
+    out.extend_from_slice(b",\"transaction\":");
     out.extend_from_slice(txn.unwrap_or(b"null"));
     out.push(b'}');
     out
@@ -608,4 +768,10 @@ fn tideline_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Core>()?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     Ok(())
+}
+
+/// An integer's decimal digits, written without an intermediate string.
+fn write_int(out: &mut Vec<u8>, n: impl std::fmt::Display) {
+    use std::io::Write;
+    write!(out, "{n}").expect("writing to a Vec cannot fail");
 }

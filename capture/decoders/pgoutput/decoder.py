@@ -207,6 +207,8 @@ class PgOutputDecoder:
         self.proto_version, self.streaming = proto_version, streaming
         self._resolver = type_resolver
         self._relations: dict[int, Relation] = {}
+        self._relations_by_name: dict[tuple[str, str], Relation] = {}  # the last Relation message of a name
+        self.relations_read = 0  # Relation messages read so far: the native core re-checks its copies when it moves
         self._type_names: dict[int, str] = {}  # from Type messages
         self._transaction: _Transaction | None = None
         self._stream_xid: int | None = None  # set between Stream Start and Stream Stop
@@ -229,6 +231,19 @@ class PgOutputDecoder:
     def publication(self) -> str:
         """The first (main) publication."""
         return self.publications[0]
+
+    @property
+    def in_stream(self) -> bool:
+        """Between Stream Start and Stream Stop: row messages are spilled, not decoded."""
+        return self._stream_xid is not None
+
+    def relation(self, oid: int) -> Relation | None:
+        """The Relation message held for ``oid`` (what a row message of it is decoded with)."""
+        return self._relations.get(oid)
+
+    def relation_named(self, schema: str, table: str) -> Relation | None:
+        """The last Relation message read for the table ``schema.table``."""
+        return self._relations_by_name.get((schema, table))
 
     @property
     def spilled(self) -> SpilledTransactions:
@@ -318,7 +333,9 @@ class PgOutputDecoder:
             type_name = self._type_name(type_oid, typmod)
             convert = text_converter(type_name, type_oid)
             columns.append(RelationColumn(name, bool(flags & _KEY_COLUMN), type_oid, typmod, type_name, convert))
-        self._relations[oid] = Relation(oid, schema, table, chr(identity), tuple(columns))
+        relation = self._relations[oid] = Relation(oid, schema, table, chr(identity), tuple(columns))
+        self._relations_by_name[(schema, table)] = relation
+        self.relations_read += 1
         return []
 
     def _type(self, reader: PayloadReader) -> list[ChangeMessage]:
