@@ -68,7 +68,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import orjson
 import psycopg
@@ -470,10 +470,19 @@ logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 from capture.connector import CaptureConfig, Connector, SnapshotMode
 from eventstore.log import Log
 log_dir, dsn, slot, prefix = sys.argv[1:5]
-with Log(log_dir) as log:
-    connector = Connector(CaptureConfig(dsn=dsn, slot=slot, topic_prefix=prefix, snapshot=SnapshotMode.NEVER), log)
+kafka = sys.argv[5] if len(sys.argv) > 5 else ""
+config = CaptureConfig(dsn=dsn, slot=slot, topic_prefix=prefix, snapshot=SnapshotMode.NEVER)
+if kafka:  # into Kafka (log_dir holds the key state)
+    from pathlib import Path
+    from capture.sinks.kafka import KafkaLogSink
+    connector = Connector(config, sink=KafkaLogSink(kafka, state_dir=Path(log_dir)))
     signal.signal(signal.SIGTERM, lambda *_: connector.stop())
     stats = connector.run()
+else:
+    with Log(log_dir) as log:
+        connector = Connector(config, log)
+        signal.signal(signal.SIGTERM, lambda *_: connector.stop())
+        stats = connector.run()
 print(stats.events, flush=True)
 """
 
@@ -519,41 +528,134 @@ class LatencyRun:
         )
 
 
-def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> None:
-    log_dir = ctx.workdir / "latency-log"
+class Tail(Protocol):
+    """The end of the bench topic, read as the benchmark's consumer sees it (read_committed)."""
+
+    def poll(self, timeout_ms: int) -> list[bytes | None]: ...
+
+
+class LogTail:
+    """The embedded log's partition 0 of ``topic``, from its end."""
+
+    def __init__(self, log: Log, topic: str) -> None:
+        self.consumer = Consumer(log, enable_auto_commit=False)
+        tp = TopicPartition(topic, 0)
+        self.consumer.assign([tp])
+        self.consumer.seek_to_end()
+        self.consumer.position(tp)
+
+    def poll(self, timeout_ms: int) -> list[bytes | None]:
+        return [r.value for r in self.consumer.poll(timeout_ms=timeout_ms)]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class KafkaTail:
+    """Kafka's partition 0 of ``topic`` from its end, read_committed (confluent-kafka's consumer)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        from confluent_kafka import OFFSET_END
+        from confluent_kafka import Consumer as KafkaConsumer
+        from confluent_kafka import TopicPartition as KafkaPartition
+
+        self.consumer = KafkaConsumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "tideline-bench-latency",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 5,
+            }
+        )
+        self.consumer.assign([KafkaPartition(topic, 0, OFFSET_END)])
+        self.consumer.consume(num_messages=1, timeout=1.0)  # resolves the end offset before the writer starts
+
+    def poll(self, timeout_ms: int) -> list[bytes | None]:
+        # consume() waits for its whole count or the timeout, whichever comes first: that wait would be
+        # counted as latency. poll() returns at the first message; what else has arrived is drained at once.
+        first = self.consumer.poll(timeout_ms / 1000)
+        if first is None:
+            return []
+        messages = [first, *self.consumer.consume(num_messages=10_000, timeout=0)]
+        for m in messages:
+            if m.error() is not None:
+                raise RuntimeError(f"Kafka consumer: {m.error()}")
+        return [m.value() for m in messages]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def start_latency_connector(dsn: str, state_dir: Path, slot: str, kafka: str | None) -> subprocess.Popen[str]:
+    """The connector in its own process (embedded log at ``state_dir``, or Kafka), its slot active."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    argv = [sys.executable, "-c", CONNECTOR_CHILD, str(state_dir), dsn, slot, PREFIX, *([kafka] if kafka else [])]
+    connector = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not execute(dsn, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)):
+        if connector.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the connector did not start: {connector.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    return connector
+
+
+def stop_latency_connector(connector: subprocess.Popen[str]) -> None:
+    connector.send_signal(signal.SIGTERM)
+    try:
+        connector.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        connector.kill()
+        connector.communicate()
+
+
+def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka: str | None) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     topic = f"{PREFIX}.public.{TABLE}"
-    connector = subprocess.Popen(
-        [sys.executable, "-c", CONNECTOR_CHILD, str(log_dir), dsn, "lat", PREFIX],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    connector = start_latency_connector(dsn, ctx.workdir / "latency-log", "lat", None)
     try:
         # Warm-up: one row through the whole path; the topic exists afterwards.
         deadline = time.monotonic() + 60
-        while not execute(dsn, "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'lat' AND active"):
-            if connector.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the connector did not start: {connector.communicate()[1][-2000:]}")
-            time.sleep(0.05)
         execute(dsn, INSERT_RANGE, (5_000_000, 5_000_000))
-        with Log(log_dir) as log:
-            while topic not in log.topics() or not count_records(log_dir, topic):
+        with Log(ctx.workdir / "latency-log") as log:
+            while topic not in log.topics() or not count_records(ctx.workdir / "latency-log", topic):
                 if connector.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the connector stored nothing: {connector.communicate()[1][-2000:]}")
                 time.sleep(0.05)
-            target = measure_latency(log, topic, dsn, env, 10_000_000, LATENCY_RATE, sizes.latency_seconds, sizes)
+            tail = LogTail(log, topic)
+            try:
+                target = measure_latency(tail, dsn, env, 10_000_000, LATENCY_RATE, sizes.latency_seconds, sizes)
+            finally:
+                tail.close()
             ctx.say(f"latency at {LATENCY_RATE:,} changes/s: {target.describe()}")
-            low = measure_latency(log, topic, dsn, env, 20_000_000, LOW_RATE, sizes.low_rate_seconds, sizes)
+            tail = LogTail(log, topic)
+            try:
+                low = measure_latency(tail, dsn, env, 20_000_000, LOW_RATE, sizes.low_rate_seconds, sizes)
+            finally:
+                tail.close()
             ctx.say(f"latency at {LOW_RATE:,} changes/s: {low.describe()}")
     finally:
-        connector.send_signal(signal.SIGTERM)
+        stop_latency_connector(connector)
+    into_kafka: LatencyRun | None = None
+    if kafka is not None:
+        connector = start_latency_connector(dsn, ctx.workdir / "latency-kafka-state", "latk", kafka)
         try:
-            connector.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            connector.kill()
-            connector.communicate()
+            execute(dsn, INSERT_RANGE, (5_000_001, 5_000_001))  # the Kafka topic exists afterwards
+            deadline = time.monotonic() + 60
+            while topic not in KafkaAdmin(kafka).topics() or not count_kafka_records(kafka, topic):
+                if connector.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the connector stored nothing in Kafka: {connector.communicate()[1][-2000:]}")
+                time.sleep(0.1)
+            kafka_tail = KafkaTail(kafka, topic)
+            try:
+                into_kafka = measure_latency(
+                    kafka_tail, dsn, env, 30_000_000, LATENCY_RATE, sizes.latency_seconds, sizes
+                )
+            finally:
+                kafka_tail.close()
+            ctx.say(f"latency into Kafka at {LATENCY_RATE:,} changes/s: {into_kafka.describe()}")
+        finally:
+            stop_latency_connector(connector)
     if not ctx.quick:
         plot = plot_latency(target, low)
         section.notes.append(f"Latency over time (each point an event): ![capture latency]({plot})")
@@ -585,51 +687,58 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> Non
             f"{low.rows:,} rows in {low.write_s:.1f} s",
         )
     )
+    if into_kafka is not None:
+        kafka_rate = into_kafka.rows / into_kafka.write_s
+        section.results.append(
+            measured(
+                f"commit → readable in Kafka (1 broker, read_committed), p99 at {LATENCY_RATE:,} changes/s",
+                into_kafka.pct(99) if not into_kafka.censored else float("inf"),
+                "ms",
+                max_value=50,
+                note=f"writer: {into_kafka.rows:,} rows in {into_kafka.write_s:.1f} s = {kafka_rate:,.0f} changes/s "
+                f"achieved; {into_kafka.describe()}",
+            )
+        )
 
 
 def measure_latency(
-    log: Log, topic: str, dsn: str, env: dict[str, str], first_id: int, rate: int, seconds: float, sizes: Sizes
+    tail: Tail, dsn: str, env: dict[str, str], first_id: int, rate: int, seconds: float, sizes: Sizes
 ) -> LatencyRun:
     """Write at ``rate`` for ``seconds``; read the topic until the last row arrives or the drain ends."""
-    with Consumer(log, enable_auto_commit=False) as consumer:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        consumer.seek_to_end()
-        consumer.position(tp)
-        writer = subprocess.Popen(
-            [sys.executable, "-c", WRITER_CHILD, dsn, INSERT_RANGE, str(first_id), str(LATENCY_TXN_ROWS),
-             str(rate / LATENCY_TXN_ROWS), str(seconds)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        latencies: list[float] = []
-        series: list[tuple[float, float]] = []
-        counted_from_ms = time.time() * 1000 + WARMUP_S * 1000
-        last_id = first_id - 1
-        expected_last: int | None = None
-        transactions, write_s = 0, 0.0
-        drain_end = float("inf")
-        while (expected_last is None or last_id < expected_last) and time.monotonic() < drain_end:
-            records = consumer.poll(timeout_ms=200)
-            now_ms = time.time() * 1000
-            for r in records:
-                if r.value is None:
-                    continue
-                event = orjson.loads(r.value)
-                row_id = event["after"]["id"]
-                if row_id < first_id:
-                    continue
-                if event["source"]["ts_ms"] >= counted_from_ms:
-                    latencies.append(now_ms - event["source"]["ts_ms"])
-                    series.append((event["source"]["ts_ms"], now_ms - event["source"]["ts_ms"]))
-                last_id = max(last_id, row_id)
-            if expected_last is None and writer.poll() is not None:
-                out, err = writer.communicate()
-                if writer.returncode != 0:
-                    raise RuntimeError(f"writer failed: {err[-2000:]}")
-                k, elapsed = out.split()
-                transactions, write_s = int(k), float(elapsed)
-                expected_last = first_id + transactions * LATENCY_TXN_ROWS - 1
-                drain_end = time.monotonic() + sizes.drain_seconds
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER_CHILD, dsn, INSERT_RANGE, str(first_id), str(LATENCY_TXN_ROWS),
+         str(rate / LATENCY_TXN_ROWS), str(seconds)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    latencies: list[float] = []
+    series: list[tuple[float, float]] = []
+    counted_from_ms = time.time() * 1000 + WARMUP_S * 1000
+    last_id = first_id - 1
+    expected_last: int | None = None
+    transactions, write_s = 0, 0.0
+    drain_end = float("inf")
+    while (expected_last is None or last_id < expected_last) and time.monotonic() < drain_end:
+        values = tail.poll(timeout_ms=200)
+        now_ms = time.time() * 1000
+        for value in values:
+            if value is None:
+                continue
+            event = orjson.loads(value)
+            row_id = event["after"]["id"]
+            if row_id < first_id:
+                continue
+            if event["source"]["ts_ms"] >= counted_from_ms:
+                latencies.append(now_ms - event["source"]["ts_ms"])
+                series.append((event["source"]["ts_ms"], now_ms - event["source"]["ts_ms"]))
+            last_id = max(last_id, row_id)
+        if expected_last is None and writer.poll() is not None:
+            out, err = writer.communicate()
+            if writer.returncode != 0:
+                raise RuntimeError(f"writer failed: {err[-2000:]}")
+            k, elapsed = out.split()
+            transactions, write_s = int(k), float(elapsed)
+            expected_last = first_id + transactions * LATENCY_TXN_ROWS - 1
+            drain_end = time.monotonic() + sizes.drain_seconds
     assert expected_last is not None
     censored = 0
     if last_id < expected_last:  # rows committed but not readable yet: their latency is at least this much
@@ -843,7 +952,9 @@ def run(ctx: Context, section: Section) -> None:
         f"per log transaction), a writer process committing {LATENCY_TXN_ROWS}-row INSERTs on a fixed schedule of "
         f"{LATENCY_RATE // LATENCY_TXN_ROWS:,} transactions/s for {sizes.latency_seconds:.0f} s, and a "
         "read_committed consumer in the benchmark process recording poll-return time − `source.ts_ms` (commit "
-        "timestamp, ms) per event; target p99 ≤ 50 ms (DESIGN.md §3).",
+        "timestamp, ms) per event; target p99 ≤ 50 ms (DESIGN.md §3). Into Kafka the same at 10,000 changes/s: the "
+        "connector with the Kafka sink (its own slot, one broker) and a read_committed confluent-kafka consumer "
+        "(`poll` for the first message, then what else arrived; `fetch.wait.max.ms` 5).",
         f"Snapshot: a {sizes.snapshot_rows:,}-row table with the bench table's columns; the connector's initial "
         "snapshot of it alone (new slot, fresh log directory) against the best of two `COPY … TO STDOUT` reads of "
         "it drained through psycopg; target ≥ 0.5× (DESIGN.md §3); the single reader, then "
@@ -855,7 +966,7 @@ def run(ctx: Context, section: Section) -> None:
         ctx.say(f"PostgreSQL at {server}")
         with LocalKafka(ctx.workdir / "kafka", brokers=1) as kafka:
             bench_throughput(ctx, section, sizes, dsn, kafka.bootstrap_servers)
-        bench_latency(ctx, section, sizes, dsn)
+            bench_latency(ctx, section, sizes, dsn, kafka.bootstrap_servers)
         bench_snapshot(ctx, section, sizes, dsn)
     finally:
         pg.stop()
@@ -887,7 +998,39 @@ def snapshot_only(argv: list[str]) -> None:
         print(f"{r.name}: {r.value:,.0f} {r.unit} ({r.ratio or 0:.3f}× {r.baseline_name}; target {r.target})")
 
 
+def latency_only() -> None:
+    """``python -m bench.capture_bench latency``: only part 2 (commit → readable, into the embedded log and into a
+    single-broker Kafka) on a private cluster and broker in a temporary directory; prints its results, writes no
+    BENCHMARKS.md."""
+    import tempfile
+
+    from rich.console import Console
+
+    from bench.__main__ import Context as RunContext
+    from bench.report import Machine
+
+    with tempfile.TemporaryDirectory(prefix="tideline-latency-bench-") as workdir:
+        ctx = RunContext(Path(workdir), False, Console())
+        section = Section(KEY, TITLE, Machine.collect())
+        pg = LocalPostgres(ctx.workdir / "pg", fast=True)
+        try:
+            pg.start()
+            dsn = pg.create_database("latency")
+            execute(dsn, CREATE_TABLE)
+            with LocalKafka(ctx.workdir / "kafka", brokers=1) as kafka:
+                bench_latency(ctx, section, FULL, dsn, kafka.bootstrap_servers)
+        finally:
+            pg.stop()
+    for r in section.results:
+        print(f"{r.name}: {r.value:,.1f} {r.unit} (target {r.target})")
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["snapshot"]:
-        raise SystemExit("usage: python -m bench.capture_bench snapshot [ROWS] [WORKERS]   (everything: make bench)")
-    snapshot_only(sys.argv[2:])
+    if sys.argv[1:2] == ["snapshot"]:
+        snapshot_only(sys.argv[2:])
+    elif sys.argv[1:2] == ["latency"]:
+        latency_only()
+    else:
+        raise SystemExit(
+            "usage: python -m bench.capture_bench snapshot [ROWS] [WORKERS] | latency   (everything: make bench)"
+        )
