@@ -507,7 +507,11 @@ def tally() -> Iterator[dict[str, int]]:
 @pytest.mark.timeout(TIMEOUT_S)
 def test_generated_streams_are_identical(tally: dict[str, int]) -> None:
     generated_streams()
-    # not vacuous: most generated streams decode, and the core handled many of their changes
+    assert_not_vacuous(tally)
+
+
+def assert_not_vacuous(tally: dict[str, int]) -> None:
+    """Most generated streams decoded, and the core handled many of their changes."""
     assert tally["errors"] < tally["runs"] * 0.8, tally
     assert tally["native_changes"] > tally["runs"] // 2, tally  # 52 to 249 in 60 runs seen: random examples
 

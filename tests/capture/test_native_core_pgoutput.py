@@ -39,6 +39,7 @@ from test_native_core import (  # noqa: F401 (pinned_clock: an autouse fixture, 
     TALLY,
     TIMEOUT_S,
     WIDE,
+    assert_not_vacuous,
     differential,
     floats,
     fraction,
@@ -322,8 +323,7 @@ def tally() -> Iterator[dict[str, int]]:
 @pytest.mark.timeout(TIMEOUT_S)
 def test_generated_pgoutput_streams_are_identical(tally: dict[str, int]) -> None:
     generated()
-    assert tally["errors"] < tally["runs"] * 0.8, tally
-    assert tally["native_changes"] > tally["runs"] // 2, tally  # 52 to 249 in 60 runs seen: random examples
+    assert_not_vacuous(tally)
 
 
 @SETTINGS
