@@ -587,9 +587,14 @@ class KafkaTail:
         self.consumer.close()
 
 
+def child_env() -> dict[str, str]:
+    """The environment of the benchmark's child processes: this checkout first on their path."""
+    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
 def start_latency_connector(dsn: str, state_dir: Path, slot: str, kafka: str | None) -> subprocess.Popen[str]:
     """The connector in its own process (embedded log at ``state_dir``, or Kafka), its slot active."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = child_env()
     argv = [sys.executable, "-c", CONNECTOR_CHILD, str(state_dir), dsn, slot, PREFIX, *([kafka] if kafka else [])]
     connector = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -610,7 +615,7 @@ def stop_latency_connector(connector: subprocess.Popen[str]) -> None:
 
 
 def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka: str | None) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = child_env()
     topic = f"{PREFIX}.public.{TABLE}"
     connector = start_latency_connector(dsn, ctx.workdir / "latency-log", "lat", None)
     try:

@@ -139,6 +139,9 @@ class SplitStreams(Exception):
     """The kept attempts of a per-log-partition fold hold two states of one stream: its events lie in
     two log partitions (the topic's partition count grew after the stream began)."""
 
+    def __init__(self, view: str) -> None:
+        super().__init__(f"view {view}: a stream's events lie in two log partitions")
+
 
 def _swap(dsn: str, view: View, staged: Staged, ends: store.Offsets, lsn: int) -> tuple[int, int]:
     """The swap transaction (module docstring, step 4); ``(discarded staged rows, rows in the view)``."""
@@ -208,18 +211,16 @@ def _replace_states(conn: store.Conn, view: FoldView, staged: Staged) -> None:
     :class:`SplitStreams` when the kept attempts hold two states of one stream."""
     kept = (staged.kept,)
     states = attempts.kept_rows(staged.states, engine.STATE_COLUMNS)
+    insert = _insert(projection_state.name, engine.STATE_COLUMNS, states)
     table = sql.Identifier(projection_state.name)
-    insert = sql.SQL("INSERT INTO {} AS p ({}) ").format(
-        table, sql.SQL(", ").join(sql.Identifier(c) for c in engine.STATE_COLUMNS)
-    )
     stored = conn.execute(
         sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE projection = %s)").format(table), (view.name,)
     ).fetchone()
     if not (stored and stored[0]):
         try:  # the caller's swap transaction rolls back on SplitStreams: nothing moved
-            conn.execute(insert + states, kept)
+            conn.execute(insert, kept)
         except psycopg.errors.UniqueViolation as e:
-            raise SplitStreams(f"view {view.name}: a stream's events lie in two log partitions") from e
+            raise SplitStreams(view.name) from e
         return
     changed = ("version", "commit_lsn", "state")
     upsert = sql.SQL(
@@ -227,12 +228,12 @@ def _replace_states(conn: store.Conn, view: FoldView, staged: Staged) -> None:
     ).format(
         sql.SQL(", ").join(sql.Identifier(c) for c in changed),
         sql.SQL(", ").join(sql.SQL("EXCLUDED.{}").format(sql.Identifier(c)) for c in changed),
-        sql.SQL(", ").join(sql.SQL("p.{}").format(sql.Identifier(c)) for c in changed),
+        sql.SQL(", ").join(sql.SQL("{}.{}").format(table, sql.Identifier(c)) for c in changed),
     )
     try:
-        conn.execute(insert + states + upsert, kept)
+        conn.execute(insert + upsert, kept)
     except psycopg.errors.CardinalityViolation as e:  # "cannot affect row a second time": one stream, two states
-        raise SplitStreams(f"view {view.name}: a stream's events lie in two log partitions") from e
+        raise SplitStreams(view.name) from e
     conn.execute(
         sql.SQL(
             "DELETE FROM {} AS p WHERE p.projection = %s AND NOT EXISTS "
