@@ -24,7 +24,6 @@ from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from capture.connector import OFFSETS_TOPIC as POSITIONS_TOPIC
 from capture.connector import CaptureConfig, Connector, Stats
 from capture.sinks import Sink
 from capture.sinks.kafka import KafkaLogSink
@@ -35,19 +34,6 @@ from schemas.position import SourcePosition
 
 Record = tuple[int, bytes | None, bytes | None]  # partition, key, value
 _prefixes = itertools.count()
-
-
-def wait_for_commit_markers(bootstrap: str, topic: str, timeout_s: float = 60.0) -> None:
-    """Until every partition of ``topic`` has its last stable offset at its high watermark (no writer is
-    active: the last transaction's commit markers are written), or ``topic`` does not exist."""
-    admin = KafkaAdmin(bootstrap)
-    if topic not in admin.topics():
-        return
-    deadline = time.monotonic() + timeout_s
-    while any(i.last_stable_offset < i.high_watermark for i in admin.describe(topic)[1]):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{topic}: the last transaction's markers were not written within {timeout_s:.0f} s")
-        time.sleep(0.05)
 
 
 @dataclass
@@ -92,13 +78,14 @@ class Backend:
             return Connector(config, log, sink=sink).run()
 
     def position(self, dsn: str, slot: str) -> SourcePosition | None:
-        """The stored position as a restarted connector finds it. Kafka: once the last transaction's commit
-        markers are written (``commit_transaction`` returns before they are; a restarted connector's
-        ``init_transactions`` waits for them, a plain read_committed read would see the position before)."""
-        if self.bootstrap is not None:
-            wait_for_commit_markers(self.bootstrap, POSITIONS_TOPIC)
+        """The stored position as a restarted connector finds it. Kafka: after what the restart does first,
+        ``init_transactions`` under the connector's transactional id, which aborts the transaction a killed
+        run left open and waits for the markers of the last commit; until then a read_committed read stops
+        at the last stable offset, before the position a restart would find. Fences a running connector."""
         with self.sink() as (log, sink):
             config = CaptureConfig(dsn=dsn, slot=slot, topic_prefix=self.prefix)
+            if sink is not None:
+                sink.open(f"capture.{config.connector_id}")
             return Connector(config, log, sink=sink).read_position()
 
     def argv(self) -> list[str]:
