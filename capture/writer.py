@@ -183,7 +183,9 @@ class LogWriter:
         if not self.in_txn:
             return False
         self.send_pending(also=((POSITIONS_TOPIC, 0),) if position is not None else ())  # one coordinator write
-        self.sink.commit(POSITIONS_TOPIC, self.position_key, None if position is None else position.to_json())
+        late = self.sink.commit(POSITIONS_TOPIC, self.position_key, None if position is None else position.to_json())
+        for tp, end in late.items():
+            self._written[tp] = max(end, self._written.get(tp, 0))
         self.in_txn = False
         self.keystate.commit(self._written)
         self._written = {}

@@ -29,7 +29,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
+from commands.aggregate import AggregateType
 from commands.codec import from_json, to_json
 from eventstore.errors import ConfigError
 from projections import attempts, store
@@ -61,6 +63,11 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 STATE_COLUMNS = ("projection", "stream_id", "version", "commit_lsn", "state")
 FOLD_OUTPUT = "partition int, task_attempt long, events long"  # one row per fold task: the attempt and its events
 FLUSH_STATES = 10_000  # a fold task commits its staged rows every this many streams
+# An offset-order fold task holds one state per stream of its log partition; past this many (Spark setting
+# MAX_OPEN_STREAMS_CONF) it stops, and the rebuild folds sorted by stream instead (Spark's sort spills to
+# disk, a dict of states does not).
+MAX_OPEN_STREAMS = 2_000_000
+MAX_OPEN_STREAMS_CONF = "spark.tideline.fold.maxOpenStreams"
 EVENT_COLUMNS = (
     "stream_id",
     "stream_type",
@@ -201,7 +208,15 @@ def stream_of(view: FoldView, events: list[StoredEvent], state: Any = None, vers
 
 
 def fold_batches(
-    catalog_module: str, view_name: str, dsn: str, rows_table: str, state_table: str, batches: Iterable[Any]
+    catalog_module: str,
+    view_name: str,
+    dsn: str,
+    rows_table: str,
+    state_table: str,
+    batches: Iterable[Any],
+    *,
+    offset_order: bool = False,
+    max_open_streams: int = 0,
 ) -> Iterator[Any]:
     """Executor side of a fold rebuild (``mapInArrow``): records ``key, value`` sorted by key
     (a stream's records are contiguous, batches may split them) → each stream folded, its
@@ -210,6 +225,13 @@ def fold_batches(
     ``partition, task_attempt, events`` (:data:`FOLD_OUTPUT`): the driver keeps the rows of
     the attempts whose batch reaches it.
 
+    ``offset_order``: the records are one whole log partition in offset order instead (every
+    stream of the partition, interleaved). Each event is applied to its stream's state as it
+    comes, as a follow job applies them (an event whose version is not above the stream's is
+    skipped), and the streams are written at the end: no sort, and memory for the states of
+    the partition's streams, not for its events; past ``max_open_streams`` of them it raises
+    :class:`TooManyStreams`.
+
     Values are parsed here with orjson, not by Spark: ``from_json`` of the whole outbox
     value cost more than everything else of the read, and the stream id is the record key.
     """
@@ -217,6 +239,36 @@ def fold_batches(
 
     partition, attempt = attempts.current()
     view = view_in(load_catalog(catalog_module), view_name)
+    with psycopg.connect(dsn) as conn:
+
+        def flush(rows: list[Row], states: list[Row]) -> None:
+            _flush(conn, view, rows_table, state_table, rows, states, attempt)
+
+        if offset_order:
+            events = _fold_in_offset_order(view, batches, flush, max_open_streams)
+        else:
+            events = _fold_sorted(view, batches, flush)
+    attempts.inject_fault()
+    yield pa.RecordBatch.from_pydict(
+        {"partition": [partition], "task_attempt": [attempt], "events": [events]},
+        schema=pa.schema([("partition", pa.int32()), ("task_attempt", pa.int64()), ("events", pa.int64())]),
+    )
+
+
+Flush = Callable[[list[Row], list[Row]], None]  # stage (and commit) view rows and states, then clear both lists
+
+
+def _records(batches: Iterable[Any]) -> Iterator[tuple[bytes, StoredEvent]]:
+    for batch in batches:
+        for key, value in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
+            event = StoredEvent.from_value(value)
+            if key != event.stream_id.encode():  # streams are grouped by key: a mis-keyed record would mix two
+                raise ConfigError(f"outbox record of stream {event.stream_id!r} has key {key!r}, not its stream id")
+            yield key, event
+
+
+def _fold_sorted(view: FoldView, batches: Iterable[Any], flush: Flush) -> int:
+    """Records sorted by key: a stream's events contiguous, folded when the next stream begins."""
     events = 0
     view_rows: list[Row] = []
     states: list[Row] = []
@@ -230,27 +282,64 @@ def fold_batches(
         states.append((view.name, stream.stream_id, stream.version, stream.commit_lsn, to_json(stream.state)))
         return len(current)
 
-    with psycopg.connect(dsn) as conn:
-        for batch in batches:
-            for key, value in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
-                if key != current_key and current:
-                    events += fold_current()
-                    current = []
-                    if len(states) >= FLUSH_STATES:
-                        _flush(conn, view, rows_table, state_table, view_rows, states, attempt)
-                event = StoredEvent.from_value(value)
-                if key != event.stream_id.encode():  # streams are grouped by key: a mis-keyed record would mix two
-                    raise ConfigError(f"outbox record of stream {event.stream_id!r} has key {key!r}, not its stream id")
-                current_key = key
-                current.append(event)
-        if current:
+    for key, event in _records(batches):
+        if key != current_key and current:
             events += fold_current()
-        _flush(conn, view, rows_table, state_table, view_rows, states, attempt)
-    attempts.inject_fault()
-    yield pa.RecordBatch.from_pydict(
-        {"partition": [partition], "task_attempt": [attempt], "events": [events]},
-        schema=pa.schema([("partition", pa.int32()), ("task_attempt", pa.int64()), ("events", pa.int64())]),
-    )
+            current = []
+            if len(states) >= FLUSH_STATES:
+                flush(view_rows, states)
+        current_key = key
+        current.append(event)
+    if current:
+        events += fold_current()
+    flush(view_rows, states)
+    return events
+
+
+@dataclass(slots=True)
+class _OpenStream:
+    aggregate: AggregateType[Any, Any]
+    stream_id: str
+    version: int
+    commit_lsn: int
+    state: Any
+
+
+def _fold_in_offset_order(view: FoldView, batches: Iterable[Any], flush: Flush, max_open_streams: int) -> int:
+    """A whole log partition in offset order: each event applied to its stream's state as it comes."""
+    events = 0
+    open_streams: dict[bytes, _OpenStream] = {}
+    for key, event in _records(batches):
+        events += 1
+        stream = open_streams.get(key)
+        if stream is None:
+            if len(open_streams) >= max_open_streams:
+                raise TooManyStreams(view.name, max_open_streams)
+            aggregate = view.aggregate(event.stream_type)
+            stream = open_streams[key] = _OpenStream(aggregate, event.stream_id, 0, 0, aggregate.initial)
+        if event.version <= stream.version:  # as follow: a version applied already is not applied again
+            continue
+        decoded = stream.aggregate.events.decode(event.event_type, event.schema_version, event.payload)
+        stream.state = stream.aggregate.apply(stream.state, decoded)
+        stream.version, stream.commit_lsn = event.version, event.commit_lsn
+    view_rows: list[Row] = []
+    states: list[Row] = []
+    for s in open_streams.values():
+        view_rows.extend(view.rows(Stream(s.aggregate, s.stream_id, s.version, s.commit_lsn, s.state)))
+        states.append((view.name, s.stream_id, s.version, s.commit_lsn, to_json(s.state)))
+        if len(states) >= FLUSH_STATES:
+            flush(view_rows, states)
+    flush(view_rows, states)
+    return events
+
+
+class TooManyStreams(Exception):
+    """An offset-order fold task met more streams than it may hold states for."""
+
+    MARK = "offset-order fold: more streams in one log partition than"
+
+    def __init__(self, view: str, limit: int) -> None:
+        super().__init__(f"view {view}: {self.MARK} {limit:,}")
 
 
 def _flush(

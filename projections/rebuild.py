@@ -8,8 +8,9 @@
 3. Compute the view on the executors and COPY its rows — and a fold's states — into
    unlogged **staging tables** of this run, tagged with the task attempt that wrote them
    (:mod:`projections.attempts`). Fold views: one task per log partition
-   (``wholePartitions``: a stream lives in one partition), records sorted by key and
-   offset within it — no shuffle — and folded per stream with the aggregate's ``apply``.
+   (``wholePartitions``: a stream lives in one partition), its records folded in offset
+   order with the aggregate's ``apply``, one state per stream — no shuffle, no sort (a
+   partition with more streams than a task holds is folded again sorted by stream).
    Count views and mirrors: Spark computes the rows; each partition COPYs its own.
 4. One Postgres transaction: build a shadow of the view's table (``LIKE … INCLUDING
    ALL``) from the staged rows of the task attempts Spark kept — never those of another
@@ -31,6 +32,7 @@ it leaves the view and its checkpoints as they were.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -46,6 +48,8 @@ from projections.consistency import take_sample
 from projections.models import projection_state
 from projections.sources import LogSource, source_for
 from projections.views import CountView, FoldView, MirrorView, View, ViewCatalog, columns_of, owned_table
+
+log = logging.getLogger("projections.rebuild")
 
 Stage = Callable[[str], None]
 
@@ -275,16 +279,32 @@ def fold_frame(
     (``mapInArrow``) sorted by key and offset within Spark partitions (a stream's events in
     order, together); values are parsed and folded there (:func:`engine.fold_batches`).
 
-    ``per_log_partition``: ``raw`` holds one Spark partition per log partition (the source's
-    ``wholePartitions``); a stream lives in one log partition, so no shuffle is needed —
-    only the sort within each partition. Otherwise (e.g. Parquet files) the records are
-    first repartitioned by key (= stream id)."""
-    records = raw.where(~F.col("is_tombstone")).select("key", "value", "offset")
-    if not per_log_partition:
-        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or "2")
-        records = records.repartition(partitions, "key")
-    ordered = records.sortWithinPartitions("key", "offset").select("key", "value")
+    ``per_log_partition``: ``raw`` holds one Spark partition per log partition in offset order
+    (the source's ``wholePartitions``); a stream lives in one log partition, so each task folds
+    its records as they come, holding one state per stream (``engine.fold_batches`` with
+    ``offset_order``): no shuffle, no sort. A log partition with more streams than a task holds
+    (Spark setting ``spark.tideline.fold.maxOpenStreams``, default 2,000,000) is folded again
+    the general way. Otherwise (e.g. Parquet
+    files) the records are repartitioned by key (= stream id) and sorted by key and offset
+    within partitions."""
+    records = raw.where(~F.col("is_tombstone"))
     job = functools.partial(engine.fold_batches, catalog.module, view.name, dsn, rows_staging, states_staging)
+    if per_log_partition:
+        limit = int(spark.conf.get(engine.MAX_OPEN_STREAMS_CONF, None) or engine.MAX_OPEN_STREAMS)
+        fold = functools.partial(job, offset_order=True, max_open_streams=limit)
+        try:
+            folded = records.select("key", "value").mapInArrow(fold, engine.FOLD_OUTPUT)
+            outputs = [attempts.TaskOutput(*r) for r in folded.collect()]
+            return Folded(sum(o.count for o in outputs), attempts.winners(outputs))
+        except Exception as e:  # Spark wraps the task's error: found by its message
+            if engine.TooManyStreams.MARK not in str(e):
+                raise
+            said = next(line for line in str(e).splitlines() if engine.TooManyStreams.MARK in line)
+            log.warning("%s; folding sorted by stream instead", said.strip()[-300:])
+            _truncate(dsn, rows_staging, states_staging)
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or "2")
+    keyed = records.select("key", "value", "offset").repartition(partitions, "key")
+    ordered = keyed.sortWithinPartitions("key", "offset").select("key", "value")
     outputs = [attempts.TaskOutput(*r) for r in ordered.mapInArrow(job, engine.FOLD_OUTPUT).collect()]
     return Folded(sum(o.count for o in outputs), attempts.winners(outputs))
 

@@ -97,15 +97,17 @@ class Sink(Protocol):
     def append(
         self, batch: Mapping[str, TopicRecords], *, also: Iterable[tuple[str, int]] = ()
     ) -> dict[tuple[str, int], int]:
-        """Append records inside the open transaction (not visible yet); the next offset per partition written.
+        """Append records inside the open transaction (not visible yet); the next offset per partition
+        written, for the records whose offsets are known by now (the rest come with :meth:`commit`).
 
         ``also``: partitions the transaction will write next (the position record's), registered
         with the batch's in one step where the backend has such a step.
         """
         ...
 
-    def commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> None:
-        """Append the position record (when ``value`` is not None) and commit the transaction, durably."""
+    def commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> dict[tuple[str, int], int]:
+        """Append the position record (when ``value`` is not None) and commit the transaction, durably;
+        the next offset per partition written by appends that did not report it (not the position's)."""
         ...
 
     def abort(self) -> None:

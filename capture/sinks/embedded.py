@@ -137,7 +137,7 @@ class EmbeddedLogSink:
             written[(topic, p)] = first + count
         return written
 
-    def commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> None:
+    def commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> dict[tuple[str, int], int]:
         producer = self._producer()
         if value is not None:
             if (position_topic, 0) not in self._registered:
@@ -145,6 +145,7 @@ class EmbeddedLogSink:
             producer.send_batch(position_topic, [value], [key], partition=0)
         producer.commit_transaction()
         self._registered.clear()
+        return {}  # every append reported its offsets
 
     def abort(self) -> None:
         self._producer().abort_transaction()

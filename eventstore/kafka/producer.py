@@ -85,6 +85,9 @@ class KafkaProducer:
         self._round_robin: dict[str, itertools.count[int]] = {}
         self._fenced: ProducerFencedError | None = None
         self._closed = False
+        # acknowledgements of ``send_many(wait=False)`` not yet taken (take_delivered)
+        self._delivered: dict[tuple[str, int], list[int]] = {}
+        self._failed: list[tuple[KafkaError, str]] = []
 
     # -- transactions --------------------------------------------------------
 
@@ -105,12 +108,20 @@ class KafkaProducer:
                 raise ConfigError(f"topic {topic!r} has no partition {partition}")
 
     def commit_transaction(self) -> None:
-        """Flush, then commit everything sent since ``begin_transaction``, atomically."""
+        """Flush, then commit everything sent since ``begin_transaction``, atomically. A record of
+        ``send_many(wait=False)`` that Kafka refused fails the commit with that record's error,
+        before the commit is asked for (the transaction must then be aborted)."""
+        self.flush()  # serves the delivery reports too, which commit_transaction's own flush does not
+        if self._failed:
+            err, topic = self._failed[0]
+            self._translate(KafkaException(err), f"sending to {topic!r}", topic)
         self._call(lambda: self._producer.commit_transaction(self.timeout_s), "committing a transaction")
 
     def abort_transaction(self) -> None:
         """Drop unsent records and abort everything sent since ``begin_transaction``."""
+        self._delivered, self._failed = {}, []
         self._call(lambda: self._producer.abort_transaction(self.timeout_s), "aborting a transaction")
+        self._delivered, self._failed = {}, []  # the purged records' failure reports
 
     # -- sending -------------------------------------------------------------
 
@@ -164,13 +175,22 @@ class KafkaProducer:
     def send_many(
         self,
         batches: Iterable[tuple[str, int, Sequence[bytes | None], Sequence[bytes | None], Sequence[Headers] | None]],
+        *,
+        wait: bool = True,
     ) -> dict[tuple[str, int], tuple[int, int]]:
         """Send ``(topic, partition, keys, values, headers)`` slices, then wait once for all acknowledgements;
         ``{(topic, partition): (first offset, count)}``. What capture's sink uses: one flush per batch
-        of many topics and partitions instead of one per ``send_batch``."""
+        of many topics and partitions instead of one per ``send_batch``.
+
+        ``wait=False``: return at once (``{}``); the acknowledgements are collected as they arrive
+        and :meth:`take_delivered` reports them, after ``commit_transaction`` (which flushes, and
+        fails if any record failed) or a :meth:`flush`. Inside a transaction this saves a round trip
+        per commit: the records, the position record and the commit go out back to back."""
         self._check_usable()
         results: dict[tuple[str, int], list[int]] = {}
         errors: list[tuple[KafkaError, str]] = []
+        if not wait:
+            results, errors = self._delivered, self._failed
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
@@ -186,7 +206,20 @@ class KafkaProducer:
             for i in range(len(values)):
                 self._produce(topic, values[i], keys[i], partition, None,
                               headers[i] if headers is not None else None, delivered)  # fmt: skip
+        if not wait:
+            self._producer.poll(0)  # serve the callbacks of what was acknowledged meanwhile
+            return {}
         self.flush()
+        if errors:
+            err, topic = errors[0]
+            self._translate(KafkaException(err), f"sending to {topic!r}", topic)
+        return {tp: (min(offsets), len(offsets)) for tp, offsets in sorted(results.items())}
+
+    def take_delivered(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """What ``send_many(wait=False)`` sent and Kafka acknowledged since the last call:
+        ``{(topic, partition): (first offset, count)}``; raises the first delivery failure."""
+        results, errors = self._delivered, self._failed
+        self._delivered, self._failed = {}, []
         if errors:
             err, topic = errors[0]
             self._translate(KafkaException(err), f"sending to {topic!r}", topic)

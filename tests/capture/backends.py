@@ -77,14 +77,15 @@ class Backend:
         with self.sink() as (log, sink):
             return Connector(config, log, sink=sink).run()
 
-    def position(self, dsn: str, slot: str) -> SourcePosition | None:
-        """The stored position as a restarted connector finds it. Kafka: after what the restart does first,
-        ``init_transactions`` under the connector's transactional id, which aborts the transaction a killed
-        run left open and waits for the markers of the last commit; until then a read_committed read stops
-        at the last stable offset, before the position a restart would find. Fences a running connector."""
+    def position(self, dsn: str, slot: str, *, take_over: bool = False) -> SourcePosition | None:
+        """The stored position, read_committed. ``take_over`` (Kafka; for a connector that was killed): as
+        a restarted connector finds it, after what the restart does first, ``init_transactions`` under the
+        connector's transactional id, which aborts the transaction a killed run left open and waits for
+        the markers of its last commit; until then a read_committed read stops at the last stable offset,
+        before the position a restart would find. It fences a running connector: not while one runs."""
         with self.sink() as (log, sink):
             config = CaptureConfig(dsn=dsn, slot=slot, topic_prefix=self.prefix)
-            if sink is not None:
+            if sink is not None and take_over:
                 sink.open(f"capture.{config.connector_id}")
             return Connector(config, log, sink=sink).read_position()
 

@@ -196,9 +196,10 @@ class Run:
 
 
 def stored_position(where: Backend | Path, dsn: str, slot: str) -> Position | None:
-    """The crashed connector's stored position (opens only the offsets topic's partition)."""
+    """The crashed (or stopped) connector's stored position, as its restart finds it (opens only the
+    offsets topic's partition)."""
     if isinstance(where, Backend):
-        return where.position(dsn, slot)
+        return where.position(dsn, slot, take_over=True)
     with Log(where) as log:
         return Connector(CaptureConfig(dsn=dsn, slot=slot, topic_prefix=PREFIX), log).read_position()
 

@@ -72,8 +72,9 @@ class Namespaced:
         written = self.inner.append(renamed, also=[(self.ns + t, p) for t, p in also])
         return {(t.removeprefix(self.ns), p): o for (t, p), o in written.items()}
 
-    def commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> None:
-        self.inner.commit(self.ns + position_topic, key, value)
+    def commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> dict[tuple[str, int], int]:
+        written = self.inner.commit(self.ns + position_topic, key, value)
+        return {(t.removeprefix(self.ns), p): o for (t, p), o in written.items()}
 
     def abort(self) -> None:
         self.inner.abort()
@@ -157,10 +158,11 @@ def test_commit_is_atomic_with_the_position(factory: SinkFactory, tmp_path: Path
         written = sink.append({"t": TopicRecords([b"a", b"b", b"c"], [b"1", b"2", b"3"])})
         assert committed(sink, "t") == []  # appended, not visible before the commit
         assert sink.read_last(POSITIONS, 0, b"me") is None
-        sink.commit(POSITIONS, b"me", b"pos-1")
+        written |= sink.commit(POSITIONS, b"me", b"pos-1")  # a backend reports each partition's end once
         assert sorted((k, v) for _, k, v in committed(sink, "t", 3)) == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
         assert last_value(sink, b"me", b"pos-1") == b"pos-1"
         ends = sink.end_offsets("t")
+        assert {p for (t, p) in written if t == "t"} == {p for p, _, _ in committed(sink, "t", 3)}, written
         assert all(ends[p] >= offset for (_, p), offset in written.items())
 
 
@@ -175,6 +177,31 @@ def test_abort_leaves_nothing_visible(factory: SinkFactory, tmp_path: Path) -> N
         sink.append({"t": TopicRecords([b"a"], [b"kept"])})
         sink.commit(POSITIONS, b"me", b"pos")
         assert [(k, v) for _, k, v in committed(sink, "t", 1)] == [(b"a", b"kept")]
+
+
+def test_a_record_the_log_refuses_fails_its_transaction_and_nothing_of_it_shows(
+    factory: SinkFactory, tmp_path: Path
+) -> None:
+    """A record over the topic's size limit: the backend refuses it when appended (embedded log) or
+    when Kafka answers, at the latest at commit (Kafka: appends do not wait); the error names it,
+    nothing of the transaction becomes visible, the position stays, and after a reopen the next one commits."""
+    with factory(tmp_path / "log") as sink:
+        opened(sink)
+        sink.ensure_topic("t", TopicSpec(compact=True, partitions=1, overrides={"max_batch_bytes": "4096"}))
+        sink.begin()
+        sink.append({"t": TopicRecords([b"a"], [b"committed"])})
+        sink.commit(POSITIONS, b"me", b"pos-1")
+        sink.begin()
+        with pytest.raises(TidelineError, match=r"(?i)too large|size|max"):
+            sink.append({"t": TopicRecords([b"b", b"c"], [b"fits", b"x" * 20_000])})
+            sink.commit(POSITIONS, b"me", b"pos-2")
+        sink.abort()
+        opened(sink)  # as the connector after a sink failure (Kafka: a producer that failed a record is replaced)
+        sink.begin()
+        sink.append({"t": TopicRecords([b"d"], [b"after"])})
+        sink.commit(POSITIONS, b"me", b"pos-3")
+        assert [(k, v) for _, k, v in committed(sink, "t", 2)] == [(b"a", b"committed"), (b"d", b"after")]
+        assert last_value(sink, b"me", b"pos-3") == b"pos-3"
 
 
 def test_an_open_transaction_of_a_dead_writer_is_aborted_by_the_next(factory: SinkFactory, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ tombstones, primary-key changes and truncates as a CDC topic); read-your-writes.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -356,6 +357,47 @@ def test_rebuild_folds_a_stream_split_over_two_partitions(spark: SparkSession, d
     assert view_rows(db, VIEWS["seats"]) == expected
     rebuild(spark, VIEWS, "seats", log_dir=log_dir, dsn=db)  # again, over stored states (the upsert path)
     assert view_rows(db, VIEWS["seats"]) == expected
+
+
+def test_rebuild_folds_interleaved_streams_in_offset_order_or_sorted_past_the_limit(
+    spark: SparkSession, db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fold task reads its log partition in offset order, where streams interleave, and holds one
+    state per stream; past ``spark.tideline.fold.maxOpenStreams`` streams it stops and the rebuild
+    folds sorted by stream instead. Both give the reference fold."""
+    from eventstore.producer import Producer
+    from projections.engine import MAX_OPEN_STREAMS_CONF
+
+    log_dir = tmp_path / "log"
+    with Log(log_dir) as log:
+        log.create_topic("events.reservation", partitions=1)
+        with Producer(log) as producer:
+            for version in (1, 2, 3):  # r1 v1, r2 v1, …, r6 v1, r1 v2, …: every stream open until the end
+                for r in range(1, 7):
+                    seat, before = f"{chr(ord('A') + version - 1)}{r}", f"{chr(ord('A') + version - 2)}{r}"
+                    if version == 1:
+                        value = reservation_event(r, 1, "SeatReserved", f'"seat":"{seat}","customer_id":"c"')
+                    else:
+                        moved = f'"from_seat":"{before}","to_seat":"{seat}"'
+                        value = reservation_event(r, version, "SeatChanged", moved)
+                    producer.send_batch("events.reservation", [value], [f"reservation-r{r}".encode()], partition=0)
+    expected = expected_rows(VIEWS["seats"], log_dir)
+    assert {row[1] for row in expected} == {f"C{r}" for r in range(1, 7)}
+    with caplog.at_level(logging.WARNING, logger="projections.rebuild"):
+        rebuild(spark, VIEWS, "seats", log_dir=log_dir, dsn=db)
+        assert view_rows(db, VIEWS["seats"]) == expected
+        assert "folding sorted" not in caplog.text
+        spark.conf.set(MAX_OPEN_STREAMS_CONF, "4")
+        try:
+            result = rebuild(spark, VIEWS, "seats", log_dir=log_dir, dsn=db)
+        finally:
+            spark.conf.unset(MAX_OPEN_STREAMS_CONF)
+    assert "more streams in one log partition than 4; folding sorted by stream instead" in caplog.text, caplog.text
+    assert result.events == 18
+    assert view_rows(db, VIEWS["seats"]) == expected
+    with psycopg.connect(db) as c:
+        states = c.execute("SELECT stream_id, version FROM projection_state WHERE projection = 'seats'").fetchall()
+    assert sorted(states) == [(f"reservation-r{r}", 3) for r in range(1, 7)]
 
 
 def test_spark_follow_stops_when_a_fold_raises(spark: SparkSession, db: str, tmp_path: Path) -> None:
