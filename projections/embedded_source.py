@@ -30,6 +30,7 @@ from eventstore.schema_store import FramedDecoder
 from eventstore.topic import TOPICS_DIR
 from projections.apply import LogRecord
 from projections.consistency import CapturePositions, appended_offsets, stable_offsets
+from projections.planning import OffsetRange
 from projections.sources import CapturePositionReader, LogSource
 from projections.store import Offsets
 from schemas.position import POSITIONS_TOPIC
@@ -106,6 +107,14 @@ class EmbeddedSource(LogSource):
         return None
 
     # -- Spark -------------------------------------------------------------------------------
+
+    def task_ranges(self, ends: Offsets) -> tuple[str, list[OffsetRange]]:
+        ranges = [
+            OffsetRange(topic, p, self.log.partition(topic, p).log_start_offset(), end)
+            for topic, per in ends.items()
+            for p, end in sorted(per.items())
+        ]
+        return str(self.log_dir), [r for r in ranges if r.end > r.start]
 
     def batch_frame(self, spark: SparkSession, ends: Offsets, *, whole_partitions: bool = False) -> DataFrame:
         return (

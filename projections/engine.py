@@ -46,6 +46,7 @@ from commands.codec import from_json, to_json
 from eventstore.errors import ConfigError
 from projections import attempts, store
 from projections.datasource import register
+from projections.planning import OffsetRange
 from projections.views import (
     CDC_VALUE_SCHEMA,
     OUTBOX_VALUE_SCHEMA,
@@ -244,10 +245,11 @@ def fold_batches(
         def flush(rows: list[Row], states: list[Row]) -> None:
             _flush(conn, view, rows_table, state_table, rows, states, attempt)
 
+        columns = ((b.column(0), b.column(1)) for b in batches)
         if offset_order:
-            events = _fold_in_offset_order(view, batches, flush, max_open_streams)
+            events = _fold_in_offset_order(view, columns, flush, max_open_streams)
         else:
-            events = _fold_sorted(view, batches, flush)
+            events = _fold_sorted(view, columns, flush)
     attempts.inject_fault()
     yield pa.RecordBatch.from_pydict(
         {"partition": [partition], "task_attempt": [attempt], "events": [events]},
@@ -255,19 +257,59 @@ def fold_batches(
     )
 
 
+def fold_log_partitions(
+    catalog_module: str,
+    view_name: str,
+    dsn: str,
+    rows_table: str,
+    state_table: str,
+    log_path: str,
+    max_open_streams: int,
+    ranges: Iterable[OffsetRange],
+) -> Iterator[tuple[int, int, int]]:
+    """Executor side of a fold rebuild from the embedded log (``mapPartitions`` over one
+    :class:`~projections.planning.OffsetRange` per task: a whole log partition): the task reads
+    its range itself, read_committed (:func:`projections.range_reader.read_range`, as the
+    ``tideline`` source's task would), and folds it in offset order — no hop through the JVM
+    and back. Staging and the ``(partition, task_attempt, events)`` it yields as
+    :func:`fold_batches` with ``offset_order``."""
+    from eventstore.isolation import IsolationLevel
+    from projections.options import DEFAULT_BATCH_ROWS
+    from projections.range_reader import ReadSettings, read_range
+
+    partition, attempt = attempts.current()
+    view = view_in(load_catalog(catalog_module), view_name)
+    settings = ReadSettings(log_path, IsolationLevel.READ_COMMITTED, None, None, True, DEFAULT_BATCH_ROWS,
+                            decode_avro=True)  # fmt: skip
+    events = 0
+    with psycopg.connect(dsn) as conn:
+
+        def flush(rows: list[Row], states: list[Row]) -> None:
+            _flush(conn, view, rows_table, state_table, rows, states, attempt)
+
+        for rng in ranges:
+            columns = ((b.column("key"), b.column("value")) for b in read_range(rng, settings))
+            events += _fold_in_offset_order(view, columns, flush, max_open_streams)
+    attempts.inject_fault()
+    yield partition, attempt, events
+
+
 Flush = Callable[[list[Row], list[Row]], None]  # stage (and commit) view rows and states, then clear both lists
 
 
-def _records(batches: Iterable[Any]) -> Iterator[tuple[bytes, StoredEvent]]:
-    for batch in batches:
-        for key, value in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
+def _records(columns: Iterable[tuple[Any, Any]]) -> Iterator[tuple[bytes, StoredEvent]]:
+    """``(keys, values)`` Arrow arrays → ``(key, event)`` per outbox record (tombstones skipped)."""
+    for keys, values in columns:
+        for key, value in zip(keys.to_pylist(), values.to_pylist(), strict=True):
+            if value is None:
+                continue
             event = StoredEvent.from_value(value)
             if key != event.stream_id.encode():  # streams are grouped by key: a mis-keyed record would mix two
                 raise ConfigError(f"outbox record of stream {event.stream_id!r} has key {key!r}, not its stream id")
             yield key, event
 
 
-def _fold_sorted(view: FoldView, batches: Iterable[Any], flush: Flush) -> int:
+def _fold_sorted(view: FoldView, batches: Iterable[tuple[Any, Any]], flush: Flush) -> int:
     """Records sorted by key: a stream's events contiguous, folded when the next stream begins."""
     events = 0
     view_rows: list[Row] = []
@@ -305,7 +347,9 @@ class _OpenStream:
     state: Any
 
 
-def _fold_in_offset_order(view: FoldView, batches: Iterable[Any], flush: Flush, max_open_streams: int) -> int:
+def _fold_in_offset_order(
+    view: FoldView, batches: Iterable[tuple[Any, Any]], flush: Flush, max_open_streams: int
+) -> int:
     """A whole log partition in offset order: each event applied to its stream's state as it comes."""
     events = 0
     open_streams: dict[bytes, _OpenStream] = {}

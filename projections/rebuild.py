@@ -8,9 +8,12 @@
 3. Compute the view on the executors and COPY its rows — and a fold's states — into
    unlogged **staging tables** of this run, tagged with the task attempt that wrote them
    (:mod:`projections.attempts`). Fold views: one task per log partition
-   (``wholePartitions``: a stream lives in one partition), its records folded in offset
-   order with the aggregate's ``apply``, one state per stream — no shuffle, no sort (a
-   partition with more streams than a task holds is folded again sorted by stream).
+   (a stream lives in one partition), its records folded in offset order with the
+   aggregate's ``apply``, one state per stream — no shuffle, no sort (a partition with more
+   streams than a task holds is folded again sorted by stream). From the embedded log each
+   such task reads its partition itself (:func:`engine.fold_log_partitions`), as the
+   ``tideline`` source's task would, without the hop into the JVM and back; from Kafka the
+   records come through Spark's Kafka source (``wholePartitions``).
    Count views and mirrors: Spark computes the rows; each partition COPYs its own.
 4. One Postgres transaction: build a shadow of the view's table (``LIKE … INCLUDING
    ALL``) from the staged rows of the task attempts Spark kept — never those of another
@@ -46,6 +49,7 @@ from pyspark.sql import functions as F
 from projections import attempts, engine, store
 from projections.consistency import take_sample
 from projections.models import projection_state
+from projections.planning import OffsetRange
 from projections.sources import LogSource, source_for
 from projections.views import CountView, FoldView, MirrorView, View, ViewCatalog, columns_of, owned_table
 
@@ -174,8 +178,15 @@ def _compute(
     if not ends:
         return Staged(rows_staging, states_staging, 0, [])
     if isinstance(view, FoldView):
-        raw = log.batch_frame(spark, ends, whole_partitions=True)
-        folded = fold_frame(spark, catalog, view, raw, dsn, rows_staging, states_staging, per_log_partition=True)
+        direct = log.task_ranges(ends)
+        if direct is not None:
+            folded = fold_log(spark, catalog, view, direct, dsn, rows_staging, states_staging)
+            if folded is None:  # too many streams in a partition to hold their states
+                folded = fold_frame(spark, catalog, view, log.batch_frame(spark, ends), dsn, rows_staging,
+                                    states_staging)  # fmt: skip
+        else:
+            raw = log.batch_frame(spark, ends, whole_partitions=True)
+            folded = fold_frame(spark, catalog, view, raw, dsn, rows_staging, states_staging, per_log_partition=True)
         return Staged(rows_staging, states_staging, folded.events, folded.kept)
     if isinstance(view, CountView):
         parsed = engine.parse_events(log.batch_frame(spark, ends)).persist()
@@ -290,22 +301,61 @@ def fold_frame(
     records = raw.where(~F.col("is_tombstone"))
     job = functools.partial(engine.fold_batches, catalog.module, view.name, dsn, rows_staging, states_staging)
     if per_log_partition:
-        limit = int(spark.conf.get(engine.MAX_OPEN_STREAMS_CONF, None) or engine.MAX_OPEN_STREAMS)
-        fold = functools.partial(job, offset_order=True, max_open_streams=limit)
-        try:
-            folded = records.select("key", "value").mapInArrow(fold, engine.FOLD_OUTPUT)
-            outputs = [attempts.TaskOutput(*r) for r in folded.collect()]
-            return Folded(sum(o.count for o in outputs), attempts.winners(outputs))
-        except Exception as e:  # Spark wraps the task's error: found by its message
-            if engine.TooManyStreams.MARK not in str(e):
-                raise
-            said = next(line for line in str(e).splitlines() if engine.TooManyStreams.MARK in line)
-            log.warning("%s; folding sorted by stream instead", said.strip()[-300:])
-            _truncate(dsn, rows_staging, states_staging)
+        fold = functools.partial(job, offset_order=True, max_open_streams=_max_open_streams(spark))
+        folded = _unless_too_many_streams(
+            lambda: [attempts.TaskOutput(*r) for r in records.select("key", "value").mapInArrow(
+                fold, engine.FOLD_OUTPUT).collect()], dsn, rows_staging, states_staging)  # fmt: skip
+        if folded is not None:
+            return folded
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or "2")
     keyed = records.select("key", "value", "offset").repartition(partitions, "key")
     ordered = keyed.sortWithinPartitions("key", "offset").select("key", "value")
     outputs = [attempts.TaskOutput(*r) for r in ordered.mapInArrow(job, engine.FOLD_OUTPUT).collect()]
+    return Folded(sum(o.count for o in outputs), attempts.winners(outputs))
+
+
+def fold_log(
+    spark: SparkSession,
+    catalog: ViewCatalog,
+    view: FoldView,
+    direct: tuple[str, list[OffsetRange]],
+    dsn: str,
+    rows_staging: str,
+    states_staging: str,
+) -> Folded | None:
+    """Fold the log partitions of ``direct`` (a log Spark tasks read themselves, and one range per
+    partition) into the staging tables: one task per log partition reads its records and folds them
+    in offset order (``engine.fold_log_partitions``); None (staging emptied) when a partition holds
+    more streams than a task keeps states for."""
+    path, ranges = direct
+    if not ranges:
+        return Folded(0, [])
+    job = functools.partial(engine.fold_log_partitions, catalog.module, view.name, dsn, rows_staging,
+                            states_staging, path, _max_open_streams(spark))  # fmt: skip
+    tasks = spark.sparkContext.parallelize(ranges, len(ranges))  # one range, one task
+    return _unless_too_many_streams(
+        lambda: [attempts.TaskOutput(*r) for r in tasks.mapPartitions(job).collect()], dsn, rows_staging,
+        states_staging)  # fmt: skip
+
+
+def _max_open_streams(spark: SparkSession) -> int:
+    return int(spark.conf.get(engine.MAX_OPEN_STREAMS_CONF, None) or engine.MAX_OPEN_STREAMS)
+
+
+def _unless_too_many_streams(
+    run: Callable[[], list[attempts.TaskOutput]], dsn: str, *staging: str
+) -> Folded | None:
+    """``run``'s outputs as :class:`Folded`; None when a task stopped at too many streams (its
+    error arrives wrapped by Spark, found by its message), the staging tables emptied."""
+    try:
+        outputs = run()
+    except Exception as e:
+        if engine.TooManyStreams.MARK not in str(e):
+            raise
+        said = next(line for line in str(e).splitlines() if engine.TooManyStreams.MARK in line)
+        log.warning("%s; folding sorted by stream instead", said.strip()[-300:])
+        _truncate(dsn, *staging)
+        return None
     return Folded(sum(o.count for o in outputs), attempts.winners(outputs))
 
 

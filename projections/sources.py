@@ -42,6 +42,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
 
 from projections.apply import LogRecord
+from projections.planning import OffsetRange
 from projections.store import Offsets
 
 if TYPE_CHECKING:
@@ -152,6 +153,11 @@ class LogSource(abc.ABC):
         """When the first committed record at or after ``offset`` was appended (None: none readable)."""
 
     # -- Spark -----------------------------------------------------------------------------
+
+    def task_ranges(self, ends: Offsets) -> tuple[str, list[OffsetRange]] | None:
+        """Where Spark tasks may read this log themselves (the embedded log: its path) and one range
+        per partition of ``ends``, from the partition's start; None: only through :meth:`batch_frame`."""
+        return None
 
     @abc.abstractmethod
     def batch_frame(self, spark: SparkSession, ends: Offsets, *, whole_partitions: bool = False) -> DataFrame:

@@ -57,6 +57,13 @@ class Backend:
         return cls("kafka", path, f"k{next(_prefixes)}x{abs(hash(path)) % 10**6}", bootstrap,
                    3 if replicated else None, 2 if replicated else None)  # fmt: skip
 
+    def elsewhere(self, path: Path) -> Backend:
+        """A backend of the same kind (and Kafka cluster) that shares nothing with this one: the embedded
+        log at ``path``; Kafka under a new topic prefix, its key state at ``path``."""
+        if self.bootstrap is None:
+            return Backend.embedded(path, self.prefix)
+        return Backend.kafka(self.bootstrap, path, brokers=3 if self.replication_factor else 1)
+
     # ------------------------------------------------------------------ writing
 
     @contextmanager

@@ -353,12 +353,16 @@ def crash_scenario(dsn: str, tmp: Path, sizes: Sizes, crashed_dir: Backend, plug
     )
     lap("setup")
 
-    # The reference slot and snapshot, uninterrupted.
-    ref = Run(runs, "ref-snapshot", ref_dir, dsn, "ref", caught_up=True, plugin=plugin)
-    snapshot_s = ref.finish()
-    # When, in a connector's life, its snapshot runs: from the first table topic it creates to streaming.
-    began = ref.seconds_to(f"created topic {ref_dir.prefix}.public.") or 0.4 * snapshot_s
-    ended = ref.seconds_to("streaming slot") or snapshot_s
+    def reference_snapshot() -> tuple[float, float]:
+        """The reference slot and snapshot, uninterrupted; when, in a connector's life, its snapshot runs:
+        from the first table topic it creates to streaming."""
+        ref = Run(runs, f"ref-snapshot-{pairs}", ref_dir, dsn, "ref", caught_up=True, plugin=plugin)
+        snapshot_s = ref.finish()
+        began = ref.seconds_to(f"created topic {ref_dir.prefix}.public.") or 0.4 * snapshot_s
+        return began, ref.seconds_to("streaming slot") or snapshot_s
+
+    pairs = 0
+    began, ended = reference_snapshot()
     lap("reference snapshot")
     kills: list[Kill] = []
 
@@ -381,6 +385,8 @@ def crash_scenario(dsn: str, tmp: Path, sizes: Sizes, crashed_dir: Backend, plug
     # The window comes from the reference run's timing, which a loaded machine stretches: a kill that
     # lands before or after the snapshot narrows the window, and a few extra kills are allowed until
     # at least one lands inside it.
+    # A kill that lands after the snapshot ends the crashed connector's snapshot for good: if none landed
+    # inside it yet, both connectors start over, with new slots and logs (no writes have happened yet).
     lo, hi = began, ended
     for attempt in range(sizes.snapshot_kills + 6):
         inside = sum(k.landed == "during the snapshot" for k in kills)
@@ -394,6 +400,13 @@ def crash_scenario(dsn: str, tmp: Path, sizes: Sizes, crashed_dir: Backend, plug
         elif kills[-1].landed.startswith("after"):
             hi = delay
             lo = min(lo, hi * 0.5)  # ... or faster: look earlier too
+            if not inside:
+                pairs += 1
+                sql(dsn, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                         "WHERE slot_name IN ('ref', 'crashed')")  # fmt: skip
+                crashed_dir = crashed_dir.elsewhere(tmp / f"crashed-{pairs}")
+                ref_dir = Backend.embedded(tmp / f"reference-{pairs}", crashed_dir.prefix)
+                reference_snapshot()  # the window found so far stays
     Run(runs, "snapshot-final", crashed_dir, dsn, "crashed", caught_up=True, plugin=plugin).finish()
     position = stored_position(crashed_dir, dsn, "crashed")
     assert position is not None and position.snapshot_done

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -167,7 +168,11 @@ def test_warnings_name_keyless_tables_retained_wal_and_stalled_views(setup: Setu
     assert row["stalled"] and row["lag"] >= 30  # the orders, and the transaction's commit marker
     assert any(m.startswith(f"projection {MIRROR} is stalled: lag {row['lag']}") for m in messages), messages
     status = setup.cli("capture", "status", *setup.watched.tideline_args(), "--retained-wal-warn", "0")
-    assert [m for m in messages if not m.startswith("projection")] == status["warnings"]
+    # the same warnings; the WAL a slot retains grows between the two reads (other databases of the cluster write)
+    def retained(ms: list[str]) -> list[str]:
+        return [re.sub(r" retains \d+ bytes ", " retains N bytes ", m) for m in ms]
+
+    assert retained([m for m in messages if not m.startswith("projection")]) == retained(status["warnings"])
     follow_once(setup)  # caught up again: no longer stalled
     state.refresh()
     assert not any("stalled" in w["message"] for w in _api(state, "/api/warnings")["warnings"])
