@@ -36,7 +36,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from eventstore.errors import ConfigError, InvalidTxnStateError, ProducerFencedError, RetriableError
+from eventstore.errors import ConfigError, InvalidTxnStateError, ProducerFencedError, RetriableError, TidelineError
 from eventstore.kafka.config import client_config, translate
 from eventstore.partitioner import partitions_for_keys
 
@@ -112,10 +112,14 @@ class KafkaProducer:
         ``send_many(wait=False)`` that Kafka refused fails the commit with that record's error,
         before the commit is asked for (the transaction must then be aborted)."""
         self.flush()  # serves the delivery reports too, which commit_transaction's own flush does not
+        self._raise_failed_delivery()
+        self._call(lambda: self._producer.commit_transaction(self.timeout_s), "committing a transaction")
+
+    def _raise_failed_delivery(self) -> None:
+        """Raise the first failure among the reports of ``send_many(wait=False)`` (if any)."""
         if self._failed:
             err, topic = self._failed[0]
             self._translate(KafkaException(err), f"sending to {topic!r}", topic)
-        self._call(lambda: self._producer.commit_transaction(self.timeout_s), "committing a transaction")
 
     def abort_transaction(self) -> None:
         """Drop unsent records and abort everything sent since ``begin_transaction``."""
@@ -204,8 +208,14 @@ class KafkaProducer:
             if not 0 <= partition < self._partition_count(topic):
                 raise ConfigError(f"topic {topic!r} has no partition {partition}")
             for i in range(len(values)):
-                self._produce(topic, values[i], keys[i], partition, None,
-                              headers[i] if headers is not None else None, delivered)  # fmt: skip
+                try:
+                    self._produce(topic, values[i], keys[i], partition, None,
+                                  headers[i] if headers is not None else None, delivered)  # fmt: skip
+                except TidelineError:  # the transaction failed: by a record refused earlier?
+                    if not wait:
+                        self._producer.poll(0)
+                        self._raise_failed_delivery()
+                    raise
         if not wait:
             self._producer.poll(0)  # serve the callbacks of what was acknowledged meanwhile
             return {}
