@@ -431,8 +431,7 @@ def throughput_of(
                 n / min(python_s),
                 "changes/s",
                 baseline_name=baseline,
-                baseline_value=n / min(recv_s),
-                min_ratio=0.7,
+                baseline_value=n / min(recv_s),  # informational: the target is the default (native) core's
                 note=(
                     "the same WAL and connector with `--core python` (every change through the Python reference "
                     "path), interleaved with the native core's runs: runs "
@@ -449,8 +448,7 @@ def throughput_of(
                 n / min(kafka_s),
                 "changes/s",
                 baseline_name=baseline,
-                baseline_value=n / min(recv_s),
-                min_ratio=0.7,
+                baseline_value=n / min(recv_s),  # informational: the Kafka targets are against Debezium
                 note=(
                     "the same WAL into a local single-broker Kafka (KRaft, `tideline.kafkaharness`): transactional "
                     "producer, acks=all, one Kafka transaction per log batch with the position; "

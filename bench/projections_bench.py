@@ -367,10 +367,11 @@ def view_rebuild(
         f'Rebuild: `rebuild.rebuild(spark, VIEWS, "{VIEW}")` end to end (offsets, shadow table, the fold, COPY, '
         "swap, checkpoints) vs `rebuild.fold_frame` over the Parquet records into scratch tables (the same fold "
         f"and COPY, no swap); both leave the same rows (checked with EXCEPT ALL). {REBUILD_RUNS} runs each, "
-        "interleaved, after the latest-value folds below warmed Spark; best run reported. The rebuild reads one "
-        "Spark partition per log partition (`wholePartitions`) and sorts within it, no shuffle; Parquet files do "
-        "not place a stream in one file, so the fold from Parquet repartitions by key first (the general path of "
-        "`fold_frame`). The rebuild also pays its swap (shadow built from the staged rows), the Parquet fold not."
+        "interleaved, after the latest-value folds below warmed Spark; best run reported. The rebuild runs one "
+        "Spark task per log partition that reads the partition itself (`engine.fold_log_partitions`) and folds "
+        "it in offset order, no shuffle, no sort; Parquet files do not place a stream in one file, so the fold "
+        "from Parquet repartitions by key and sorts first (the general path of `fold_frame`). The rebuild also "
+        "pays its swap (shadow built from the staged rows), the Parquet fold not."
     )
     section.notes.append(
         "From Kafka: the same records copied partition for partition into a private Apache Kafka "
