@@ -265,14 +265,17 @@ def fold_log_partitions(
     state_table: str,
     log_path: str,
     max_open_streams: int,
-    ranges: Iterable[OffsetRange],
-) -> Iterator[tuple[int, int, int]]:
-    """Executor side of a fold rebuild from the embedded log (``mapPartitions`` over one
-    :class:`~projections.planning.OffsetRange` per task: a whole log partition): the task reads
+    ranges: Sequence[OffsetRange],
+    batches: Iterable[Any],
+) -> Iterator[Any]:
+    """Executor side of a fold rebuild from the embedded log (``mapInArrow`` over ``spark.range``:
+    the ids of this task's rows index ``ranges``, one per task, a whole log partition): the task reads
     its range itself, read_committed (:func:`projections.range_reader.read_range`, as the
     ``tideline`` source's task would), and folds it in offset order — no hop through the JVM
     and back. Staging and the ``(partition, task_attempt, events)`` it yields as
     :func:`fold_batches` with ``offset_order``."""
+    import pyarrow as pa
+
     from eventstore.isolation import IsolationLevel
     from projections.options import DEFAULT_BATCH_ROWS
     from projections.range_reader import ReadSettings, read_range
@@ -287,11 +290,16 @@ def fold_log_partitions(
         def flush(rows: list[Row], states: list[Row]) -> None:
             _flush(conn, view, rows_table, state_table, rows, states, attempt)
 
-        for rng in ranges:
-            columns = ((b.column("key"), b.column("value")) for b in read_range(rng, settings))
-            events += _fold_in_offset_order(view, columns, flush, max_open_streams)
+        for batch in batches:
+            for i in batch.column(0).to_pylist():
+                reads = read_range(ranges[i], settings)
+                columns = ((b.column("key"), b.column("value")) for b in reads)
+                events += _fold_in_offset_order(view, columns, flush, max_open_streams)
     attempts.inject_fault()
-    yield partition, attempt, events
+    yield pa.RecordBatch.from_pydict(
+        {"partition": [partition], "task_attempt": [attempt], "events": [events]},
+        schema=pa.schema([("partition", pa.int32()), ("task_attempt", pa.int64()), ("events", pa.int64())]),
+    )
 
 
 Flush = Callable[[list[Row], list[Row]], None]  # stage (and commit) view rows and states, then clear both lists

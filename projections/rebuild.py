@@ -331,11 +331,11 @@ def fold_log(
     if not ranges:
         return Folded(0, [])
     job = functools.partial(engine.fold_log_partitions, catalog.module, view.name, dsn, rows_staging,
-                            states_staging, path, _max_open_streams(spark))  # fmt: skip
-    tasks = spark.sparkContext.parallelize(ranges, len(ranges))  # one range, one task
+                            states_staging, path, _max_open_streams(spark), ranges)  # fmt: skip
+    tasks = spark.range(len(ranges), numPartitions=len(ranges))  # task i folds ranges[i]
     return _unless_too_many_streams(
-        lambda: [attempts.TaskOutput(*r) for r in tasks.mapPartitions(job).collect()], dsn, rows_staging,
-        states_staging)  # fmt: skip
+        lambda: [attempts.TaskOutput(*r) for r in tasks.mapInArrow(job, engine.FOLD_OUTPUT).collect()], dsn,
+        rows_staging, states_staging)  # fmt: skip
 
 
 def _max_open_streams(spark: SparkSession) -> int:
