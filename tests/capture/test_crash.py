@@ -402,6 +402,10 @@ def crash_scenario(dsn: str, tmp: Path, sizes: Sizes, crashed_dir: Backend, plug
             lo = min(lo, hi * 0.5)  # ... or faster: look earlier too
             if not inside:
                 pairs += 1
+                deadline = time.monotonic() + 60  # the killed run's walsender lets go of its slot soon after
+                while any((slot_status(dsn, s) or {}).get("active") for s in ("ref", "crashed")):
+                    assert time.monotonic() < deadline, "a slot stayed active after its connector was killed"
+                    time.sleep(0.1)
                 sql(dsn, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                          "WHERE slot_name IN ('ref', 'crashed')")  # fmt: skip
                 crashed_dir = crashed_dir.elsewhere(tmp / f"crashed-{pairs}")
