@@ -287,17 +287,16 @@ def fold_frame(
     """Fold the outbox records of ``raw`` (the source's columns) into the staging tables
     ``rows_staging`` and ``states_staging`` (:mod:`projections.attempts`); the events folded
     and the attempts whose rows count. The records go to Python as Arrow batches
-    (``mapInArrow``) sorted by key and offset within Spark partitions (a stream's events in
-    order, together); values are parsed and folded there (:func:`engine.fold_batches`).
+    (``mapInArrow``); values are parsed and folded there (:func:`engine.fold_batches`).
 
     ``per_log_partition``: ``raw`` holds one Spark partition per log partition in offset order
     (the source's ``wholePartitions``); a stream lives in one log partition, so each task folds
     its records as they come, holding one state per stream (``engine.fold_batches`` with
     ``offset_order``): no shuffle, no sort. A log partition with more streams than a task holds
     (Spark setting ``spark.tideline.fold.maxOpenStreams``, default 2,000,000) is folded again
-    the general way. Otherwise (e.g. Parquet
-    files) the records are repartitioned by key (= stream id) and sorted by key and offset
-    within partitions."""
+    the general way. Otherwise (e.g. Parquet files) the records are repartitioned by key
+    (= stream id) and sorted by key and offset within partitions (a stream's events in order,
+    together)."""
     records = raw.where(~F.col("is_tombstone"))
     job = functools.partial(engine.fold_batches, catalog.module, view.name, dsn, rows_staging, states_staging)
     if per_log_partition:
