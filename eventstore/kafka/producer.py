@@ -213,17 +213,24 @@ class KafkaProducer:
                                   headers[i] if headers is not None else None, delivered)  # fmt: skip
                 except TidelineError:  # the transaction failed: by a record refused earlier?
                     if not wait:
-                        self._producer.poll(0)
+                        self._poll()
                         self._raise_failed_delivery()
                     raise
         if not wait:
-            self._producer.poll(0)  # serve the callbacks of what was acknowledged meanwhile
+            self._poll()  # serve the callbacks of what was acknowledged meanwhile
             return {}
         self.flush()
         if errors:
             err, topic = errors[0]
             self._translate(KafkaException(err), f"sending to {topic!r}", topic)
         return {tp: (min(offsets), len(offsets)) for tp, offsets in sorted(results.items())}
+
+    def _poll(self) -> None:
+        """Serve delivery callbacks; a fatal error met meanwhile (fencing) raises, translated."""
+        try:
+            self._producer.poll(0)
+        except KafkaException as e:
+            self._translate(e, "sending")
 
     def take_delivered(self) -> dict[tuple[str, int], tuple[int, int]]:
         """What ``send_many(wait=False)`` sent and Kafka acknowledged since the last call:
