@@ -7,11 +7,11 @@ machinery instead of Kafka Connect's offsets topic:
   slice of a huge one) and the connector's position record (``__tideline_capture_offsets``,
   compacted, keyed by the connector) are produced by one transactional producer and
   committed together: ``read_committed`` consumers see both or neither (``transactional.id``
-  = the connector's identity; :data:`PRODUCERS` on why not more than one producer). Appends
+  = the connector's identity; docs/capture.md on why not two alternating producers). Appends
   do not wait; :meth:`KafkaLogSink.commit` flushes, and returns only after
   Kafka's commit returned (``acks=all``, idempotence, and the topics'
   ``min.insync.replicas``); only then does the connector confirm the flush LSN to Postgres.
-- **One writer.** :meth:`KafkaLogSink.open` runs ``init_transactions`` for its id(s): a
+- **One writer.** :meth:`KafkaLogSink.open` runs ``init_transactions``: a
   predecessor's open transaction is aborted and a zombie with the same identity is fenced —
   its next call raises :class:`~eventstore.errors.ProducerFencedError` ("another instance
   took over"), which stops it.
@@ -58,17 +58,6 @@ log = logging.getLogger("capture.sink")
 
 TRANSACTION_TIMEOUT_MS = 120_000  # a batch (and a snapshot chunk) commits well within it; broker cap: 15 min
 LINGER_MS = 5
-# Transactions would alternate between this many transactional producers (ids ``ID``, ``ID#1``, …).
-# A producer's first write of a transaction registers its partitions with the coordinator
-# (AddPartitionsToTxn: librdkafka speaks transactions v1); until the previous transaction's commit
-# markers are written, the coordinator answers CONCURRENT_TRANSACTIONS and librdkafka retries after a
-# fixed 20 ms: 3-8 % of commits at 10k changes/s, commit → readable p99 63 ms into one broker. Two
-# producers removed that (p99 33-49 ms), but after a whole-cluster restart one producer's committed
-# transaction kept its markers pending for over 30 s while the other went on committing behind it:
-# read_committed readers stalled at its first offset (test_faults' Kafka restart, 2 of 5 runs). With
-# one producer its next transaction waits for those markers, as Kafka's own clients do; kept at one
-# until that stall is understood.
-PRODUCERS = 1
 
 
 class KafkaLogSink:
@@ -96,8 +85,7 @@ class KafkaLogSink:
         self.min_insync_replicas = min_insync_replicas
         self.timeout_s = timeout_s
         self.admin = KafkaAdmin(bootstrap_servers, timeout_s=timeout_s)
-        self.producers: list[KafkaProducer] = []  # PRODUCERS of them once open; transactions alternate
-        self._turn = 0
+        self.producer: KafkaProducer | None = None
         self._reader: KafkaReader | None = None
         self._schemas: KafkaSchemaStore | None = None
         self._partitions: dict[str, int] = {}
@@ -107,32 +95,21 @@ class KafkaLogSink:
         return f"Kafka at {self.bootstrap_servers}"
 
     def open(self, transactional_id: str) -> None:
-        """Become the writer with this identity: the producer(s) of ``transactional_id`` (and
-        ``transactional_id#1``, … see :data:`PRODUCERS`), each ``init_transactions``: what a killed
-        predecessor left open under such an id is aborted, and a zombie holding one is fenced."""
-        self._close_producers()
-        for i in range(PRODUCERS):
-            producer = KafkaProducer(
-                self.bootstrap_servers,
-                transactional_id=transactional_id if i == 0 else f"{transactional_id}#{i}",
-                transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
-                linger_ms=LINGER_MS,
-                timeout_s=self.timeout_s,
-            )
-            self.producers.append(producer)
-            producer.init_transactions()  # aborts what a killed predecessor left open, fences zombies
-        self._turn = 0
+        if self.producer is not None:
+            self.producer.close()
+        self.producer = KafkaProducer(
+            self.bootstrap_servers,
+            transactional_id=transactional_id,
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+            linger_ms=LINGER_MS,
+            timeout_s=self.timeout_s,
+        )
+        self.producer.init_transactions()  # aborts what a killed predecessor left open, fences zombies
 
     def _producer(self) -> KafkaProducer:
-        """The producer whose turn it is: the open transaction's, or the next one's."""
-        if not self.producers:
+        if self.producer is None:
             raise RuntimeError("sink not opened")
-        return self.producers[self._turn]
-
-    def _close_producers(self) -> None:
-        for producer in self.producers:
-            producer.close()
-        self.producers = []
+        return self.producer
 
     # ------------------------------------------------------------------ topics
 
@@ -230,7 +207,6 @@ class KafkaLogSink:
         if value is not None:
             producer.send_many([(position_topic, 0, [key], [value], None)], wait=False)
         producer.commit_transaction()  # returns once Kafka committed: only then is the LSN confirmed
-        self._turn = (self._turn + 1) % len(self.producers)  # the next transaction: the other producer
         placed = producer.take_delivered()
         placed.pop((position_topic, 0), None)
         return {tp: first + count for tp, (first, count) in placed.items()}
@@ -302,4 +278,6 @@ class KafkaLogSink:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
-        self._close_producers()
+        if self.producer is not None:
+            self.producer.close()
+            self.producer = None
