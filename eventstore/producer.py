@@ -606,19 +606,26 @@ class Producer:
         wait(waiting)
 
     def close(self) -> None:
-        """Flush, abort a transaction left open, stop the sender thread, release the producer id."""
+        """Flush, abort a transaction left open, stop the sender thread, release the producer id.
+
+        Closes even when the abort or the flush fails (and then raises that error): the transaction
+        left open is the next instance's to abort (``init_transactions``), or recovery's once the
+        released owner lock shows this instance gone.
+        """
         if self._closed:
             return
         with self._txn_lock:
             open_txn = self._txn_state in (_TxnState.IN_TRANSACTION, _TxnState.ABORTABLE)
-        if open_txn:
-            log.warning("producer %r closed inside a transaction: aborting it", self.transactional_id)
-            self.abort_transaction()
-        self.flush()
-        with self._lock:
-            self._closed = True
-            self._wake.notify_all()
-        self._sender.join()
-        if self._owner is not None:
-            self._owner.release()
-            self._owner = None
+        try:
+            if open_txn:
+                log.warning("producer %r closed inside a transaction: aborting it", self.transactional_id)
+                self.abort_transaction()
+            self.flush()
+        finally:
+            with self._lock:
+                self._closed = True
+                self._wake.notify_all()
+            self._sender.join()
+            if self._owner is not None:
+                self._owner.release()
+                self._owner = None

@@ -24,6 +24,11 @@ partition of the transaction → ``CompleteCommit`` | ``CompleteAbort`` (not fsy
 lost, recovery redoes the markers, which partitions ignore when the transaction is no
 longer open there).
 
+A decided state whose markers could not all be written (a full disk) stays ``Prepare*``; the
+producer's retry of the same call completes it. An abort that bumped the epoch (a producer's
+abort after a failed send) records the epoch it replaced (``last_epoch`` in the JSON body; absent
+in older files, read as -1), so that retry, still under the old epoch, is recognized.
+
 Fencing: ``init_producer`` bumps the epoch of a transactional id (aborting or completing
 whatever the previous instance left), so the previous instance's next coordinator call
 or append fails with :class:`ProducerFencedError` (partitions refuse lower epochs once a
@@ -44,6 +49,7 @@ from __future__ import annotations
 import enum
 import fcntl
 import json
+import logging
 import os
 import re
 import struct
@@ -73,6 +79,8 @@ MAX_EPOCH = (1 << 15) - 2  # int16 in batch headers; the last value is kept for 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 _LEGAL_ID = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
+log = logging.getLogger(__name__)
+
 
 class TxnState(enum.Enum):
     EMPTY = "Empty"
@@ -99,6 +107,10 @@ class TransactionMetadata:
     txn_start_ms: int = -1
     timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
     updated_ms: int = field(default_factory=now_ms)
+    # The epoch before a bump the producer itself asked for (an abort after a failed send), else -1:
+    # its retry of that abort, still under the old epoch, is a retry and not a zombie (Kafka's
+    # lastProducerEpoch). Bumps by init_producer and recovery leave it -1, so they fence.
+    last_epoch: int = -1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -110,6 +122,7 @@ class TransactionMetadata:
             "txn_start_ms": self.txn_start_ms,
             "timeout_ms": self.timeout_ms,
             "updated_ms": self.updated_ms,
+            "last_epoch": self.last_epoch,
         }
 
     @classmethod
@@ -123,6 +136,7 @@ class TransactionMetadata:
             int(d["txn_start_ms"]),
             int(d["timeout_ms"]),
             int(d["updated_ms"]),
+            int(d.get("last_epoch", -1)),  # absent in state files written before it existed
         )
 
 
@@ -326,28 +340,55 @@ class TransactionCoordinator:
     def end_transaction(
         self, tid: str, producer_id: int, epoch: int, *, commit: bool, bump_epoch: bool = False
     ) -> TransactionMetadata:
-        """Commit or abort the open transaction (no-op when none is open). Returns the new state."""
+        """Commit or abort the open transaction (no-op when none is open). Returns the new state.
+
+        A retry of a call that failed after its decision was stored (the markers could not all be
+        written: a full disk) completes the decided outcome, also under the epoch it had before the
+        bump it asked for. Asked to abort what is already decided as a commit (or the other way
+        round), it completes the decision, which stands, and says so in a warning.
+        """
         with self._flock(f"{tid}.lock"):
+            meta = self.read_state(tid)
+            if meta is not None and _retries_bumped_abort(meta, producer_id, epoch, commit=commit):
+                return self._end(meta, commit=False, bump=False) if meta.state.is_open else meta
             meta = self._checked(tid, producer_id, epoch)
+            if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+                decided = meta.state is TxnState.PREPARE_COMMIT
+                if decided != commit:
+                    asked, decision = ("commit" if commit else "abort"), ("commit" if decided else "abort")
+                    log.warning(
+                        "transactional id %r: asked to %s a transaction already decided to %s: completing the %s",
+                        tid, asked, decision, decision,
+                    )  # fmt: skip
+                return self._end(meta, commit=decided, bump=False)
             if meta.state is not TxnState.ONGOING:
                 if bump_epoch:
-                    meta = self._bumped(meta, TxnState.COMPLETE_ABORT)
+                    meta = self._bumped(meta, TxnState.COMPLETE_ABORT, remember=True)
                     self._write_state(meta)
                 return meta
-            return self._end(meta, commit=commit, bump=bump_epoch)
+            return self._end(meta, commit=commit, bump=bump_epoch, remember=True)
 
-    def _bumped(self, meta: TransactionMetadata, state: TxnState) -> TransactionMetadata:
+    def _bumped(self, meta: TransactionMetadata, state: TxnState, *, remember: bool = False) -> TransactionMetadata:
+        """``meta`` under the next epoch; ``remember``: the producer asked for it (its retry is not fenced)."""
         epoch = min(meta.epoch + 1, MAX_EPOCH + 1)
         return TransactionMetadata(
-            meta.transactional_id, meta.producer_id, epoch, state, meta.partitions, meta.txn_start_ms, meta.timeout_ms
+            meta.transactional_id,
+            meta.producer_id,
+            epoch,
+            state,
+            meta.partitions,
+            meta.txn_start_ms,
+            meta.timeout_ms,
+            last_epoch=meta.epoch if remember else -1,
         )
 
-    def _end(self, meta: TransactionMetadata, *, commit: bool, bump: bool) -> TransactionMetadata:
+    def _end(
+        self, meta: TransactionMetadata, *, commit: bool, bump: bool, remember: bool = False
+    ) -> TransactionMetadata:
         """Decide (durably), write the markers, complete. Caller holds ``<tid>.lock``."""
-        tid = meta.transactional_id
         prepare = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
         if meta.state is TxnState.ONGOING:
-            decided = self._bumped(meta, prepare) if bump else _with_state(meta, prepare)
+            decided = self._bumped(meta, prepare, remember=remember) if bump else _with_state(meta, prepare)
             self._write_state(decided)  # the commit point
         else:
             decided = meta
@@ -355,9 +396,7 @@ class TransactionCoordinator:
         for topic, partition in decided.partitions:
             self.log.append(topic, partition, control_batch(kind, decided.producer_id, decided.epoch))
         done = TxnState.COMPLETE_COMMIT if kind is ControlType.COMMIT else TxnState.COMPLETE_ABORT
-        complete = TransactionMetadata(
-            tid, decided.producer_id, decided.epoch, done, decided.partitions, decided.txn_start_ms, decided.timeout_ms
-        )
+        complete = _with_state(decided, done)
         self._write_state(complete, durable=False)
         return complete
 
@@ -408,6 +447,19 @@ def _with_state(meta: TransactionMetadata, state: TxnState) -> TransactionMetada
         meta.partitions,
         meta.txn_start_ms,
         meta.timeout_ms,
+        last_epoch=meta.last_epoch,
+    )
+
+
+def _retries_bumped_abort(meta: TransactionMetadata, producer_id: int, epoch: int, *, commit: bool) -> bool:
+    """Whether an end call is the producer's retry of its own abort that bumped the epoch (its first
+    attempt stored the decision, then failed): same producer, the epoch before that bump, an abort."""
+    return (
+        not commit
+        and meta.producer_id == producer_id
+        and meta.last_epoch == epoch
+        and meta.epoch == epoch + 1
+        and meta.state in (TxnState.PREPARE_ABORT, TxnState.COMPLETE_ABORT)
     )
 
 

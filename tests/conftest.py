@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,14 @@ import pytest
 from tideline.faults import FaultUnavailable, SmallFilesystem, small_filesystem
 from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist's workers start with SIGINT ignored, and processes a test starts inherit that (a
+    Python child then never raises KeyboardInterrupt): give the worker Python's usual handler back, so
+    tests that stop a child with SIGINT (Ctrl-C) see what a user's terminal would do."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

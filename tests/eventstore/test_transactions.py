@@ -9,10 +9,14 @@
   after the commit decision but before all markers: recovery completes the commit.
 * Compaction never lets aborted data replace a committed value, nor cleans past an
   open transaction.
+* A commit or abort whose markers cannot be written (a full disk) after its decision was
+  stored completes when the producer retries it, also when the abort bumped the epoch; a
+  fenced instance stays fenced; closing with an abort that fails still closes.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -25,7 +29,7 @@ import pytest
 
 from eventstore.cleaner import compact_partition
 from eventstore.consumer import Consumer, TopicPartition
-from eventstore.errors import ProducerFencedError
+from eventstore.errors import LogStorageError, ProducerFencedError
 from eventstore.log import Log
 from eventstore.partition_log import AppendResult
 from eventstore.producer import Producer
@@ -272,6 +276,130 @@ def test_crash_between_decision_and_markers_completes_the_commit(tmp_path: Path)
         ended = coordinator.recover()
         assert [m.state for m in ended] == [TxnState.COMPLETE_COMMIT]
         assert sorted(values_seen(fresh, tps, "read_committed")) == sorted(sent)
+
+
+class FullDisk(Log):
+    """A real log whose appends fail with ENOSPC while ``data_full`` (data batches) or ``markers_full``
+    (control batches) is set, the way a full file system fails them (the batch is not stored)."""
+
+    data_full = False
+    markers_full = False
+
+    def append(self, topic: str, partition: int, batch: bytearray) -> AppendResult:
+        control = bool(batch[21] & 0x20)
+        if self.markers_full if control else self.data_full:
+            raise LogStorageError(self.path / f"{topic}-{partition}", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+        return super().append(topic, partition, batch)
+
+
+def test_a_commit_whose_markers_failed_completes_when_retried(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    with Log(path) as log:
+        tps = make_topics(log, 2)
+    with FullDisk(path) as log:
+        producer = Producer(log, transactional_id="retry", linger_ms=1)
+        producer.init_transactions()
+        producer.begin_transaction()
+        sent = [b"c%d" % i for i in range(12)]
+        for i, v in enumerate(sent):
+            producer.send(TOPICS[i % 3], v, key=v)
+        log.markers_full = True
+        with pytest.raises(LogStorageError, match="No space left"):
+            producer.commit_transaction()
+        assert TransactionCoordinator(log).read_state("retry").state is TxnState.PREPARE_COMMIT  # type: ignore[union-attr]
+        assert values_seen(log, tps, "read_committed") == []
+        log.markers_full = False
+        producer.commit_transaction()  # the retry writes the markers of the stored decision
+        assert sorted(values_seen(log, tps, "read_committed")) == sorted(sent)
+        producer.begin_transaction()
+        producer.send("orders", b"next", key=b"n")
+        producer.commit_transaction()
+        assert sorted(values_seen(log, tps, "read_committed")) == sorted([*sent, b"next"])
+        producer.close()
+
+
+def test_an_abort_that_bumped_the_epoch_then_failed_is_retried_under_the_old_epoch(tmp_path: Path) -> None:
+    """The capture connector's disk-full path: a send fails (the transaction must abort, with a new
+    epoch), the abort's decision is stored but its markers are not; the retry, still under the old
+    epoch, must not be taken for a fenced zombie."""
+    path = tmp_path / "log"
+    with Log(path) as log:
+        tps = make_topics(log, 2)
+    with FullDisk(path) as log:
+        producer = Producer(log, transactional_id="full", linger_ms=1)
+        producer.init_transactions()
+        epoch = producer.epoch
+        producer.begin_transaction()
+        producer.send("orders", b"stored", key=b"a").result()
+        log.data_full = log.markers_full = True
+        with pytest.raises(LogStorageError):
+            producer.send("payments", b"refused", key=b"b").result()
+        with pytest.raises(LogStorageError):
+            producer.abort_transaction()
+        state = TransactionCoordinator(log).read_state("full")
+        assert state is not None and (state.state, state.epoch, state.last_epoch) == (
+            TxnState.PREPARE_ABORT,
+            epoch + 1,
+            epoch,
+        )
+        log.data_full = log.markers_full = False
+        producer.abort_transaction()  # under the old epoch: a retry, not a zombie
+        assert producer.epoch == epoch + 1
+        assert values_seen(log, tps, "read_committed") == []
+        producer.begin_transaction()
+        producer.send("orders", b"after", key=b"a")
+        producer.commit_transaction()
+        assert values_seen(log, tps, "read_committed") == [b"after"]
+        producer.close()
+
+
+def test_a_fenced_instance_stays_fenced_even_when_it_aborts_after_a_failed_send(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    with Log(path) as log:
+        tps = make_topics(log, 1)
+    with FullDisk(path) as log:
+        old = Producer(log, transactional_id="z", linger_ms=1)
+        old.init_transactions()
+        old.begin_transaction()
+        old.send("orders", b"old", key=b"k").result()
+        log.data_full = True
+        with pytest.raises(LogStorageError):
+            old.send("orders", b"refused", key=b"k").result()
+        log.data_full = False
+        new = Producer(log, transactional_id="z", linger_ms=1)
+        new.init_transactions()  # aborts old's transaction with a bumped epoch: old is a zombie now
+        with pytest.raises(ProducerFencedError):
+            old.abort_transaction()
+        assert old.epoch < new.epoch
+        new.begin_transaction()
+        new.send("orders", b"new", key=b"k")
+        new.commit_transaction()
+        assert values_seen(log, tps, "read_committed") == [b"new"]
+        new.close()
+
+
+def test_closing_with_an_abort_that_fails_still_closes_and_the_next_instance_aborts(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    with Log(path) as log:
+        tps = make_topics(log, 1)
+    with FullDisk(path) as log:
+        producer = Producer(log, transactional_id="c", linger_ms=1)
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("orders", b"left open", key=b"k").result()
+        log.markers_full = True
+        with pytest.raises(LogStorageError):
+            producer.close()
+        assert not TransactionCoordinator(log).owner_alive("c", producer.epoch)  # closed all the same, and ...
+        log.markers_full = False
+        successor = Producer(log, transactional_id="c", linger_ms=1)
+        successor.init_transactions()  # ... the next instance completes the decided abort
+        assert values_seen(log, tps, "read_committed") == []
+        successor.begin_transaction()
+        successor.send("orders", b"kept", key=b"k")
+        successor.commit_transaction()
+        assert values_seen(log, tps, "read_committed") == [b"kept"]
+        successor.close()
 
 
 def test_transaction_timeout_aborts_and_fences_a_live_producer(tmp_path: Path) -> None:
