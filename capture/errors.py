@@ -156,13 +156,14 @@ def is_sink_transient(error: BaseException) -> bool:
     """The log backend failed in a way a new producer may get past: Kafka out of reach, a broker
     lost mid-transaction (librdkafka's abortable and retriable errors), acknowledgements late,
     the embedded log's (or the key state's) disk full — the batch was not stored, appends work
-    again once space is free.
+    again once space is free; the key state still locked by the instance this one fenced.
     The connector aborts the batch, opens the sink again (``init_transactions``) and resumes from
     the stored position, with backoff. Fencing (another instance took over) is not one of them."""
     if isinstance(error, LogStorageError):  # the embedded log's disk is full: retried until space returns
         return error.errno == errno.ENOSPC
-    if isinstance(error, sqlite3.OperationalError):  # the key state, beside the log, on the same full disk
-        return "disk is full" in str(error) or "disk I/O error" in str(error)
+    if isinstance(error, sqlite3.OperationalError):  # the key state, beside the log, on the same full disk;
+        # or locked by the instance this one just fenced, not yet gone (it stops at its next write)
+        return any(m in str(error) for m in ("disk is full", "disk I/O error", "database is locked"))
     return isinstance(error, (RetriableError, InvalidTxnStateError, KafkaUnavailableError))
 
 

@@ -28,6 +28,7 @@ from capture.events import TOAST_MIN_ROW_BYTES, Event, ToastCache
 from capture.keystate import OUTBOX_TOPIC, TABLE_TOPIC, Change, KeyState
 from capture.sinks import Sink, TopicRecords, TopicSpec
 from capture.tables import TableInfo
+from eventstore.errors import ProducerFencedError
 from schemas.position import POSITIONS_TOPIC, SourcePosition, connector_key
 
 log = logging.getLogger("capture.writer")
@@ -193,7 +194,11 @@ class LogWriter:
         return True
 
     def abort(self) -> None:
-        """Forget the open transaction (the sink aborts it; a failed abort is left to the next start)."""
+        """Forget the open transaction (the sink aborts it; a failed abort is left to the next start).
+
+        Raises :class:`ProducerFencedError` when the abort finds this instance fenced: another instance
+        took over, and opening the sink again would fence that one in turn (the two would take turns).
+        """
         self._records = {}
         self.bytes = self.events = 0
         self._written = {}
@@ -203,5 +208,7 @@ class LogWriter:
             self.in_txn = False
             try:
                 self.sink.abort()
-            except Exception as e:  # the producer may be fenced or the log gone: the next open aborts it
+            except ProducerFencedError:
+                raise
+            except Exception as e:  # the log may be gone or its disk full: the next open aborts it
                 log.warning("capture: abort after failure failed (%s); the next start aborts it", e)

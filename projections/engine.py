@@ -317,6 +317,12 @@ def _records(columns: Iterable[tuple[Any, Any]]) -> Iterator[tuple[bytes, Stored
             yield key, event
 
 
+def _emit(view: FoldView, stream: Stream, view_rows: list[Row], states: list[Row]) -> None:
+    """A folded stream's rows of the view, and its state row (what follow resumes from)."""
+    view_rows.extend(view.rows(stream))
+    states.append((view.name, stream.stream_id, stream.version, stream.commit_lsn, to_json(stream.state)))
+
+
 def _fold_sorted(view: FoldView, batches: Iterable[tuple[Any, Any]], flush: Flush) -> int:
     """Records sorted by key: a stream's events contiguous, folded when the next stream begins."""
     events = 0
@@ -327,9 +333,7 @@ def _fold_sorted(view: FoldView, batches: Iterable[tuple[Any, Any]], flush: Flus
 
     def fold_current() -> int:
         current.sort(key=lambda e: e.version)  # offset order already, unless a topic was repartitioned
-        stream = stream_of(view, current)
-        view_rows.extend(view.rows(stream))
-        states.append((view.name, stream.stream_id, stream.version, stream.commit_lsn, to_json(stream.state)))
+        _emit(view, stream_of(view, current), view_rows, states)
         return len(current)
 
     for key, event in _records(batches):
@@ -377,8 +381,7 @@ def _fold_in_offset_order(
     view_rows: list[Row] = []
     states: list[Row] = []
     for s in open_streams.values():
-        view_rows.extend(view.rows(Stream(s.aggregate, s.stream_id, s.version, s.commit_lsn, s.state)))
-        states.append((view.name, s.stream_id, s.version, s.commit_lsn, to_json(s.state)))
+        _emit(view, Stream(s.aggregate, s.stream_id, s.version, s.commit_lsn, s.state), view_rows, states)
         if len(states) >= FLUSH_STATES:
             flush(view_rows, states)
     flush(view_rows, states)

@@ -115,10 +115,12 @@ class KafkaProducer:
         self._raise_failed_delivery()
         self._call(lambda: self._producer.commit_transaction(self.timeout_s), "committing a transaction")
 
-    def _raise_failed_delivery(self) -> None:
-        """Raise the first failure among the reports of ``send_many(wait=False)`` (if any)."""
-        if self._failed:
-            err, topic = self._failed[0]
+    def _raise_failed_delivery(self, errors: Sequence[tuple[KafkaError, str]] | None = None) -> None:
+        """Raise the first of ``errors`` (delivery failures), by default of the reports collected for
+        ``send_many(wait=False)``; nothing when there is none."""
+        errors = self._failed if errors is None else errors
+        if errors:
+            err, topic = errors[0]
             self._translate(KafkaException(err), f"sending to {topic!r}", topic)
 
     def abort_transaction(self) -> None:
@@ -220,9 +222,7 @@ class KafkaProducer:
             self._poll()  # serve the callbacks of what was acknowledged meanwhile
             return {}
         self.flush()
-        if errors:
-            err, topic = errors[0]
-            self._translate(KafkaException(err), f"sending to {topic!r}", topic)
+        self._raise_failed_delivery(errors)
         return {tp: (min(offsets), len(offsets)) for tp, offsets in sorted(results.items())}
 
     def _poll(self) -> None:
@@ -237,9 +237,7 @@ class KafkaProducer:
         ``{(topic, partition): (first offset, count)}``; raises the first delivery failure."""
         results, errors = self._delivered, self._failed
         self._delivered, self._failed = {}, []
-        if errors:
-            err, topic = errors[0]
-            self._translate(KafkaException(err), f"sending to {topic!r}", topic)
+        self._raise_failed_delivery(errors)
         return {tp: (min(offsets), len(offsets)) for tp, offsets in sorted(results.items())}
 
     def flush(self) -> None:

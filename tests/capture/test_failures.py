@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 import threading
@@ -22,7 +23,7 @@ import pytest
 from capture_util import capture, drop_slots, events, fresh_database, sql
 
 from capture.connector import CaptureConfig, Connector
-from capture.errors import PermanentCaptureError, permanent_reason
+from capture.errors import PermanentCaptureError, is_sink_transient, permanent_reason
 from capture.replication import ReplicationConnection
 from eventstore.log import Log
 from schemas.position import parse_lsn
@@ -242,3 +243,24 @@ def test_in_process_errors_are_permanent_capture_errors(tmp_path: Path) -> None:
     config = CaptureConfig(dsn="postgresql://nobody@127.0.0.1:1/x", slot="f", exit_when_caught_up=True)
     with Log(tmp_path / "log") as log, pytest.raises(PermanentCaptureError, match="cannot connect"):
         Connector(config, log).run()
+
+
+def test_a_key_state_still_locked_by_a_fenced_instance_is_retried(tmp_path: Path) -> None:
+    """A new instance that fenced the old one may find the key state's SQLite file still locked by it (it
+    stops at its next write): SQLite's real error for that is retried (with the sink opened again), not
+    fatal; an SQLite error of another kind is not."""
+    path = tmp_path / "ks.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE k (key BLOB)")
+    holder.execute("BEGIN IMMEDIATE")  # the old instance's write transaction
+    other = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        with pytest.raises(sqlite3.OperationalError) as locked:
+            other.execute("INSERT INTO k VALUES (x'00')")
+        assert is_sink_transient(locked.value), locked.value
+        with pytest.raises(sqlite3.OperationalError) as missing:
+            other.execute("SELECT * FROM no_such_table")
+        assert not is_sink_transient(missing.value)
+    finally:
+        other.close()
+        holder.close()

@@ -19,10 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from capture.config import CaptureConfig
+from capture.converters import JsonConverter
+from capture.keystate import KeyState
 from capture.sinks import ReadBatch, Sink, TopicRecords, TopicSpec
 from capture.sinks.embedded import EmbeddedLogSink
 from capture.sinks.kafka import KafkaLogSink
-from eventstore.errors import ConfigError, TidelineError
+from capture.writer import LogWriter
+from eventstore.errors import ConfigError, ProducerFencedError, TidelineError
 from eventstore.log import Log
 from schemas.registry import SchemaStore
 from tideline.kafkaharness import LocalKafka
@@ -225,6 +229,32 @@ def test_an_open_transaction_of_a_dead_writer_is_aborted_by_the_next(factory: Si
             with pytest.raises(TidelineError):  # the zombie is fenced
                 first.commit(POSITIONS, b"me", b"zombie")
             assert last_value(second, b"me", b"pos") == b"pos"
+
+
+def test_a_fenced_writer_learns_it_from_its_abort_and_stops(factory: SinkFactory, tmp_path: Path) -> None:
+    """A writer whose commit failed in a way that looks transient (Kafka can answer a fenced EndTxn with
+    UNKNOWN) aborts; the abort finds it fenced and must say so (ProducerFencedError), so the connector
+    stops instead of opening the sink again, which would fence the new instance in turn (the fresh-clone
+    run's test_second_connector_fences_the_first: the two took turns, and the second died)."""
+    with factory(tmp_path / "log") as first:
+        opened(first)
+        first.ensure_topic("t", TopicSpec(compact=True, partitions=1))
+        keystate = KeyState(tmp_path / "first.keystate.sqlite")
+        try:
+            config = CaptureConfig(dsn="postgresql://unused", slot="s", topic_prefix="d")
+            writer = LogWriter(config, first, keystate, JsonConverter())
+            writer.begin()
+            first.append({"t": TopicRecords([b"a"], [b"in flight"])})
+            with factory(tmp_path / "log") as second:
+                opened(second)  # another instance took over
+                with pytest.raises(ProducerFencedError):
+                    writer.abort()
+                second.begin()
+                second.append({"t": TopicRecords([b"b"], [b"the new instance's"])})
+                second.commit(POSITIONS, b"me", b"pos")  # it was not fenced in turn
+                assert [(k, v) for _, k, v in committed(second, "t", 1)] == [(b"b", b"the new instance's")]
+        finally:
+            keystate.close()
 
 
 def test_keys_are_placed_by_kafka_murmur2(factory: SinkFactory, tmp_path: Path) -> None:
