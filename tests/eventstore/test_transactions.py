@@ -23,6 +23,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -292,11 +294,27 @@ class FullDisk(Log):
         return super().append(topic, partition, batch)
 
 
-def test_a_commit_whose_markers_failed_completes_when_retried(tmp_path: Path) -> None:
+@contextmanager
+def full_disk(tmp_path: Path, partitions: int) -> Iterator[tuple[FullDisk, list[TopicPartition]]]:
+    """A log with the test topics, reopened as a :class:`FullDisk`; ``(log, topic partitions)``."""
     path = tmp_path / "log"
     with Log(path) as log:
-        tps = make_topics(log, 2)
-    with FullDisk(path) as log:
+        tps = make_topics(log, partitions)
+    with FullDisk(path) as full:
+        yield full, tps
+
+
+def goes_on(producer: Producer, log: Log, tps: list[TopicPartition], value: bytes, before: list[bytes]) -> None:
+    """The producer commits one more record, read_committed then sees ``before`` and it; closes it."""
+    producer.begin_transaction()
+    producer.send("orders", value, key=b"k")
+    producer.commit_transaction()
+    assert sorted(values_seen(log, tps, "read_committed")) == sorted([*before, value])
+    producer.close()
+
+
+def test_a_commit_whose_markers_failed_completes_when_retried(tmp_path: Path) -> None:
+    with full_disk(tmp_path, 2) as (log, tps):
         producer = Producer(log, transactional_id="retry", linger_ms=1)
         producer.init_transactions()
         producer.begin_transaction()
@@ -311,21 +329,14 @@ def test_a_commit_whose_markers_failed_completes_when_retried(tmp_path: Path) ->
         log.markers_full = False
         producer.commit_transaction()  # the retry writes the markers of the stored decision
         assert sorted(values_seen(log, tps, "read_committed")) == sorted(sent)
-        producer.begin_transaction()
-        producer.send("orders", b"next", key=b"n")
-        producer.commit_transaction()
-        assert sorted(values_seen(log, tps, "read_committed")) == sorted([*sent, b"next"])
-        producer.close()
+        goes_on(producer, log, tps, b"next", sent)
 
 
 def test_an_abort_that_bumped_the_epoch_then_failed_is_retried_under_the_old_epoch(tmp_path: Path) -> None:
     """The capture connector's disk-full path: a send fails (the transaction must abort, with a new
     epoch), the abort's decision is stored but its markers are not; the retry, still under the old
     epoch, must not be taken for a fenced zombie."""
-    path = tmp_path / "log"
-    with Log(path) as log:
-        tps = make_topics(log, 2)
-    with FullDisk(path) as log:
+    with full_disk(tmp_path, 2) as (log, tps):
         producer = Producer(log, transactional_id="full", linger_ms=1)
         producer.init_transactions()
         epoch = producer.epoch
@@ -346,18 +357,11 @@ def test_an_abort_that_bumped_the_epoch_then_failed_is_retried_under_the_old_epo
         producer.abort_transaction()  # under the old epoch: a retry, not a zombie
         assert producer.epoch == epoch + 1
         assert values_seen(log, tps, "read_committed") == []
-        producer.begin_transaction()
-        producer.send("orders", b"after", key=b"a")
-        producer.commit_transaction()
-        assert values_seen(log, tps, "read_committed") == [b"after"]
-        producer.close()
+        goes_on(producer, log, tps, b"after", [])
 
 
 def test_a_fenced_instance_stays_fenced_even_when_it_aborts_after_a_failed_send(tmp_path: Path) -> None:
-    path = tmp_path / "log"
-    with Log(path) as log:
-        tps = make_topics(log, 1)
-    with FullDisk(path) as log:
+    with full_disk(tmp_path, 1) as (log, tps):
         old = Producer(log, transactional_id="z", linger_ms=1)
         old.init_transactions()
         old.begin_transaction()
@@ -371,18 +375,11 @@ def test_a_fenced_instance_stays_fenced_even_when_it_aborts_after_a_failed_send(
         with pytest.raises(ProducerFencedError):
             old.abort_transaction()
         assert old.epoch < new.epoch
-        new.begin_transaction()
-        new.send("orders", b"new", key=b"k")
-        new.commit_transaction()
-        assert values_seen(log, tps, "read_committed") == [b"new"]
-        new.close()
+        goes_on(new, log, tps, b"new", [])
 
 
 def test_closing_with_an_abort_that_fails_still_closes_and_the_next_instance_aborts(tmp_path: Path) -> None:
-    path = tmp_path / "log"
-    with Log(path) as log:
-        tps = make_topics(log, 1)
-    with FullDisk(path) as log:
+    with full_disk(tmp_path, 1) as (log, tps):
         producer = Producer(log, transactional_id="c", linger_ms=1)
         producer.init_transactions()
         producer.begin_transaction()
@@ -395,11 +392,7 @@ def test_closing_with_an_abort_that_fails_still_closes_and_the_next_instance_abo
         successor = Producer(log, transactional_id="c", linger_ms=1)
         successor.init_transactions()  # ... the next instance completes the decided abort
         assert values_seen(log, tps, "read_committed") == []
-        successor.begin_transaction()
-        successor.send("orders", b"kept", key=b"k")
-        successor.commit_transaction()
-        assert values_seen(log, tps, "read_committed") == [b"kept"]
-        successor.close()
+        goes_on(successor, log, tps, b"kept", [])
 
 
 def test_transaction_timeout_aborts_and_fences_a_live_producer(tmp_path: Path) -> None:
