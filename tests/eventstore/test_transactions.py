@@ -304,6 +304,15 @@ def full_disk(tmp_path: Path, partitions: int) -> Iterator[tuple[FullDisk, list[
         yield full, tps
 
 
+def open_with_one_record(log: Log, tid: str, value: bytes) -> Producer:
+    """A transactional producer whose open transaction holds one stored record."""
+    producer = Producer(log, transactional_id=tid, linger_ms=1)
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("orders", value, key=b"k").result()
+    return producer
+
+
 def goes_on(producer: Producer, log: Log, tps: list[TopicPartition], value: bytes, before: list[bytes]) -> None:
     """The producer commits one more record, read_committed then sees ``before`` and it; closes it."""
     producer.begin_transaction()
@@ -337,11 +346,8 @@ def test_an_abort_that_bumped_the_epoch_then_failed_is_retried_under_the_old_epo
     epoch), the abort's decision is stored but its markers are not; the retry, still under the old
     epoch, must not be taken for a fenced zombie."""
     with full_disk(tmp_path, 2) as (log, tps):
-        producer = Producer(log, transactional_id="full", linger_ms=1)
-        producer.init_transactions()
+        producer = open_with_one_record(log, "full", b"stored")
         epoch = producer.epoch
-        producer.begin_transaction()
-        producer.send("orders", b"stored", key=b"a").result()
         log.data_full = log.markers_full = True
         with pytest.raises(LogStorageError):
             producer.send("payments", b"refused", key=b"b").result()
@@ -362,10 +368,7 @@ def test_an_abort_that_bumped_the_epoch_then_failed_is_retried_under_the_old_epo
 
 def test_a_fenced_instance_stays_fenced_even_when_it_aborts_after_a_failed_send(tmp_path: Path) -> None:
     with full_disk(tmp_path, 1) as (log, tps):
-        old = Producer(log, transactional_id="z", linger_ms=1)
-        old.init_transactions()
-        old.begin_transaction()
-        old.send("orders", b"old", key=b"k").result()
+        old = open_with_one_record(log, "z", b"old")
         log.data_full = True
         with pytest.raises(LogStorageError):
             old.send("orders", b"refused", key=b"k").result()
@@ -380,10 +383,7 @@ def test_a_fenced_instance_stays_fenced_even_when_it_aborts_after_a_failed_send(
 
 def test_closing_with_an_abort_that_fails_still_closes_and_the_next_instance_aborts(tmp_path: Path) -> None:
     with full_disk(tmp_path, 1) as (log, tps):
-        producer = Producer(log, transactional_id="c", linger_ms=1)
-        producer.init_transactions()
-        producer.begin_transaction()
-        producer.send("orders", b"left open", key=b"k").result()
+        producer = open_with_one_record(log, "c", b"left open")
         log.markers_full = True
         with pytest.raises(LogStorageError):
             producer.close()
