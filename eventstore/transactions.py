@@ -308,8 +308,12 @@ class TransactionCoordinator:
                         (self.directory / name).unlink()
             return pid, epoch, OwnerLock(self._owner_path(tid, epoch))
 
-    def _checked(self, tid: str, producer_id: int, epoch: int) -> TransactionMetadata:
-        meta = self.read_state(tid)
+    def _checked(
+        self, tid: str, producer_id: int, epoch: int, meta: TransactionMetadata | None = None
+    ) -> TransactionMetadata:
+        """The state of ``tid`` (``meta`` when the caller read it already) if ``producer_id`` and ``epoch``
+        are current; else :class:`ProducerFencedError`."""
+        meta = self.read_state(tid) if meta is None else meta
         if meta is None or meta.producer_id != producer_id or meta.epoch != epoch:
             now = "no state" if meta is None else f"producer {meta.producer_id} epoch {meta.epoch}"
             raise ProducerFencedError(
@@ -351,7 +355,7 @@ class TransactionCoordinator:
             meta = self.read_state(tid)
             if meta is not None and _retries_bumped_abort(meta, producer_id, epoch, commit=commit):
                 return self._end(meta, commit=False, bump=False) if meta.state.is_open else meta
-            meta = self._checked(tid, producer_id, epoch)
+            meta = self._checked(tid, producer_id, epoch, meta)  # the state read above: one read per call
             if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
                 decided = meta.state is TxnState.PREPARE_COMMIT
                 if decided != commit:
