@@ -464,6 +464,10 @@ class LocalKafka:
         log4j = log4j2_properties("tideline.kafkaharness", ndir / "server.log", {"state.change.logger": "WARN"})
         _write_atomically(self._log4j_path(node.node_id), log4j)
 
+    def node_pid(self, node_id: int) -> int | None:
+        """The PID of node ``node_id``'s running JVM, or None (tests pause a broker with SIGSTOP)."""
+        return self._pid_of(node_id)
+
     def _pid_of(self, node_id: int) -> int | None:
         """The live JVM of node ``node_id`` (from harness.json, checked against /proc), or None."""
         entry = self._state().get("nodes", {}).get(str(node_id), {})

@@ -1,13 +1,16 @@
 """The Kafka sink's guard against hanging transactions (:class:`capture.sinks.kafka.Unsettled`).
 
 Pure bookkeeping first (commits and last stable offsets as numbers), then the sink against a real
-broker: a transaction that spanned a pause pins its producer until its markers are seen, and a
+broker: after a commit across a paused broker the sink waits for every batch's markers, and a
 partition held by another producer's open transaction is reported with its offset.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import pytest
 from confluent_kafka import Producer
 
 from capture.sinks import TopicRecords, TopicSpec
-from capture.sinks.kafka import SLOW_TRANSACTION_S, KafkaLogSink, Unsettled
+from capture.sinks.kafka import SLOW_COMMIT_S, KafkaLogSink, Unsettled
 from tideline.kafkaharness import LocalKafka
 
 T0 = ("t", 0)
@@ -95,28 +98,38 @@ def test_bookkeeping_stays_bounded_while_a_partition_hangs() -> None:
 # -- against a real broker --------------------------------------------------------------------
 
 
-def one_transaction(sink: KafkaLogSink, topic: str, n: int, *, pause_s: float = 0.0) -> None:
+def one_transaction(sink: KafkaLogSink, topic: str, n: int) -> None:
     sink.begin()
-    if pause_s:
-        time.sleep(pause_s)
     keys = [f"k{i}".encode() for i in range(n)]
     sink.append({topic: TopicRecords(keys, [b"v"] * n)})
     sink.commit("positions", b"me", b"{}")
 
 
-def test_after_a_slow_transaction_the_sink_waits_for_every_batch_to_settle_then_alternates(
+def test_after_a_commit_across_a_paused_broker_the_sink_waits_for_every_batch_then_alternates(
     kafka: LocalKafka, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A real outage: the broker's JVM stopped (SIGSTOP, by its PID) while a commit is under way."""
     sink = KafkaLogSink(kafka.bootstrap_servers, state_dir=tmp_path / "state")
+    pid = kafka.node_pid(1)
+    assert pid is not None
     try:
         sink.open("capture.unsettled-slow")
         sink.ensure_topic("positions", TopicSpec(compact=True, partitions=1))
         sink.ensure_topic("slow", TopicSpec(compact=True, partitions=2))
         one_transaction(sink, "slow", 4)
         assert sink._turn == 1  # alternating
-        with caplog.at_level(logging.INFO, logger="capture.sink"):
-            one_transaction(sink, "slow", 4, pause_s=SLOW_TRANSACTION_S + 0.2)
-        assert "a Kafka transaction took 1." in caplog.text and "waiting up to" in caplog.text
+        sink.begin()
+        sink.append({"slow": TopicRecords([b"a", b"b"], [b"v", b"v"])})
+        os.kill(pid, signal.SIGSTOP)
+        resume = threading.Timer(SLOW_COMMIT_S + 0.5, os.kill, (pid, signal.SIGCONT))
+        resume.start()
+        try:
+            with caplog.at_level(logging.INFO, logger="capture.sink"):
+                sink.commit("positions", b"me", b"{}")
+        finally:
+            resume.join()
+            os.kill(pid, signal.SIGCONT)
+        assert "a Kafka commit took 1." in caplog.text and "waiting up to" in caplog.text
         assert sink.unsettled.partitions() == []  # returned once every batch's markers were seen
         assert sink.unsettled.pinned is None and "hanging" not in caplog.text
         turns = []
