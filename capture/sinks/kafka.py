@@ -82,10 +82,11 @@ SLOW_COMMIT_S = 1.0
 OUTAGE_SETTLE_S = 3.0
 # A committed batch whose partition's last stable offset has not passed it after this long hangs.
 HANGING_AFTER_S = 5.0
-# How often the sink asks the last stable offsets of the partitions with unsettled batches: when
-# one producer writes alone, and otherwise.
+# How often the sink asks the last stable offsets of the partitions with unsettled batches (one
+# ListOffsets round inside a commit): while one producer writes alone, and otherwise (a hang is then
+# seen 5-10 s after its commit; asking more often would only cost the capture loop more rounds).
 CHECK_PINNED_S = 0.1
-CHECK_EVERY_S = 1.0
+CHECK_EVERY_S = HANGING_AFTER_S
 
 # A partition held this long by a transaction that is not one of this sink's batches (another
 # connector's on the shared positions topic, or one of ours that was aborted) is reported: Kafka
@@ -138,7 +139,7 @@ class Unsettled:
       that moment is settled, and the hang is reported (the sink logs a warning naming topic,
       partition and offset);
     - otherwise, a batch unsettled for ``hanging_after_s`` (:data:`HANGING_AFTER_S`) is hanging
-      the same way (asked every :data:`CHECK_EVERY_S`);
+      the same way (the sink asks every :data:`CHECK_EVERY_S`);
     - a partition held for ``foreign_after_s`` (:data:`FOREIGN_HANGING_AFTER_S`) at an offset
       that is none of this sink's batches is reported once too; it is not this sink's to heal.
 
@@ -183,10 +184,9 @@ class Unsettled:
                 self._pinned_until[tp] = max(self._pinned_until.get(tp, 0), batches[-1].end)
 
     def partitions(self) -> list[tuple[str, int]]:
-        """The partitions whose LSO the sink should ask for."""
-        return [tp for tp, batches in self._batches.items() if batches] + [
-            tp for tp in self._pinned_until if not self._batches.get(tp)
-        ]
+        """The partitions whose LSO the sink should ask for: those with unsettled batches (a pin's
+        partitions among them: it ends once their batches of its moment are settled)."""
+        return list(self._batches)
 
     def next_turn(self, turn: int, producers: int) -> int:
         return self.pinned if self.pinned is not None else (turn + 1) % producers
@@ -205,9 +205,7 @@ class Unsettled:
             if until is not None and lso >= until:
                 del self._pinned_until[tp]
             batches = self._batches.get(tp)
-            if not batches:
-                self._batches.pop(tp, None)
-                self._held_since.pop(tp, None)
+            if batches is None:
                 continue
             while batches and batches[0].end <= lso:
                 batches.popleft()
@@ -224,9 +222,9 @@ class Unsettled:
                     self.pin(oldest.producer)
             else:  # held before our oldest batch, by records that are not one of our commits
                 offset, since = self._held_since.get(tp, (lso, now))
-                if offset != lso:
-                    offset, since = lso, now
-                self._held_since[tp] = (offset, since)
+                if offset != lso:  # moved on since: held again, from now
+                    since = now
+                self._held_since[tp] = (lso, since)
                 held = Held(tp[0], tp[1], lso, None, now - since)
                 if held.for_s < self.foreign_after_s:
                     continue
@@ -424,11 +422,12 @@ class KafkaLogSink:
             "markers of every committed batch", what, OUTAGE_SETTLE_S,
         )  # fmt: skip
         deadline = time.monotonic() + OUTAGE_SETTLE_S
-        while self.unsettled.partitions() and time.monotonic() < deadline:
+        while self.unsettled.partitions():
             time.sleep(CHECK_PINNED_S)
-            self._ask_settled()
-        if self.unsettled.partitions():
-            self._ask_settled(hanging_after_s=0.0)
+            last = time.monotonic() >= deadline
+            self._ask_settled(hanging_after_s=0.0 if last else None)  # the last ask: what is left hangs
+            if last:
+                return
 
     def _ask_settled(self, *, hanging_after_s: float | None = None) -> None:
         """Ask the last stable offsets of the partitions with unsettled batches and feed them to
@@ -437,14 +436,12 @@ class KafkaLogSink:
         logged and asked again later."""
         pinned = self.unsettled.pinned
         partitions = self.unsettled.partitions()
-        self._next_check = time.monotonic() + (CHECK_PINNED_S if pinned is not None else CHECK_EVERY_S)
-        if not partitions:
-            return
-        try:
-            stable = self.admin.end_offsets(partitions, read_committed=True)
-        except TidelineError as e:
-            log.warning("capture: could not ask Kafka's last stable offsets (asked again later): %s", e)
-            return
+        stable: Mapping[tuple[str, int], int] = {}
+        if partitions:
+            try:
+                stable = self.admin.end_offsets(partitions, read_committed=True)
+            except TidelineError as e:
+                log.warning("capture: could not ask Kafka's last stable offsets (asked again later): %s", e)
         for held in self.unsettled.settle(stable, time.monotonic(), hanging_after_s=hanging_after_s):
             if held.producer is None:
                 log.warning(
@@ -463,6 +460,8 @@ class KafkaLogSink:
                 )  # fmt: skip
         if pinned is not None and self.unsettled.pinned is None:
             log.info("capture: every batch settled; Kafka transactions alternate between the producers again")
+        interval = CHECK_PINNED_S if self.unsettled.pinned is not None else CHECK_EVERY_S  # after a new pin too
+        self._next_check = time.monotonic() + interval
 
     def _producer_id(self, number: int) -> str:
         if number < len(self.producers):
