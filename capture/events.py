@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+import pyarrow as pa
 
 from capture.avro import UNAVAILABLE
 from capture.converters import JsonConverter, ValueConverter
@@ -172,6 +173,10 @@ class ToastCache:
         if old is not None:
             self._bytes -= old[1]
 
+    @property
+    def entries(self) -> int:
+        return len(self._entries)
+
     def drop_many(self, topic: str, keys: list[bytes]) -> None:
         for key in keys if self._entries else ():
             self.drop(topic, key)
@@ -268,6 +273,20 @@ class EventEncoder:
         source = self._source(None, table, ctx, index)
         return key, self.converter.envelope(table, b"r", None, after, source, None, now_ms), after
 
+    def read_parts(self, table: TableInfo, ctx: TxnContext, now_ms: int) -> tuple[bytes, bytes, bytes]:
+        """``(lead, mid, tail)`` of a snapshot read's value (JSON values): :meth:`read_record`'s value is
+        ``lead + after image + mid + event index digits + tail`` (capture.snapshot joins natively encoded
+        images this way)."""
+        source = self._source(None, table, ctx, 0)
+        value = self.converter.envelope(table, b"r", None, {}, source, None, now_ms)
+        lead = b'{"before":null,"after":'
+        at = b'{},"source":' + source
+        if not value.startswith(lead + at) or not source.endswith(b"0}"):
+            raise AssertionError(f"a snapshot read's value of {table.qualified} is not laid out as expected")
+        rest = value[len(lead) + 2 :]
+        cut = len(at) - 4  # where the index's digit 0 is, in rest
+        return lead, rest[:cut], rest[cut + 1 :]
+
 
 class EventBuilder(EventEncoder):
     """Builds the events of change messages for one connector.
@@ -343,6 +362,17 @@ class EventBuilder(EventEncoder):
         for i, values in big.items():
             self.toast.put(topic, keys[i], values)
             self.keystate.put(topic, keys[i], values)
+
+    def remember_read_keys(self, topic: str, keys: pa.Array, big: dict[int, dict[str, Any]]) -> None:
+        """:meth:`remember_reads` of keys as an Arrow binary array (native snapshot batches): live keys of small
+        rows go to the key state in bulk (:meth:`KeyState.put_run`)."""
+        if self.toast.entries:
+            self.toast.drop_many(topic, keys.to_pylist())
+        self.keystate.put_run(topic, keys)
+        for i, values in big.items():
+            key = keys[i].as_py()
+            self.toast.put(topic, key, values)
+            self.keystate.put(topic, key, values)
 
     def change(
         self, m: ChangeMessage, table: TableInfo, ctx: TxnContext, index: int, now_ms: int, topic: str | None = None

@@ -30,12 +30,33 @@ files; journal_mode WAL, synchronous NORMAL). Tables::
         value comes back exactly as the decoder produced it (Decimal digits, bytes, zones)
     streams(topic_id, stream_id BLOB, version INTEGER) WITHOUT ROWID
         outbox topics: the highest event version routed per stream
+    runs(id INTEGER PRIMARY KEY, topic_id, keys INTEGER, bytes INTEGER)
+        a **key run**: keys a snapshot read in bulk (native reader batches), live unless in
+        ``dead``; stored in the file ``<state file>.runs/<id>.keys`` (below) — a SQLite row per
+        key would cost 2.6 µs each, more than reading, encoding and appending the row together
+    dead(topic_id, key BLOB) WITHOUT ROWID
+        a key of one of the topic's runs that was deleted since (a later put of it goes to
+        ``keys`` as usual, which wins); only written for topics with runs
     set_aside(topic_id, key BLOB) WITHOUT ROWID
         only inside the SQLite transaction of a snapshot: the topic's live keys from before
         the snapshot (moved out of ``keys``, which the snapshot's reads fill again). Those
         left in ``set_aside`` but not back in ``keys`` are gone from the table; emptied in
         the same transaction, so a committed file never holds rows here (a crash rolls it
         back with the rest; added without a format change: older files get the empty table)
+
+A topic's live keys are ``keys`` ∪ (its runs' keys − ``dead``). Run file byte layout
+(little-endian): the 8-byte magic ``TLKRUN01``, then one chunk per batch::
+
+    u32 count | u32 data_bytes | (count + 1) × u32 offsets (the first 0) | data | u32 CRC32C
+
+(the CRC covers the chunk from ``count`` to the end of ``data``; the offsets are Arrow's, so a
+chunk reads back without a Python object per key). File naming: ``<id>.keys``, ``id`` the
+``runs`` row's. Crash policy: a run's file is written while its log transaction is open and
+fsynced (with its directory) before the SQLite commit that records its size; on open, a file
+with no ``runs`` row is an orphan of a transaction that never committed and is deleted, and a
+run whose file is missing, of another size, or fails a checksum makes its topic rebuilt from
+the log (below). Runs end only with their topic's keys (TRUNCATE, a snapshot taken again,
+a rebuild): their rows go in that transaction, their files after its commit.
 
 Consistency with the log: one SQLite transaction spans each log transaction. It begins
 with the log's, receives the changes while events are built (buffered, deduplicated per
@@ -58,12 +79,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
 import sqlite3
+import struct
 from collections.abc import Callable, Iterator
-from itertools import repeat
+from dataclasses import dataclass
+from itertools import pairwise, repeat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+import crc32c
+import numpy as np
+import pyarrow as pa
 
 from capture.sinks import ReadBatch, Sink
 
@@ -88,7 +116,16 @@ _SCHEMA = (
     "PRIMARY KEY(topic_id, stream_id)) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS set_aside(topic_id INTEGER NOT NULL, key BLOB NOT NULL, "
     "PRIMARY KEY(topic_id, key)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS runs(id INTEGER PRIMARY KEY, topic_id INTEGER NOT NULL, keys INTEGER NOT NULL, "
+    "bytes INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS dead(topic_id INTEGER NOT NULL, key BLOB NOT NULL, "
+    "PRIMARY KEY(topic_id, key)) WITHOUT ROWID",
 )
+
+RUN_MAGIC = b"TLKRUN01"
+_CHUNK_HEAD = struct.Struct("<II")  # count, data_bytes
+_CRC = struct.Struct("<I")
+LOOKUP_CHUNK = 500  # run keys looked up in ``keys``/``dead`` per query
 
 _DELETE = object()  # buffered "this key is gone"
 DELETE_MARKER = _DELETE  # what put_many takes for a deleted key (the native core passes it back)
@@ -120,6 +157,12 @@ class KeyState:
         self._keys: dict[tuple[int, bytes], Any] = {}  # buffered: toast bytes | None | _DELETE
         self._streams: dict[tuple[int, bytes], int] = {}
         self._in_txn = False
+        self.runs_dir = Path(f"{path}.runs")
+        self._open_runs: dict[int, _OpenRun] = {}  # topic id → its run being written in this transaction
+        self._doomed: list[int] = []  # runs ended in this transaction: their files go after its commit
+        self._aside: set[int] = set()  # topics with keys set aside in this transaction (no runs: see put_run)
+        self._check_runs()
+        self._run_topics = self._topics_with_runs()
         self.records_caught_up = 0  # records read back from the log by catch_up (0 when the state was current)
 
     def _open(self) -> sqlite3.Connection:
@@ -147,6 +190,78 @@ class KeyState:
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 Path(f"{self.path}{suffix}").unlink()
+        runs = Path(f"{self.path}.runs")
+        for file in runs.glob("*.keys") if runs.is_dir() else ():
+            file.unlink()
+
+    # ------------------------------------------------------------------ key runs (see the module docstring)
+
+    def _run_file(self, run_id: int) -> Path:
+        return self.runs_dir / f"{run_id}.keys"
+
+    def _topics_with_runs(self) -> set[int]:
+        return {int(row[0]) for row in self.db.execute("SELECT DISTINCT topic_id FROM runs")}
+
+    def _check_runs(self) -> None:
+        """On open: delete orphan run files; a run that is missing, of another size or damaged → its topic is
+        rebuilt from the log (its state dropped: catch_up starts from offset 0)."""
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        rows = {int(r[0]): (int(r[1]), int(r[2])) for r in self.db.execute("SELECT id, topic_id, bytes FROM runs")}
+        for file in self.runs_dir.glob("*.keys"):
+            if not file.stem.isdigit() or int(file.stem) not in rows:
+                log.info("capture: key state: removing %s (a key run no committed transaction recorded)", file)
+                file.unlink()
+        broken: set[int] = set()
+        for run_id, (tid, size) in rows.items():
+            problem = _run_problem(self._run_file(run_id), size)
+            if problem is not None:
+                log.warning("capture: key state: key run %s %s: rebuilding its topic's key state from the log",
+                            self._run_file(run_id), problem)  # fmt: skip
+                broken.add(tid)
+        for tid in broken:
+            self._drop(tid)
+
+    def _end_runs(self, tid: int) -> None:
+        """The topic's runs end (their keys are gone or moved): rows now, files after the commit."""
+        open_run = self._open_runs.pop(tid, None)
+        if open_run is not None:
+            open_run.file.close()
+        ids = [int(r[0]) for r in self.db.execute("SELECT id FROM runs WHERE topic_id = ?", (tid,))]
+        self.db.execute("DELETE FROM runs WHERE topic_id = ?", (tid,))
+        self.db.execute("DELETE FROM dead WHERE topic_id = ?", (tid,))
+        self._run_topics.discard(tid)
+        if self.db.in_transaction:
+            self._doomed.extend(ids)
+        else:
+            self._unlink_runs(ids)
+
+    def _unlink_runs(self, ids: list[int]) -> None:
+        for run_id in ids:
+            with contextlib.suppress(FileNotFoundError):
+                self._run_file(run_id).unlink()
+
+    def _run_keys(self, tid: int) -> Iterator[list[bytes]]:
+        """The keys of the topic's runs, a chunk (one snapshot batch) at a time, in the order they were read."""
+        for (run_id,) in self.db.execute("SELECT id FROM runs WHERE topic_id = ? ORDER BY id", (tid,)).fetchall():
+            open_run = self._open_runs.get(tid)
+            if open_run is not None and open_run.id == run_id:
+                open_run.file.flush()
+            for offsets, data in _run_chunks(self._run_file(int(run_id))):
+                o = offsets.tolist()
+                yield [data[a:b] for a, b in pairwise(o)]
+
+    def _live_run_keys(self, tid: int) -> Iterator[list[bytes]]:
+        """Run keys that are live and not in ``keys`` (those are listed from there), in chunks."""
+        for chunk in self._run_keys(tid):
+            for start in range(0, len(chunk), LOOKUP_CHUNK):
+                part = chunk[start : start + LOOKUP_CHUNK]
+                where = f"WHERE topic_id = ? AND key IN ({','.join('?' * len(part))})"
+                found = {
+                    r[0] for t in ("keys", "dead") for r in self.db.execute(f"SELECT key FROM {t} {where}", (tid, *part))
+                }
+                live = [k for k in part if k not in found] if found else part
+                if live:
+                    yield live
 
     def close(self) -> None:
         if self._in_txn:
@@ -181,6 +296,7 @@ class KeyState:
     def _drop(self, topic_id: int) -> None:
         for table in ("checkpoints", "keys", "streams", "set_aside"):
             self.db.execute(f"DELETE FROM {table} WHERE topic_id = ?", (topic_id,))
+        self._end_runs(topic_id)
 
     def _id(self, topic: str) -> int:
         found = self._ids.get(topic)
@@ -221,6 +337,37 @@ class KeyState:
         if len(self._keys) >= WRITE_BUFFER_ENTRIES:
             self.flush()
 
+    def put_run(self, topic: str, keys: pa.Array) -> None:
+        """Keys a snapshot read, live now (small rows: nothing to keep for a TOAST fill), in bulk: appended to
+        the topic's key run of this transaction (the module docstring), not a SQLite row per key.
+
+        For the keys of one snapshot's reads (each read once, nothing else of them in the same transaction).
+        A topic with keys set aside (a snapshot taken again: capture.recovery compares them in SQLite) or
+        with runs of earlier transactions takes them as :meth:`put_many` does."""
+        tid = self._id(topic)
+        parts = _arrow_binary(keys)
+        if parts is None or tid in self._aside or (tid in self._run_topics and tid not in self._open_runs):
+            self.put_many(topic, keys.to_pylist(), [None] * len(keys))
+            return
+        self.begin()
+        run = self._open_runs.get(tid)
+        if run is None:
+            run_id = int(self.db.execute("INSERT INTO runs(topic_id, keys, bytes) VALUES (?, 0, 0) RETURNING id",
+                                         (tid,)).fetchone()[0])  # fmt: skip
+            file = open(self._run_file(run_id), "wb")  # noqa: SIM115 - closed at commit or abort
+            file.write(RUN_MAGIC)
+            run = self._open_runs[tid] = _OpenRun(run_id, file, 0, len(RUN_MAGIC))
+            self._run_topics.add(tid)
+        offsets, data = parts
+        head = _CHUNK_HEAD.pack(len(keys), len(data))
+        crc = crc32c.crc32c(data, crc32c.crc32c(offsets, crc32c.crc32c(head)))
+        run.file.write(head)
+        run.file.write(offsets)
+        run.file.write(data)
+        run.file.write(_CRC.pack(crc))
+        run.keys += len(keys)
+        run.bytes += len(head) + len(offsets) + len(data) + _CRC.size
+
     def route(self, topic: str, stream_id: bytes, version: int) -> None:
         k = (self._id(topic), stream_id)
         if version > self._streams.get(k, -1):
@@ -239,6 +386,9 @@ class KeyState:
                 self.db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", puts)
             if deletes:
                 self.db.executemany("DELETE FROM keys WHERE topic_id = ? AND key = ?", deletes)
+                in_runs = [d for d in deletes if d[0] in self._run_topics]
+                if in_runs:
+                    self.db.executemany("INSERT OR IGNORE INTO dead VALUES (?, ?)", in_runs)
         if self._streams:
             self.db.executemany(
                 "INSERT INTO streams VALUES (?, ?, ?) ON CONFLICT(topic_id, stream_id) "
@@ -257,19 +407,37 @@ class KeyState:
                 "DO UPDATE SET next_offset = max(next_offset, excluded.next_offset)",
                 rows,
             )
+        for run in self._open_runs.values():  # durable before the commit that records them
+            run.file.flush()
+            os.fsync(run.file.fileno())
+            run.file.close()
+            self.db.execute("UPDATE runs SET keys = ?, bytes = ? WHERE id = ?", (run.keys, run.bytes, run.id))
+        if self._open_runs:
+            _fsync_dir(self.runs_dir)
+        self._open_runs.clear()
         self.db.execute("COMMIT")
         self._in_txn = False
+        self._aside.clear()
+        self._unlink_runs(self._doomed)
+        self._doomed.clear()
 
     def abort(self) -> None:
         """The log transaction was aborted (or its outcome is unknown): forget its changes."""
         self._keys.clear()
         self._streams.clear()
+        for run in self._open_runs.values():
+            run.file.close()
+        self._unlink_runs([run.id for run in self._open_runs.values()])
+        self._open_runs.clear()
+        self._doomed.clear()
+        self._aside.clear()
         if self._in_txn:
             if self.db.in_transaction:  # SQLite rolls back by itself after some errors (a full disk)
                 self.db.execute("ROLLBACK")
             self._in_txn = False
             # a topic first tracked inside the transaction is not tracked any more
             self._ids = {row[1]: row[0] for row in self.db.execute("SELECT id, name FROM topics")}
+        self._run_topics = self._topics_with_runs()
 
     # ------------------------------------------------------------------ lookups (see buffered writes)
 
@@ -285,11 +453,13 @@ class KeyState:
         return None if row is None or row[0] is None else _unpickle(row[0])
 
     def live_keys(self, topic: str) -> Iterator[list[bytes]]:
-        """The topic's live keys, in chunks (key order), this transaction's changes included."""
+        """The topic's live keys, in chunks (those in ``keys`` in key order, then its runs' in read order), this
+        transaction's changes included."""
         self.flush()
-        yield from self._key_chunks(
-            "SELECT key FROM keys WHERE topic_id = ? AND key > ? ORDER BY key LIMIT ?", self._id(topic)
-        )
+        tid = self._id(topic)
+        yield from self._key_chunks("SELECT key FROM keys WHERE topic_id = ? AND key > ? ORDER BY key LIMIT ?", tid)
+        if tid in self._run_topics:
+            yield from self._live_run_keys(tid)
 
     def _key_chunks(self, query: str, tid: int) -> Iterator[list[bytes]]:
         """``query``'s keys (parameters: topic id, the last key seen, a chunk size), chunk after chunk."""
@@ -304,7 +474,9 @@ class KeyState:
     def truncate(self, topic: str) -> None:
         """Every key of the topic is gone (after the TRUNCATE's tombstones were built)."""
         self.flush()
-        self.db.execute("DELETE FROM keys WHERE topic_id = ?", (self._id(topic),))
+        tid = self._id(topic)
+        self.db.execute("DELETE FROM keys WHERE topic_id = ?", (tid,))
+        self._end_runs(tid)
 
     # ------------------------------------------------------------------ a snapshot over live keys
 
@@ -314,9 +486,18 @@ class KeyState:
         self.flush()
         tid = self._id(topic)
         self.db.execute("DELETE FROM set_aside WHERE topic_id = ?", (tid,))
-        moved = self.db.execute("INSERT INTO set_aside SELECT topic_id, key FROM keys WHERE topic_id = ?", (tid,))
+        if tid in self._run_topics:  # the runs' live keys join them (compared in SQLite: see put_run)
+            for chunk in self._run_keys(tid):
+                self.db.executemany("INSERT OR IGNORE INTO set_aside VALUES (?, ?)", zip(repeat(tid), chunk))
+            self.db.execute("DELETE FROM set_aside WHERE topic_id = ? AND key IN (SELECT key FROM dead WHERE "
+                            "topic_id = ?)", (tid, tid))  # fmt: skip
+            self._end_runs(tid)
+        self.db.execute("INSERT OR IGNORE INTO set_aside SELECT topic_id, key FROM keys WHERE topic_id = ?", (tid,))
         self.db.execute("DELETE FROM keys WHERE topic_id = ?", (tid,))
-        return int(moved.rowcount)
+        moved = int(self.db.execute("SELECT count(*) FROM set_aside WHERE topic_id = ?", (tid,)).fetchone()[0])
+        if moved:
+            self._aside.add(tid)
+        return moved
 
     def gone_keys(self, topic: str) -> Iterator[list[bytes]]:
         """After the snapshot's reads: the set-aside keys the snapshot did not read again, in chunks (key order)."""
@@ -395,6 +576,72 @@ class KeyState:
                 self.delete(topic, key)
             elif what == "route":
                 self.route(topic, key, int(arg))
+
+
+@dataclass(slots=True)
+class _OpenRun:
+    id: int
+    file: BinaryIO
+    keys: int
+    bytes: int
+
+
+def _arrow_binary(keys: pa.Array) -> tuple[bytes, bytes] | None:
+    """A binary array without nulls as a run chunk's ``(offsets, data)`` (None: it has nulls)."""
+    if keys.null_count or not pa.types.is_binary(keys.type):
+        return None
+    _, offsets_buf, data_buf = keys.buffers()
+    n = len(keys)
+    offsets = np.frombuffer(offsets_buf, "<i4", count=n + 1, offset=4 * keys.offset)
+    first, end = int(offsets[0]), int(offsets[-1])
+    data = b"" if data_buf is None else data_buf.to_pybytes()[first:end] if first or end != data_buf.size else (
+        data_buf.to_pybytes())  # fmt: skip
+    return (offsets - first).astype("<u4").tobytes(), data
+
+
+def _run_chunks(path: Path) -> Iterator[tuple[np.ndarray[Any, Any], bytes]]:
+    """A run file's chunks as ``(offsets, data)``; :class:`KeyStateError` when it is damaged."""
+    with open(path, "rb") as f:
+        if f.read(len(RUN_MAGIC)) != RUN_MAGIC:
+            raise KeyStateError(f"key run {path}: not a key run (bad magic)")
+        while head := f.read(_CHUNK_HEAD.size):
+            if len(head) < _CHUNK_HEAD.size:
+                raise KeyStateError(f"key run {path}: cut short in a chunk header")
+            count, size = _CHUNK_HEAD.unpack(head)
+            offsets_raw = f.read(4 * (count + 1))
+            data = f.read(size)
+            crc = f.read(_CRC.size)
+            if len(offsets_raw) != 4 * (count + 1) or len(data) != size or len(crc) != _CRC.size:
+                raise KeyStateError(f"key run {path}: cut short in a chunk")
+            if crc32c.crc32c(data, crc32c.crc32c(offsets_raw, crc32c.crc32c(head))) != _CRC.unpack(crc)[0]:
+                raise KeyStateError(f"key run {path}: a chunk fails its checksum")
+            offsets = np.frombuffer(offsets_raw, "<u4")
+            if offsets[0] != 0 or offsets[-1] != size or (np.diff(offsets.astype(np.int64)) < 0).any():
+                raise KeyStateError(f"key run {path}: a chunk's offsets do not fit its data")
+            yield offsets, data
+
+
+def _run_problem(path: Path, size: int) -> str | None:
+    """What is wrong with a committed run's file (None: nothing)."""
+    try:
+        actual = path.stat().st_size
+        if actual != size:
+            return f"is {actual} bytes, its commit recorded {size}"
+        for _ in _run_chunks(path):
+            pass
+    except FileNotFoundError:
+        return "is missing"
+    except KeyStateError as e:
+        return str(e)
+    return None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _unpickle(raw: bytes) -> dict[str, Any]:

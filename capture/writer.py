@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
+import pyarrow as pa
 
 from capture.config import CaptureConfig
 from capture.converters import ValueConverter
@@ -139,6 +140,7 @@ class LogWriter:
         if records is None:
             records = self._records[event.topic] = TopicRecords()
         if event.headers is not None and records.headers is None:
+            records.lift_chunks()
             records.headers = [None] * len(records.values)
         records.keys.append(event.key)
         records.values.append(event.value)
@@ -159,6 +161,18 @@ class LogWriter:
             records.headers.extend([None] * len(values))
         records.keys.extend(keys)
         records.values.extend(values)
+        self.bytes += nbytes + RECORD_OVERHEAD * len(values)
+        self.events += len(values)
+
+    def add_arrays(self, topic: str, keys: pa.Array, values: pa.Array, nbytes: int) -> None:
+        """Events of one topic without headers as Arrow binary arrays (snapshot reads encoded in bulk), in order;
+        ``nbytes``: their keys' and values' bytes."""
+        if not self.in_txn:
+            self.begin()
+        records = self._records.get(topic)
+        if records is None:
+            records = self._records[topic] = TopicRecords()
+        records.add_arrays(keys, values)
         self.bytes += nbytes + RECORD_OVERHEAD * len(values)
         self.events += len(values)
 

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import pyarrow as pa
+
 from eventstore.errors import ConfigError
 from eventstore.topic import CleanupPolicy
 from schemas.registry import SchemaStore
@@ -52,14 +54,61 @@ class TopicSpec:
 
 @dataclass(slots=True)
 class TopicRecords:
-    """Records of one topic in one batch, in order: parallel lists (headers: None when no record has any)."""
+    """Records of one topic in one batch, in order: ``chunks`` (Arrow binary arrays of keys and values, no
+    headers: snapshot reads encoded in bulk), then the parallel lists (headers: None when no record has any).
+
+    Sinks take them with :meth:`arrays` (the embedded log: no Python object per record) or :meth:`lists`.
+    """
 
     keys: list[bytes | None] = field(default_factory=list)
     values: list[bytes | None] = field(default_factory=list)
     headers: list[Headers | None] | None = None
+    chunks: list[tuple[pa.Array, pa.Array]] = field(default_factory=list)  # (keys, values), before the lists
 
     def __len__(self) -> int:
-        return len(self.values)
+        return len(self.values) + sum(len(v) for _, v in self.chunks)
+
+    def add_arrays(self, keys: pa.Array, values: pa.Array) -> None:
+        """Records as Arrow binary arrays (keys may be all null), after those already here."""
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys for {len(values)} values")
+        if self.headers is not None:  # records with headers before: one list keeps them aligned
+            self.keys.extend(keys.to_pylist())
+            self.values.extend(values.to_pylist())
+            self.headers.extend([None] * len(values))
+            return
+        if self.values:
+            self.chunks.append((pa.array(self.keys, pa.binary()), pa.array(self.values, pa.binary())))
+            self.keys, self.values = [], []
+        self.chunks.append((keys, values))
+
+    def lift_chunks(self) -> None:
+        """Turn the chunks into list entries (before a record with headers joins the lists)."""
+        if self.chunks:
+            keys, values = self.lists()
+            self.keys, self.values, self.chunks = keys, values, []
+
+    def arrays(self) -> tuple[pa.Array, pa.Array]:
+        """Every key and value, in order, as two Arrow binary arrays."""
+        keys = [k for k, _ in self.chunks]
+        values = [v for _, v in self.chunks]
+        if self.values or not self.chunks:
+            keys.append(pa.array(self.keys, pa.binary()))
+            values.append(pa.array(self.values, pa.binary()))
+        if len(values) == 1:
+            return keys[0], values[0]
+        return pa.concat_arrays(keys), pa.concat_arrays(values)
+
+    def lists(self) -> tuple[list[bytes | None], list[bytes | None]]:
+        """Every key and value, in order, as two lists."""
+        if not self.chunks:
+            return self.keys, self.values
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        for k, v in self.chunks:
+            keys.extend(k.to_pylist())
+            values.extend(v.to_pylist())
+        return keys + self.keys, values + self.values
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,8 +106,7 @@ class EmbeddedLogSink:
             if not len(records):
                 continue
             n = self._partitions.get(topic) or self.log.topic(topic).partitions
-            keys = pa.array(records.keys, pa.binary())
-            values = pa.array(records.values, pa.binary())
+            keys, values = records.arrays()
             headers = records.headers
             if n == 1 or keys.null_count == len(keys):
                 target = 0 if n == 1 else self._round_robin.next(topic, n)

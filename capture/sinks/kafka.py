@@ -367,7 +367,7 @@ class KafkaLogSink:
             if not len(records):
                 continue
             n = self._partitions.get(topic) or self.ensure_known(topic)
-            keys, values, headers = records.keys, records.values, records.headers
+            (keys, values), headers = records.lists(), records.headers
             if n == 1 or all(k is None for k in keys):
                 target = 0 if n == 1 else self._round_robin.next(topic, n)
                 plan.append((topic, target, keys, values, headers))

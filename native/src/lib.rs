@@ -14,6 +14,7 @@
 mod convert;
 mod json;
 mod pgoutput;
+mod snapshot;
 
 use std::collections::HashMap;
 
@@ -25,7 +26,7 @@ use json::{parse_obj, parse_record, raw_i64, raw_str, Obj, Record};
 use pgoutput::{RelColumn, Relation};
 
 const VERSION: &str = "tideline-0.1";
-const TOAST_MIN_ROW_BYTES: usize = 1024;
+pub(crate) const TOAST_MIN_ROW_BYTES: usize = 1024;
 const XLOG_BODY: usize = 25; // b"w" and three Int64 (data start, WAL end, send time): then the payload
 pub(crate) const UNAVAILABLE: &str = "__debezium_unavailable_value";
 
@@ -766,12 +767,14 @@ fn envelope(
 #[pymodule]
 fn tideline_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Core>()?;
+    m.add_class::<snapshot::SnapshotEncoder>()?;
+    m.add_function(wrap_pyfunction!(snapshot::splice_reads, m)?)?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
 
 /// An integer's decimal digits, written without an intermediate string.
-fn write_int(out: &mut Vec<u8>, n: impl std::fmt::Display) {
+pub(crate) fn write_int(out: &mut Vec<u8>, n: impl std::fmt::Display) {
     use std::io::Write;
     write!(out, "{n}").expect("writing to a Vec cannot fail");
 }

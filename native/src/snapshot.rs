@@ -1,0 +1,345 @@
+//! Snapshot reads in bulk: rows of `COPY … TO STDOUT` (text format) → their `after` images and record
+//! keys as JSON, and those images → whole envelopes with their event indexes (see
+//! `capture/snapshot_readers.py` for how the two halves are driven, and `docs/capture.md`).
+//!
+//! Contract: for every row it encodes, [`SnapshotEncoder::encode`] writes the bytes the Python
+//! reference (`capture.snapshot_readers.copy_row_columns` → `capture.events.EventEncoder.read_record`
+//! → `capture.converters.JsonConverter`) writes for the `after` image and the key. A row it is not
+//! sure about — a field count that is not the table's, text that is not UTF-8, a bad escape, a value
+//! in a form [`convert::text_value`] does not convert, a row big enough to be TOASTed (its TOAST-able
+//! values go to the key state, which only the Python path builds) — is left empty and listed as a
+//! fallback: the caller encodes that row with the Python path. It never raises for bad rows.
+//!
+//! Output buffers are Arrow binary layouts: little-endian `u32` offsets (`rows + 1`, the first 0) and
+//! the concatenated bytes, so the caller wraps them as Arrow arrays without a Python object per row.
+//!
+//! COPY text format (PostgreSQL's `CopyAttributeOutText`): one row per line ending in `\n`, fields
+//! separated by `\t`, `\N` for NULL; in a value a backslash starts an escape: `\\`, `\b`, `\f`,
+//! `\n`, `\r`, `\t`, `\v`, an octal `\ooo` (1-3 digits) or a hex `\xhh` (1-2 digits); any other
+//! character after a backslash stands for itself.
+
+use std::borrow::Cow;
+
+use pyo3::buffer::PyBuffer;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+use crate::convert::{self, Kind, NOT_NATIVE};
+use crate::{json, write_int, TOAST_MIN_ROW_BYTES, UNAVAILABLE};
+
+/// One table's snapshot rows → `after` images and keys (the reader-process half).
+#[pyclass(module = "tideline_native")]
+pub struct SnapshotEncoder {
+    names: Vec<String>,
+    kinds: Vec<Kind>,
+    key: Vec<usize>,      // positions of the key columns, in key order
+    toastable: Vec<bool>, // per column
+}
+
+/// ``(afters, after_offsets, keys, key_offsets, fallback)`` of one ``encode`` call.
+type Encoded<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Option<Bound<'py, PyBytes>>,
+    Option<Bound<'py, PyBytes>>,
+    Vec<usize>,
+);
+
+#[pymethods]
+impl SnapshotEncoder {
+    /// ``names``/``type_oids``: the table's columns in select order; ``key``: its key columns (empty: keyless);
+    /// ``toastable``: its TOAST-able columns. A column whose type is not converted here is a ValueError
+    /// (the caller checks :meth:`converts` first).
+    #[new]
+    fn new(
+        names: Vec<String>,
+        type_oids: Vec<i64>,
+        key: Vec<String>,
+        toastable: Vec<String>,
+    ) -> PyResult<Self> {
+        let err = |m: String| pyo3::exceptions::PyValueError::new_err(m);
+        if names.len() != type_oids.len() {
+            return Err(err(
+                "SnapshotEncoder: names and type_oids differ in length".into()
+            ));
+        }
+        let mut kinds = Vec::with_capacity(names.len());
+        for (name, oid) in names.iter().zip(&type_oids) {
+            let kind = convert::kind_of(*oid);
+            if kind == NOT_NATIVE {
+                return Err(err(format!(
+                    "SnapshotEncoder: column {name:?} has type OID {oid}, not converted natively"
+                )));
+            }
+            kinds.push(kind);
+        }
+        if names
+            .iter()
+            .enumerate()
+            .any(|(i, n)| names[..i].contains(n))
+        {
+            return Err(err("SnapshotEncoder: a column name appears twice".into()));
+        }
+        let position = |k: &String| names.iter().position(|n| n == k);
+        let key = key
+            .iter()
+            .map(|k| {
+                position(k).ok_or_else(|| {
+                    err(format!("SnapshotEncoder: key column {k:?} is not a column"))
+                })
+            })
+            .collect::<PyResult<Vec<usize>>>()?;
+        let toastable = names.iter().map(|n| toastable.contains(n)).collect();
+        Ok(SnapshotEncoder {
+            names,
+            kinds,
+            key,
+            toastable,
+        })
+    }
+
+    /// Whether values of the type with this OID are converted here.
+    #[staticmethod]
+    fn converts(type_oid: i64) -> bool {
+        convert::kind_of(type_oid) != NOT_NATIVE
+    }
+
+    /// ``rows``: COPY text lines (bytes, each ending in ``\n``). Returns ``(afters, after_offsets, keys,
+    /// key_offsets, fallback)``: the `after` images and keys as Arrow binary buffers (keys None for a
+    /// keyless table), a fallback row's entries empty, and the fallback rows' positions.
+    fn encode<'py>(&self, py: Python<'py>, rows: &Bound<'py, PyList>) -> PyResult<Encoded<'py>> {
+        let n = rows.len();
+        let keyed = !self.key.is_empty();
+        let mut afters: Vec<u8> = Vec::with_capacity(n * 128);
+        let mut after_offsets: Vec<u8> = Vec::with_capacity(4 * (n + 1));
+        let mut keys: Vec<u8> = Vec::with_capacity(if keyed { n * 16 } else { 0 });
+        let mut key_offsets: Vec<u8> = Vec::with_capacity(if keyed { 4 * (n + 1) } else { 0 });
+        let mut fallback = Vec::new();
+        after_offsets.extend_from_slice(&0u32.to_le_bytes());
+        if keyed {
+            key_offsets.extend_from_slice(&0u32.to_le_bytes());
+        }
+        let mut values: Vec<Option<(usize, usize)>> = Vec::with_capacity(self.names.len()); // spans in `scratch`
+        let mut scratch: Vec<u8> = Vec::with_capacity(256);
+        for (i, row) in rows.iter().enumerate() {
+            let view: PyBuffer<u8>; // a row that is not bytes: a memoryview (psycopg's get_copy_data)
+            let line: &[u8] = match row.downcast::<PyBytes>() {
+                Ok(b) => b.as_bytes(),
+                Err(_) => {
+                    view = PyBuffer::<u8>::get(&row)?;
+                    if !view.is_c_contiguous() {
+                        return Err(pyo3::exceptions::PyValueError::new_err("a row is not a contiguous buffer"));
+                    }
+                    // SAFETY: a C-contiguous buffer of len_bytes() bytes, held (and not written: psycopg's
+                    // rows are read-only) while `view` lives, which outlives every use of `line` below.
+                    unsafe { std::slice::from_raw_parts(view.buf_ptr() as *const u8, view.len_bytes()) }
+                }
+            };
+            let start = afters.len();
+            let key_start = keys.len();
+            let ok = self.row(
+                line,
+                &mut values,
+                &mut scratch,
+                &mut afters,
+                if keyed { Some(&mut keys) } else { None },
+            );
+            if ok.is_none() {
+                afters.truncate(start);
+                keys.truncate(key_start);
+                fallback.push(i);
+            }
+            let end = u32::try_from(afters.len())
+                .map_err(|_| pyo3::exceptions::PyValueError::new_err("batch over 4 GiB"))?;
+            after_offsets.extend_from_slice(&end.to_le_bytes());
+            if keyed {
+                let end = u32::try_from(keys.len())
+                    .map_err(|_| pyo3::exceptions::PyValueError::new_err("batch over 4 GiB"))?;
+                key_offsets.extend_from_slice(&end.to_le_bytes());
+            }
+        }
+        Ok((
+            PyBytes::new(py, &afters),
+            PyBytes::new(py, &after_offsets),
+            keyed.then(|| PyBytes::new(py, &keys)),
+            keyed.then(|| PyBytes::new(py, &key_offsets)),
+            fallback,
+        ))
+    }
+}
+
+impl SnapshotEncoder {
+    /// One line → its `after` JSON appended to ``afters`` and its key to ``keys``; None: a fallback row.
+    fn row(
+        &self,
+        line: &[u8],
+        values: &mut Vec<Option<(usize, usize)>>,
+        scratch: &mut Vec<u8>,
+        afters: &mut Vec<u8>,
+        keys: Option<&mut Vec<u8>>,
+    ) -> Option<()> {
+        let line = line.strip_suffix(b"\n")?;
+        // each value's JSON goes to `scratch`; `values` holds its span there (None: NULL)
+        values.clear();
+        scratch.clear();
+        let mut toast_total = 0usize;
+        let mut fields = line.split(|&b| b == b'\t');
+        for (c, kind) in self.kinds.iter().enumerate() {
+            let field = fields.next()?;
+            if field == b"\\N" {
+                values.push(None);
+                if self.toastable[c] {
+                    toast_total += 16; // ToastCache.size_of's measure of None
+                }
+                continue;
+            }
+            let text = unescape(field)?;
+            let start = scratch.len();
+            let size = convert::text_value(*kind, &text, scratch)?;
+            if self.toastable[c] {
+                if matches!(kind, Kind::Text) && text == UNAVAILABLE {
+                    return None;
+                }
+                toast_total += size;
+            }
+            values.push(Some((start, scratch.len())));
+        }
+        if fields.next().is_some() || (!self.key.is_empty() && toast_total >= TOAST_MIN_ROW_BYTES) {
+            return None; // a field too many, or a row big enough to be TOASTed (its values go to the key state)
+        }
+        let json_of = |v: &Option<(usize, usize)>| -> &[u8] {
+            match v {
+                Some((s, e)) => &scratch[*s..*e],
+                None => b"null",
+            }
+        };
+        afters.push(b'{');
+        for (c, name) in self.names.iter().enumerate() {
+            if c > 0 {
+                afters.push(b',');
+            }
+            json::write_str(afters, name);
+            afters.push(b':');
+            afters.extend_from_slice(json_of(&values[c]));
+        }
+        afters.push(b'}');
+        if let Some(keys) = keys {
+            keys.push(b'{');
+            for (n, &c) in self.key.iter().enumerate() {
+                if n > 0 {
+                    keys.push(b',');
+                }
+                json::write_str(keys, &self.names[c]);
+                keys.push(b':');
+                keys.extend_from_slice(json_of(&values[c]));
+            }
+            keys.push(b'}');
+        }
+        Some(())
+    }
+}
+
+/// A COPY text field's value (see the module docs); None: not UTF-8, or an escape that yields none.
+fn unescape(field: &[u8]) -> Option<Cow<'_, str>> {
+    if !field.contains(&b'\\') {
+        return std::str::from_utf8(field).ok().map(Cow::Borrowed);
+    }
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let b = field[i];
+        i += 1;
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        let c = *field.get(i)?;
+        i += 1;
+        match c {
+            b'b' => out.push(0x08),
+            b'f' => out.push(0x0c),
+            b'n' => out.push(b'\n'),
+            b'r' => out.push(b'\r'),
+            b't' => out.push(b'\t'),
+            b'v' => out.push(0x0b),
+            b'0'..=b'7' => {
+                let mut v = u32::from(c - b'0');
+                for _ in 0..2 {
+                    match field.get(i) {
+                        Some(&d @ b'0'..=b'7') => {
+                            v = v * 8 + u32::from(d - b'0');
+                            i += 1;
+                        }
+                        _ => break,
+                    }
+                }
+                out.push(v as u8); // PostgreSQL keeps the low byte, as here
+            }
+            b'x' if field.get(i).is_some_and(u8::is_ascii_hexdigit) => {
+                let mut v = 0u32;
+                for _ in 0..2 {
+                    match field.get(i) {
+                        Some(d) if d.is_ascii_hexdigit() => {
+                            v = v * 16 + (*d as char).to_digit(16)?;
+                            i += 1;
+                        }
+                        _ => break,
+                    }
+                }
+                out.push(v as u8);
+            }
+            other => out.push(other),
+        }
+    }
+    String::from_utf8(out).ok().map(Cow::Owned)
+}
+
+/// The connector's half: `after` images (Arrow binary buffers) → whole snapshot-read envelopes, numbered.
+///
+/// Value ``i`` is ``lead + after_i + mid + (first_index + i) + tail``: ``lead`` ends in `"after":`,
+/// ``mid`` runs from after the image to `"event_index":`, ``tail`` from the index's closing brace to
+/// the envelope's end (the caller cuts the three from an envelope the Python path rendered). Returns
+/// the values as Arrow binary buffers ``(data, offsets)``. A ValueError for offsets that do not fit
+/// ``afters`` (``rows + 1`` ascending `u32`s within it).
+#[pyfunction]
+pub fn splice_reads<'py>(
+    py: Python<'py>,
+    lead: &[u8],
+    afters: &[u8],
+    after_offsets: &[u8],
+    mid: &[u8],
+    first_index: i64,
+    tail: &[u8],
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let bad =
+        || pyo3::exceptions::PyValueError::new_err("splice_reads: offsets do not fit the images");
+    if after_offsets.len() < 4 || !after_offsets.len().is_multiple_of(4) {
+        return Err(bad());
+    }
+    let offsets: Vec<usize> = after_offsets
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .collect();
+    if offsets[0] != 0
+        || offsets.windows(2).any(|w| w[0] > w[1])
+        || *offsets.last().unwrap_or(&0) > afters.len()
+    {
+        return Err(bad());
+    }
+    let rows = offsets.len() - 1;
+    let fixed = lead.len() + mid.len() + tail.len() + 20;
+    let mut data: Vec<u8> = Vec::with_capacity(afters.len() + rows * fixed);
+    let mut out_offsets: Vec<u8> = Vec::with_capacity(4 * (rows + 1));
+    out_offsets.extend_from_slice(&0u32.to_le_bytes());
+    for (i, w) in offsets.windows(2).enumerate() {
+        data.extend_from_slice(lead);
+        data.extend_from_slice(&afters[w[0]..w[1]]);
+        data.extend_from_slice(mid);
+        write_int(&mut data, first_index + i as i64);
+        data.extend_from_slice(tail);
+        let end = u32::try_from(data.len())
+            .map_err(|_| pyo3::exceptions::PyValueError::new_err("batch over 4 GiB"))?;
+        out_offsets.extend_from_slice(&end.to_le_bytes());
+    }
+    Ok((PyBytes::new(py, &data), PyBytes::new(py, &out_offsets)))
+}
