@@ -256,9 +256,8 @@ class KeyState:
             for start in range(0, len(chunk), LOOKUP_CHUNK):
                 part = chunk[start : start + LOOKUP_CHUNK]
                 where = f"WHERE topic_id = ? AND key IN ({','.join('?' * len(part))})"
-                found = {
-                    r[0] for t in ("keys", "dead") for r in self.db.execute(f"SELECT key FROM {t} {where}", (tid, *part))
-                }
+                args = (tid, *part)
+                found = {r[0] for t in ("keys", "dead") for r in self.db.execute(f"SELECT key FROM {t} {where}", args)}
                 live = [k for k in part if k not in found] if found else part
                 if live:
                     yield live
