@@ -56,10 +56,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import pyarrow as pa
 
 from capture.avro import UNAVAILABLE
 from capture.converters import JsonConverter, ValueConverter
@@ -69,6 +68,9 @@ from capture.pgtypes import JsonText, dumps, dumps_values
 from capture.tables import TableFilter, TableInfo
 from capture.topics import TopicRouter, table_topic
 from eventstore.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 NEWKEY_HEADER = "__debezium.newkey"  # on the d event (and tombstone) of a key change: the new key
 OLDKEY_HEADER = "__debezium.oldkey"  # on its c event: the old key

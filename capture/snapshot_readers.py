@@ -70,6 +70,8 @@ Thread-safety: :class:`SnapshotReaders` is used by the connector thread only.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import gc
 import itertools
 import logging
 import os
@@ -81,6 +83,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -112,6 +115,7 @@ MIN_RANGE_BLOCKS = 4_096
 RANGES_PER_WORKER = 4  # ranges per reader, for balance when readers run at different speeds
 RANGES_IN_FLIGHT = 2  # ranges handed to a reader ahead, so it never waits for the next one
 READER_LOCK_TIMEOUT_MS = 2_000  # see "Locks" above
+PIPE_BYTES = 4 << 20  # a reader's pipe to the connector, at most (see _widen_pipe)
 WAIT_S = 0.5  # the connector's longest wait for a reader's message (then it looks at its stop flag)
 INDEX_FIELD = b'"event_index":'  # where a value's event index digits go (the last one in the value)
 
@@ -243,7 +247,13 @@ def reader_main(spec: ReaderSpec, tasks: Connection, pipe: Connection) -> None:
 
 def _process_main() -> None:
     """``python -m capture.snapshot_readers``: tasks on stdin, results on stdout (moved off fd 1 first, so that
-    nothing printed can mix into them), the :class:`ReaderSpec` as the first message."""
+    nothing printed can mix into them), the :class:`ReaderSpec` as the first message.
+
+    The cyclic garbage collector is off: a reader makes one object per row read (psycopg's line) and no
+    reference cycles, yet each young-generation collection those objects trigger walked the imported
+    modules' objects as well — 0.9 µs per row, more than reading and encoding it (measured with 5,000,000
+    rows: 1.31 µs of CPU per line read with it, 0.32 without). Memory is still freed by reference counting."""
+    gc.disable()
     tasks = Connection(os.dup(0), writable=False)
     results = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)
@@ -279,7 +289,7 @@ def _read_range(
 def native_encoder(spec: ReaderSpec, table: TableInfo) -> Any | None:
     """The compiled encoder of ``table``'s rows (None: they take the Python path): the extension is built and
     wanted (``spec.native``), no column is excluded or masked, and every column's type is converted natively."""
-    if not spec.native or _NativeEncoder is None:
+    if not spec.native or _NativeEncoder is None or not table.columns:
         return None
     if spec.table_filter.exclude_columns or spec.table_filter.mask_columns:
         return None
@@ -456,17 +466,30 @@ class _Reader:
     in_flight: int = 0
 
 
+def _widen_pipe(fd: int) -> None:
+    """Let a reader's pipe hold a whole batch or more (Linux: up to ``/proc/sys/fs/pipe-max-size``, 1 MiB by
+    default, instead of 64 KiB): the reader reads on while the connector appends and syncs, instead of
+    waiting at its first 64 KiB. Elsewhere, or when refused, the pipe stays as it is."""
+    try:
+        limit = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, min(limit, PIPE_BYTES))
+    except (OSError, ValueError, AttributeError):
+        return
+
+
 class SnapshotReaders:
     """The reader processes of one snapshot: started once, reused for every big table, closed at its end."""
 
     def __init__(self, spec: ReaderSpec, workers: int) -> None:
         self._readers: list[_Reader] = []
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # this process's modules
+        # this process's modules; one BLAS thread (a reader does no linear algebra: idle BLAS threads only spin)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OPENBLAS_NUM_THREADS": "1"}
         try:
             for _ in range(workers):
                 process = subprocess.Popen([sys.executable, "-m", "capture.snapshot_readers"], stdin=subprocess.PIPE,
                                            stdout=subprocess.PIPE, env=env, start_new_session=True)  # fmt: skip
                 assert process.stdin is not None and process.stdout is not None
+                _widen_pipe(process.stdout.fileno())
                 reader = _Reader(process, Connection(os.dup(process.stdin.fileno()), readable=False),
                                  Connection(os.dup(process.stdout.fileno()), writable=False))  # fmt: skip
                 process.stdin.close()

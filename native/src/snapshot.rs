@@ -25,12 +25,14 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use crate::convert::{self, Kind, NOT_NATIVE};
-use crate::{json, write_int, TOAST_MIN_ROW_BYTES, UNAVAILABLE};
+use crate::{json, TOAST_MIN_ROW_BYTES, UNAVAILABLE};
 
 /// One table's snapshot rows → `after` images and keys (the reader-process half).
 #[pyclass(module = "tideline_native")]
 pub struct SnapshotEncoder {
     names: Vec<String>,
+    labels: Vec<Vec<u8>>, // per column: `{"name":` for the first, `,"name":` after (an image's JSON)
+    key_labels: Vec<Vec<u8>>, // likewise per key column, for the record key
     kinds: Vec<Kind>,
     key: Vec<usize>,      // positions of the key columns, in key order
     toastable: Vec<bool>, // per column
@@ -90,7 +92,25 @@ impl SnapshotEncoder {
             })
             .collect::<PyResult<Vec<usize>>>()?;
         let toastable = names.iter().map(|n| toastable.contains(n)).collect();
+        let label = |n: usize, name: &str| {
+            let mut l = vec![if n == 0 { b'{' } else { b',' }];
+            json::write_str(&mut l, name);
+            l.push(b':');
+            l
+        };
+        let labels = names
+            .iter()
+            .enumerate()
+            .map(|(n, name)| label(n, name))
+            .collect();
+        let key_labels = key
+            .iter()
+            .enumerate()
+            .map(|(n, &c)| label(n, &names[c]))
+            .collect();
         Ok(SnapshotEncoder {
+            labels,
+            key_labels,
             names,
             kinds,
             key,
@@ -128,11 +148,15 @@ impl SnapshotEncoder {
                 Err(_) => {
                     view = PyBuffer::<u8>::get(&row)?;
                     if !view.is_c_contiguous() {
-                        return Err(pyo3::exceptions::PyValueError::new_err("a row is not a contiguous buffer"));
+                        return Err(pyo3::exceptions::PyValueError::new_err(
+                            "a row is not a contiguous buffer",
+                        ));
                     }
                     // SAFETY: a C-contiguous buffer of len_bytes() bytes, held (and not written: psycopg's
                     // rows are read-only) while `view` lives, which outlives every use of `line` below.
-                    unsafe { std::slice::from_raw_parts(view.buf_ptr() as *const u8, view.len_bytes()) }
+                    unsafe {
+                        std::slice::from_raw_parts(view.buf_ptr() as *const u8, view.len_bytes())
+                    }
                 }
             };
             let start = afters.len();
@@ -213,24 +237,14 @@ impl SnapshotEncoder {
                 None => b"null",
             }
         };
-        afters.push(b'{');
-        for (c, name) in self.names.iter().enumerate() {
-            if c > 0 {
-                afters.push(b',');
-            }
-            json::write_str(afters, name);
-            afters.push(b':');
-            afters.extend_from_slice(json_of(&values[c]));
+        for (label, value) in self.labels.iter().zip(values.iter()) {
+            afters.extend_from_slice(label);
+            afters.extend_from_slice(json_of(value));
         }
         afters.push(b'}');
         if let Some(keys) = keys {
-            keys.push(b'{');
-            for (n, &c) in self.key.iter().enumerate() {
-                if n > 0 {
-                    keys.push(b',');
-                }
-                json::write_str(keys, &self.names[c]);
-                keys.push(b':');
+            for (label, &c) in self.key_labels.iter().zip(self.key.iter()) {
+                keys.extend_from_slice(label);
                 keys.extend_from_slice(json_of(&values[c]));
             }
             keys.push(b'}');
@@ -326,20 +340,43 @@ pub fn splice_reads<'py>(
     {
         return Err(bad());
     }
-    let rows = offsets.len() - 1;
-    let fixed = lead.len() + mid.len() + tail.len() + 20;
-    let mut data: Vec<u8> = Vec::with_capacity(afters.len() + rows * fixed);
-    let mut out_offsets: Vec<u8> = Vec::with_capacity(4 * (rows + 1));
-    out_offsets.extend_from_slice(&0u32.to_le_bytes());
-    for (i, w) in offsets.windows(2).enumerate() {
-        data.extend_from_slice(lead);
-        data.extend_from_slice(&afters[w[0]..w[1]]);
-        data.extend_from_slice(mid);
-        write_int(&mut data, first_index + i as i64);
-        data.extend_from_slice(tail);
-        let end = u32::try_from(data.len())
-            .map_err(|_| pyo3::exceptions::PyValueError::new_err("batch over 4 GiB"))?;
-        out_offsets.extend_from_slice(&end.to_le_bytes());
+    if first_index < 0 {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "splice_reads: a negative first index",
+        ));
     }
-    Ok((PyBytes::new(py, &data), PyBytes::new(py, &out_offsets)))
+    let rows = offsets.len() - 1;
+    let fixed = lead.len() + mid.len() + tail.len();
+    let mut ends: Vec<u8> = Vec::with_capacity(4 * (rows + 1));
+    ends.extend_from_slice(&0u32.to_le_bytes());
+    let mut total = 0usize;
+    for (i, w) in offsets.windows(2).enumerate() {
+        total += fixed + (w[1] - w[0]) + digits(first_index as u64 + i as u64);
+        let end = u32::try_from(total)
+            .map_err(|_| pyo3::exceptions::PyValueError::new_err("batch over 4 GiB"))?;
+        ends.extend_from_slice(&end.to_le_bytes());
+    }
+    // written straight into the bytes object: the values are most of what the log writes, copied once here
+    let data = PyBytes::new_with(py, total, |out: &mut [u8]| {
+        let mut at = 0usize;
+        let mut put = |part: &[u8]| {
+            out[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        };
+        let mut number = itoa::Buffer::new();
+        for (i, w) in offsets.windows(2).enumerate() {
+            put(lead);
+            put(&afters[w[0]..w[1]]);
+            put(mid);
+            put(number.format(first_index as u64 + i as u64).as_bytes());
+            put(tail);
+        }
+        Ok(())
+    })?;
+    Ok((data, PyBytes::new(py, &ends)))
+}
+
+/// Decimal digits of ``n``.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
