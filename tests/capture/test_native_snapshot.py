@@ -1,0 +1,317 @@
+"""Native snapshot reads (capture.snapshot_readers + native/src/snapshot.rs) against the Python reference path.
+
+A parallel snapshot's reader processes read their ranges with ``COPY … TO STDOUT`` and encode the rows
+between each batch's first and last in compiled code; the connector joins those images into whole
+envelopes (``splice_reads``). The contract is byte equality with the Python path:
+
+* generated rows (hypothesis) of every natively converted kind, written as PostgreSQL's COPY text
+  writes them (its escapes, and the octal/hex escapes COPY reads), through both encoders: the same
+  record key and value bytes, or a fallback row the Python path encodes;
+* a real table of every kind with tricky values (escapes, control characters, NaN and ±Infinity, an
+  infinite timestamp, a big row) read both ways — ``FETCH`` + ``result_rows`` and COPY + native —
+  gives the same keys, values and TOAST-able values of big rows, row for row;
+* a whole parallel snapshot with the native readers equals one with ``--core python`` (readers on
+  the Python path) record for record, apart from each envelope's processing time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pyarrow as pa
+import pytest
+from capture_util import capture, drop_slots, fresh_database, records, sql
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import capture.snapshot_readers as snapshot_readers
+from capture.config import CoreChoice
+from capture.converters import JsonConverter
+from capture.errors import CaptureError
+from capture.events import EventEncoder, TxnContext
+from capture.pgtypes import SESSION_OPTIONS, text_converter
+from capture.snapshot_readers import (
+    ReaderSpec,
+    copy_lines,
+    copy_row_columns,
+    copy_unescape,
+    encode_native_batch,
+    native_encoder,
+)
+from capture.tables import TableCatalog, TableColumn, TableFilter, TableInfo, result_rows, select_columns_sql
+from tideline.pgharness import LocalPostgres
+
+native_module = pytest.importorskip("tideline_native", reason="tideline_native is not built (make native)")
+SnapshotEncoder = native_module.SnapshotEncoder
+splice_reads = native_module.splice_reads
+
+NOW = 1_700_000_000_000
+CTX = TxnContext(None, 123_456, 1_700_000_000_000, snapshot="true")
+
+
+def encoder() -> EventEncoder:
+    return EventEncoder("cdc", "db", TableFilter(), JsonConverter())
+
+
+def native_values(enc: EventEncoder, table: TableInfo, lines: list[bytes]) -> tuple[list[bytes | None], list[bytes]]:
+    """Lines (≥ 2) through the native path as the connector finishes them: keys and values, event index = position."""
+    native = native_encoder(ReaderSpec("", "", "cdc", "db", TableFilter(), 1, 1, native=True), table)
+    assert native is not None
+    convs = [text_converter(c.type_name, c.type_oid) for c in table.columns]
+    batch = encode_native_batch(enc, native, table, convs, lines, CTX, 0)
+    assert batch.last is not None and batch.between == len(lines) - 2
+    first_key, first, _ = enc.read_record(table, batch.first, CTX, 0, NOW)
+    last_key, last, _ = enc.read_record(table, batch.last, CTX, len(lines) - 1, NOW)
+    lead, mid, tail = enc.read_parts(table, CTX, NOW)
+    data, offsets = splice_reads(lead, batch.afters, batch.after_offsets, mid, 1, tail)
+    values = pa.Array.from_buffers(pa.binary(), batch.between, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    keys: list[bytes | None] = [None] * batch.between
+    if batch.keys is not None and batch.key_offsets is not None:
+        key_buffers = [None, pa.py_buffer(batch.key_offsets), pa.py_buffer(batch.keys)]
+        keys = pa.Array.from_buffers(pa.binary(), batch.between, key_buffers).to_pylist()
+    return [first_key, *keys, last_key], [first, *values.to_pylist(), last]
+
+
+def reference_values(enc: EventEncoder, table: TableInfo, rows: list[list[Any]]) -> tuple[list[Any], list[bytes]]:
+    out = [enc.read_record(table, columns, CTX, i, NOW) for i, columns in enumerate(rows)]
+    return [key for key, _, _ in out], [value for _, value, _ in out]
+
+
+# ---------------------------------------------------------------------------- generated COPY lines
+
+COPY_ESCAPES = {"\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+
+
+def copy_text(value: str, style: int) -> str:
+    """``value`` as COPY text: PostgreSQL's own escapes (style 0), or for ASCII letters the octal (1) or hex (2)
+    escapes COPY FROM reads, which the reader must take too."""
+    out = []
+    for ch in value:
+        if ch in COPY_ESCAPES:
+            out.append(COPY_ESCAPES[ch])
+        elif style == 1 and ch.isascii() and ch.isalpha():
+            out.append(f"\\{ord(ch):03o}")
+        elif style == 2 and ch.isascii() and ch.isalpha():
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+GENERATED = TableInfo.make(
+    "public",
+    "gen",
+    (
+        TableColumn("id", "bigint", 20),
+        TableColumn("t", "text", 25),
+        TableColumn("v", "character varying(40)", 1043),
+        TableColumn("n", "numeric", 1700),
+        TableColumn("f", "double precision", 701),
+        TableColumn("b", "boolean", 16),
+        TableColumn("ts", "timestamp with time zone", 1184),
+        TableColumn("j", "jsonb", 3802),
+    ),
+    ("id",),
+    "primary key",
+    "d",
+)
+
+texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"], exclude_characters="\x00"), max_size=40)
+numerics = st.one_of(
+    st.decimals(allow_nan=False, allow_infinity=False, places=3).map(lambda d: format(d, "f")),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "-0", "00.5", "1e5", "0.000"]),
+)
+floats = st.one_of(
+    st.floats(allow_nan=False).map(repr), st.sampled_from(["NaN", "Infinity", "-Infinity", "-0", "1e+300"])
+)
+timestamps = st.one_of(
+    st.datetimes(min_value=datetime(1, 1, 1)).map(lambda d: d.isoformat(" ") + "+00"),
+    st.sampled_from(["infinity", "-infinity", "2024-02-29 23:59:59.999999+05:30", "0044-03-15 12:00:00+00 BC"]),
+)
+jsons = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | texts,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=6,
+).map(lambda v: orjson.dumps(v).decode())
+rows = st.lists(
+    st.tuples(
+        st.integers(-(2**63), 2**63 - 1),
+        st.none() | texts,
+        st.none() | texts,
+        st.none() | numerics,
+        st.none() | floats,
+        st.none() | st.sampled_from(["t", "f"]),
+        st.none() | timestamps,
+        st.none() | jsons,
+        st.integers(0, 2),
+    ),
+    min_size=2,
+    max_size=12,
+)
+
+
+def line_of(row: tuple[Any, ...]) -> bytes:
+    *values, style = row
+    fields = ["\\N" if v is None else copy_text(str(v), style) for v in values]
+    return ("\t".join(fields) + "\n").encode()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows)
+def test_generated_copy_lines_encode_as_the_python_path_does(generated: list[tuple[Any, ...]]) -> None:
+    enc = encoder()
+    lines = [line_of(row) for row in generated]
+    convs = [text_converter(c.type_name, c.type_oid) for c in GENERATED.columns]
+    try:
+        reference = reference_values(enc, GENERATED, [copy_row_columns(GENERATED, convs, line) for line in lines])
+    except (ValueError, ArithmeticError, CaptureError) as e:  # the reference refuses a value: so does the native path
+        with pytest.raises(type(e)):
+            native_values(enc, GENERATED, lines)
+        return
+    assert native_values(enc, GENERATED, lines) == reference
+
+
+def test_copy_unescape_reads_every_escape_copy_knows() -> None:
+    assert copy_unescape(b"plain") == "plain"
+    assert copy_unescape(b"a\\tb\\nc\\\\d\\re\\bf\\fg\\vh") == "a\tb\nc\\d\re\bf\fg\vh"
+    assert copy_unescape(b"\\101\\x42\\7\\x4") == "AB\x07\x04"
+    assert copy_unescape(b"\\q\\N") == "qN"  # another character stands for itself (\N is NULL only as a whole field)
+    assert copy_unescape("é\\t€".encode()) == "é\t€"
+    with pytest.raises(CaptureError, match="lone backslash"):
+        copy_unescape(b"ends\\")
+
+
+def test_a_line_of_another_width_is_an_error_naming_the_table() -> None:
+    convs = [text_converter(c.type_name, c.type_oid) for c in GENERATED.columns]
+    with pytest.raises(CaptureError, match=r"public\.gen has 2 fields, not 8"):
+        copy_row_columns(GENERATED, convs, b"1\tx\n")
+    with pytest.raises(CaptureError, match="does not end with a newline"):
+        copy_row_columns(GENERATED, convs, b"1")
+
+
+def test_the_encoder_refuses_what_it_cannot_convert() -> None:
+    with pytest.raises(ValueError, match='column "i" has type OID 1186'):
+        SnapshotEncoder(["id", "i"], [20, 1186], ["id"], [])
+    with pytest.raises(ValueError, match='key column "nope"'):
+        SnapshotEncoder(["id"], [20], ["nope"], [])
+    with pytest.raises(ValueError, match="offsets do not fit"):
+        splice_reads(b"", b"abc", (0).to_bytes(4, "little") + (9).to_bytes(4, "little"), b"", 0, b"")
+
+
+# ---------------------------------------------------------------------------- a real table, read both ways
+
+
+@pytest.fixture
+def db(postgres: LocalPostgres) -> Iterator[str]:
+    dsn = fresh_database(postgres, "nsnap")
+    yield dsn
+    drop_slots(dsn)
+
+
+KINDS_TABLE = (
+    "CREATE TABLE kinds (id bigint PRIMARY KEY, s smallint, i integer, o oid, n numeric(20,4), r real, "
+    "d double precision, b boolean, t text, c char(5), v varchar(20), nm name, j json, jb jsonb, u uuid, "
+    "by bytea, dt date, ts timestamp, tz timestamptz, tm time, ttz timetz, bx box)"
+)
+KINDS_ROWS = (
+    "INSERT INTO kinds SELECT g, g % 32000, g * 7, g, g / 3.0, g / 7.0, g / 9.0, g % 2 = 0, "
+    "'text ' || g || E'\\t tab \\\\ back \\n nl \\u0001 ctl é €', 'c' || (g % 100), 'v' || g, 'nm' || g, "
+    "json_build_object('g', g, 's', E'q\"\\\\'), jsonb_build_object('a', g, 'b', ARRAY[1, 2]), "
+    "md5(g::text)::uuid, decode(md5(g::text), 'hex'), '2024-01-01'::date + g, "
+    "'2024-01-01 12:00:00'::timestamp + g * interval '1 second', "
+    "'2024-01-01 12:00:00+00'::timestamptz + g * interval '1 millisecond', '12:34:56.789'::time, "
+    "'12:34:56+05:30'::timetz, box(point(g, g), point(0, 0)) FROM generate_series(1, 3000) g"
+)
+UNUSUAL_ROWS = (  # values the native path leaves to the Python one, NULLs everywhere, a big row
+    "INSERT INTO kinds (id, n, r, d, ts, tz, tm, t) VALUES "
+    "(100001, 'NaN', 'NaN', '-Infinity', 'infinity', '-infinity', '24:00:00', NULL), "
+    "(100002, '-0.0', 'Infinity', '-0', '0044-03-15 12:00:00 BC', '2024-01-01 00:00:00+00', NULL, repeat('x', 3000)), "
+    "(100003, NULL, NULL, NULL, NULL, NULL, NULL, E'\\\\N')"
+)
+
+
+def test_a_table_of_every_kind_reads_natively_as_the_python_path_reads_it(db: str) -> None:
+    sql(db, KINDS_TABLE, KINDS_ROWS, UNUSUAL_ROWS)
+    table = TableCatalog(db, TableFilter()).load()[0]
+    enc = encoder()
+    native = native_encoder(ReaderSpec(db, "", "cdc", "db", TableFilter(), 1, 1, native=True), table)
+    assert native is not None
+    convs = [text_converter(c.type_name, c.type_oid) for c in table.columns]
+    select = select_columns_sql(table) + " ORDER BY id"
+    with psycopg.connect(db, options=SESSION_OPTIONS) as c:
+        res = c.execute(select.encode()).pgresult
+        assert res is not None
+        reference = reference_values(enc, table, list(result_rows(res, table)))
+        lines = [line for chunk in copy_lines(c, f"COPY ({select}) TO STDOUT", 1000) for line in chunk]
+    assert len(lines) == 3003
+    # one batch: the first and last lines take the Python path, every other row the native one (or its fallback)
+    assert native_values(enc, table, lines) == reference
+    batch = encode_native_batch(enc, native, table, convs, lines, CTX, 0)
+    _, _, _, _, fallback = native.encode(lines[1:-1])
+    assert sorted(fallback) == [2999, 3000]  # ids 100001 and 100002 (positions among the rows between)
+    assert list(batch.big) == [3000]  # the big row's TOAST-able values, as the Python path keeps them
+    big_after = enc.read_record(table, copy_row_columns(table, convs, lines[3001]), CTX, 0, NOW)[2]
+    assert batch.big[3000] == enc.toast_values(table, big_after)
+
+
+def test_a_table_with_a_type_not_converted_natively_is_read_by_the_python_path(db: str) -> None:
+    sql(db, "CREATE TABLE odd (id int PRIMARY KEY, span interval)")
+    table = TableCatalog(db, TableFilter()).load()[0]
+    spec = ReaderSpec(db, "", "cdc", "db", TableFilter(), 1, 1, native=True)
+    assert native_encoder(spec, table) is None
+    assert native_encoder(ReaderSpec(db, "", "cdc", "db", TableFilter(), 1, 1, native=False), table) is None
+    masked = TableFilter(mask_columns=["public.odd.span"])
+    sql(db, "CREATE TABLE plain (id int PRIMARY KEY, v text)")
+    plain = next(t for t in TableCatalog(db, TableFilter()).load() if t.name == "plain")
+    assert native_encoder(ReaderSpec(db, "", "cdc", "db", masked, 1, 1, native=True), plain) is None
+    assert native_encoder(spec, plain) is not None
+
+
+def test_a_copy_error_is_raised_as_psycopg_raises_it_and_the_connection_stays_usable(db: str) -> None:
+    sql(db, "CREATE TABLE plain (id int PRIMARY KEY)", "INSERT INTO plain SELECT generate_series(1, 10)")
+    with psycopg.connect(db, autocommit=True) as c:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            list(copy_lines(c, "COPY (SELECT 1 / (id - 5) FROM plain) TO STDOUT", 3))
+        assert c.execute("SELECT count(*) FROM plain").fetchone() == (10,)
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            list(copy_lines(c, "COPY (SELECT * FROM missing) TO STDOUT", 3))
+        assert [len(chunk) for chunk in copy_lines(c, "COPY plain TO STDOUT", 4)] == [4, 4, 2]
+
+
+# ---------------------------------------------------------------------------- whole snapshots
+
+
+@pytest.fixture(autouse=True)
+def small_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranges of 8 blocks (64 KiB), so the test tables split into several."""
+    monkeypatch.setattr(snapshot_readers, "MIN_RANGE_BLOCKS", 8)
+
+
+def comparable(log_dir: Path, topic: str) -> list[tuple[bytes, bytes]]:
+    """(key, value) of every record, sorted, without what differs between two snapshots of one table: the
+    envelope's processing time, the snapshot's start and its slot's LSN, and each read's event index and marker
+    (they follow the order readers finish their ranges in)."""
+    out = []
+    for key, value, _ in records(log_dir, topic):
+        assert value is not None
+        del value["ts_ms"]
+        for field in ("ts_ms", "commit_lsn", "lsn", "event_index", "snapshot"):
+            del value["source"][field]
+        out.append((orjson.dumps(key), orjson.dumps(value)))
+    return sorted(out)
+
+
+def test_a_native_parallel_snapshot_equals_one_on_the_python_path(db: str, tmp_path: Path) -> None:
+    sql(db, KINDS_TABLE, KINDS_ROWS, UNUSUAL_ROWS, "CREATE TABLE loose (a int, b text)",
+        "INSERT INTO loose SELECT g % 100, 'b' || g FROM generate_series(1, 5000) g", "VACUUM ANALYZE")  # fmt: skip
+    native, python = tmp_path / "native", tmp_path / "python"
+    a = capture(native, db, slot="native", snapshot_workers=2, state_dir=tmp_path / "sn")
+    b = capture(python, db, slot="python", snapshot_workers=2, state_dir=tmp_path / "sp", core=CoreChoice.PYTHON)
+    assert a.snapshot_rows == b.snapshot_rows == 3003 + 5000
+    for topic in ("cdc.public.kinds", "cdc.public.loose"):
+        assert comparable(native, topic) == comparable(python, topic), topic
