@@ -161,6 +161,7 @@ class KeyState:
         self._open_runs: dict[int, _OpenRun] = {}  # topic id → its run being written in this transaction
         self._doomed: list[int] = []  # runs ended in this transaction: their files go after its commit
         self._aside: set[int] = set()  # topics with keys set aside in this transaction (no runs: see put_run)
+        self._run_topics: set[int] = set()
         self._check_runs()
         self._run_topics = self._topics_with_runs()
         self.records_caught_up = 0  # records read back from the log by catch_up (0 when the state was current)
@@ -215,8 +216,7 @@ class KeyState:
         for run_id, (tid, size) in rows.items():
             problem = _run_problem(self._run_file(run_id), size)
             if problem is not None:
-                log.warning("capture: key state: key run %s %s: rebuilding its topic's key state from the log",
-                            self._run_file(run_id), problem)  # fmt: skip
+                log.warning("capture: key state: %s: rebuilding its topic's key state from the log", problem)
                 broken.add(tid)
         for tid in broken:
             self._drop(tid)
@@ -625,11 +625,11 @@ def _run_problem(path: Path, size: int) -> str | None:
     try:
         actual = path.stat().st_size
         if actual != size:
-            return f"is {actual} bytes, its commit recorded {size}"
+            return f"key run {path} is {actual} bytes, its commit recorded {size}"
         for _ in _run_chunks(path):
             pass
     except FileNotFoundError:
-        return "is missing"
+        return f"key run {path} is missing"
     except KeyStateError as e:
         return str(e)
     return None

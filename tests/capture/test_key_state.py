@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from capture_util import drop_slots, events, fresh_database, latest_by_key, sql
 from workload import soak
@@ -228,3 +229,125 @@ def test_memory_does_not_grow_with_the_key_count(postgres: LocalPostgres, tmp_pa
     for small, big in ((small_first, big_first), (small_second, big_second)):
         grown_mb = (big["maxrss_kb"] - small["maxrss_kb"]) / 1024
         assert grown_mb < 40, f"peak RSS grew by {grown_mb:.0f} MB from 10k to {BIG_KEYS:,} keys: {peaks}"
+
+
+# ---------------------------------------------------------------------------- key runs (bulk snapshot keys)
+
+
+def write_run(sink: EmbeddedLogSink, state: KeyState, keys: list[bytes], *, commit_state: bool = True) -> None:
+    """One log transaction of snapshot reads whose keys go to the key state in bulk, as native batches do."""
+    sink.begin()
+    state.begin()
+    for start in range(0, len(keys), 1000):  # a chunk per batch
+        state.put_run(TOPIC, pa.array(keys[start : start + 1000], pa.binary()))
+    written = sink.append({TOPIC: TopicRecords(list(keys), [b"small"] * len(keys))})
+    sink.commit("__positions", None, None)
+    if commit_state:
+        state.commit(written)
+    else:
+        state.abort()
+
+
+def run_files(path: Path) -> list[Path]:
+    return sorted(Path(f"{path}.runs").glob("*.keys"))
+
+
+def opened(path: Path, sink: EmbeddedLogSink) -> KeyState:
+    state = KeyState(path)
+    state.track(TOPIC, TABLE_TOPIC, sink.topic_incarnation(TOPIC))
+    return state
+
+
+def test_run_keys_are_live_until_deleted_and_a_truncate_ends_the_run(sink: EmbeddedLogSink, tmp_path: Path) -> None:
+    path = tmp_path / "ks.sqlite"
+    state = opened(path, sink)
+    keys = [b"k%05d" % i for i in range(2500)]
+    write_run(sink, state, keys)
+    assert len(run_files(path)) == 1 and state.db.execute("SELECT count(*) FROM keys").fetchone() == (0,)
+    chunks = list(state.live_keys(TOPIC))
+    assert sorted(k for c in chunks for k in c) == keys  # each once
+    write(sink, state, {b"k00001": None, b"k00002": None, b"new": b"small"})
+    write(sink, state, {b"k00002": b"big:" + b"z" * 2000})  # deleted, then back (with TOAST values)
+    expected = (set(keys) - {b"k00001"}) | {b"new"}
+    listed = [k for c in state.live_keys(TOPIC) for k in c]
+    assert sorted(listed) == sorted(expected) and len(listed) == len(expected)
+    assert state.toast(TOPIC, b"k00002") == {"doc": "z" * 2000}
+    state.close()
+    reopened = opened(path, sink)  # the run and its deletes survive a restart
+    assert {k for c in reopened.live_keys(TOPIC) for k in c} == expected
+    reopened.begin()
+    reopened.truncate(TOPIC)
+    assert live(reopened) == set() and len(run_files(path)) == 1  # the file goes with the commit, not before
+    reopened.abort()
+    assert live(reopened) == expected
+    reopened.begin()
+    reopened.truncate(TOPIC)
+    reopened.commit({})
+    assert live(reopened) == set() and run_files(path) == []
+    assert reopened.db.execute("SELECT count(*) FROM dead").fetchone() == (0,)
+    reopened.close()
+
+
+def test_an_aborted_or_crashed_run_leaves_nothing(sink: EmbeddedLogSink, tmp_path: Path) -> None:
+    path = tmp_path / "ks.sqlite"
+    state = opened(path, sink)
+    write_run(sink, state, [b"a", b"b"], commit_state=False)  # aborted: its file goes at once
+    assert run_files(path) == [] and state.db.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+    # a crash while a run is written: the file is there, SQLite never committed its row
+    state.begin()
+    state.put_run(TOPIC, pa.array([b"c", b"d"], pa.binary()))
+    assert len(run_files(path)) == 1
+    state.db.close()
+    reopened = opened(path, sink)
+    assert run_files(path) == [] and live(reopened) == set()  # the orphan was removed on open
+    assert reopened.catch_up(sink, TOPIC, interpret) == 2  # the log's committed records (a, b) are what counts
+    assert live(reopened) == {b"a", b"b"}
+    reopened.close()
+
+
+@pytest.mark.parametrize("damage", ["flip", "cut", "remove"])
+def test_a_damaged_run_rebuilds_its_topic_from_the_log(
+    sink: EmbeddedLogSink, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    path = tmp_path / "ks.sqlite"
+    state = opened(path, sink)
+    keys = [b"r%04d" % i for i in range(3000)]
+    write_run(sink, state, keys)
+    write(sink, state, {b"r0000": None})
+    state.close()
+    (run,) = run_files(path)
+    raw = bytearray(run.read_bytes())
+    if damage == "flip":
+        raw[len(raw) // 2] ^= 0x40
+        run.write_bytes(bytes(raw))
+    elif damage == "cut":
+        run.write_bytes(bytes(raw[:-3]))
+    else:
+        run.unlink()
+    rebuilt = opened(path, sink)
+    assert "rebuilding its topic's key state from the log" in caplog.text
+    assert rebuilt.checkpoints(TOPIC) == {} and run_files(path) == []
+    assert rebuilt.catch_up(sink, TOPIC, interpret) == 3001  # the whole topic, once
+    assert live(rebuilt) == set(keys) - {b"r0000"}
+    rebuilt.close()
+
+
+def test_a_snapshot_taken_again_sets_the_run_keys_aside(sink: EmbeddedLogSink, tmp_path: Path) -> None:
+    """capture.recovery: keys live before a new snapshot that it does not read again are gone (runs included)."""
+    path = tmp_path / "ks.sqlite"
+    state = opened(path, sink)
+    write_run(sink, state, [b"a", b"b", b"c", b"d"])
+    write(sink, state, {b"d": None, b"e": b"small"})
+    sink.begin()
+    state.begin()
+    assert state.set_aside(TOPIC) == 4  # a, b, c from the run, e from keys; d is dead
+    assert run_files(path) != [] and live(state) == set()
+    state.put_run(TOPIC, pa.array([b"a", b"c"], pa.binary()))  # the new snapshot reads a and c
+    assert state.db.execute("SELECT count(*) FROM runs").fetchone() == (0,)  # compared in SQLite, not in a run
+    assert sorted(k for c in state.gone_keys(TOPIC) for k in c) == [b"b", b"e"]
+    state.forget_set_aside(TOPIC)
+    written = sink.append({TOPIC: TopicRecords([b"a", b"c"], [b"small", b"small"])})
+    sink.commit("__positions", None, None)
+    state.commit(written)
+    assert live(state) == {b"a", b"c"} and run_files(path) == []
+    state.close()

@@ -25,7 +25,7 @@ import orjson
 import psycopg
 import pyarrow as pa
 import pytest
-from capture_util import capture, drop_slots, fresh_database, records, sql
+from capture_util import capture, drop_slots, fresh_database, latest_by_key, records, sql
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -315,3 +315,26 @@ def test_a_native_parallel_snapshot_equals_one_on_the_python_path(db: str, tmp_p
     assert a.snapshot_rows == b.snapshot_rows == 3003 + 5000
     for topic in ("cdc.public.kinds", "cdc.public.loose"):
         assert comparable(native, topic) == comparable(python, topic), topic
+
+
+def test_after_a_native_snapshot_deletes_and_a_truncate_reach_every_key_once(db: str, tmp_path: Path) -> None:
+    """The snapshot's keys went to the key state in bulk (a key run): after a restart, rows deleted since are
+    not live any more, and a TRUNCATE tombstones every other key exactly once."""
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20000) g")  # fmt: skip
+    log_dir, state = tmp_path / "log", tmp_path / "state"
+    assert capture(log_dir, db, snapshot_workers=2, state_dir=state).snapshot_rows == 20_000
+    assert list(state.glob("*.runs/*.keys")), "the snapshot's keys were not written as a key run"
+    sql(db, "DELETE FROM t WHERE id % 10 = 0", "INSERT INTO t VALUES (30000, 'late')", "TRUNCATE t")
+    capture(log_dir, db, snapshot_workers=2, state_dir=state)  # a new connector process would do the same
+    after_truncate: list[Any] = []
+    seen_truncate = False
+    for key, value, _ in records(log_dir, "cdc.public.t"):
+        if value is not None and value["op"] == "t":
+            seen_truncate = True
+        elif seen_truncate:
+            assert value is None
+            after_truncate.append(key["id"])
+    expected = sorted([i for i in range(1, 20_001) if i % 10] + [30000])
+    assert sorted(after_truncate) == expected  # each live key once; none of the deleted ones
+    assert latest_by_key(log_dir, "cdc.public.t") == {}
