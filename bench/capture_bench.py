@@ -44,7 +44,9 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
 3. **Snapshot of one big table** (DESIGN.md §3: ≥ 0.5× ``COPY`` of the same table). A table
    ``snap`` (the bench table's columns) of ``snapshot_rows`` rows, vacuumed; best of two
    ``COPY snap TO STDOUT`` drained through psycopg and discarded (the ``COPY … TO
-   '/dev/null'``-style read: every row as text, over the wire, nothing kept) against the
+   '/dev/null'``-style read: every row as text, over the wire, nothing kept; with the cyclic
+   garbage collector paused, as the snapshot's readers run — with it, this process's heap made
+   the drain up to 2× slower, a baseline that flattered the snapshot) against the
    connector's initial snapshot of that table alone (``--snapshot initial``, a new slot, a
    fresh log directory, exit when caught up), timed from construction to return; the log
    must hold ``snapshot_rows`` reads. Twice in a row: the single reader (``--snapshot-workers 1``),
@@ -56,6 +58,7 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import resource
 import shutil
@@ -826,12 +829,16 @@ def plot_latency(target: LatencyRun, low: LatencyRun) -> str:
 
 def copy_read_s(dsn: str, table: str) -> tuple[float, int]:
     """Seconds to read the whole table with ``COPY … TO STDOUT`` (drained, discarded), and the bytes read."""
-    started = time.perf_counter()
     read = 0
-    with psycopg.connect(dsn) as c, c.cursor().copy(f"COPY {table} TO STDOUT".encode()) as copy:
-        for block in copy:
-            read += len(block)
-    return time.perf_counter() - started, read
+    gc.disable()  # see the module docstring (3.): the drain's own objects would trigger collections of this heap
+    try:
+        started = time.perf_counter()
+        with psycopg.connect(dsn) as c, c.cursor().copy(f"COPY {table} TO STDOUT".encode()) as copy:
+            for block in copy:
+                read += len(block)
+        return time.perf_counter() - started, read
+    finally:
+        gc.enable()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,8 @@ index or key statistics to split evenly, and reads the heap sequentially, block 
 as COPY does. Ranges are handed out two at a time per reader, the next when one is done, so
 a slow reader does not hold the others back.
 
-**Work split.** A reader converts its rows with the single reader's code (capture.tables'
-``result_rows``, :class:`capture.events.EventEncoder`) into the final record keys and values;
-the connector only appends them, with the key state updates, to its one log transaction.
+**Work split.** A reader converts its rows into record keys and values (or their ``after`` images);
+the connector only finishes and appends them, with the key state updates, to its one log transaction.
 Batches arrive in whatever order the readers finish them: the snapshot reads each key once,
 so per-key order needs no order between ranges (streamed changes follow the snapshot's
 commit). What a batch cannot know is decided by the connector:
@@ -34,6 +33,21 @@ commit). What a batch cannot know is decided by the connector:
   last_in_data_collection / last) as the single reader would; the rows between are never a
   table's first or last and carry ``"true"``.
 
+**Native** (the usual case: ``ReaderSpec.native``, the extension built, no excluded or masked
+columns, every column of a natively converted type — :func:`native_encoder`): the reader reads
+its range with ``COPY (SELECT …) TO STDOUT`` through libpq's copy calls (:func:`copy_lines`: no
+Python object but the line per row) and hands each batch's lines to the compiled
+``SnapshotEncoder`` (native/src/snapshot.rs), which writes the ``after`` images and record keys
+of the rows between the first and the last as Arrow binary buffers; rows it does not convert
+(an unusual form of a value, a row big enough to be TOASTed) are encoded by the Python path
+(:func:`copy_row_columns` → ``EventEncoder``) and put in their place. Such a batch is a
+:class:`NativeBatch`; the connector joins each image into a whole envelope with its event index
+in compiled code (``splice_reads``) and appends the buffers as Arrow arrays, and the keys go to
+the key state in bulk (capture.keystate's key runs). Otherwise a reader takes the Python path:
+a server-side cursor, ``result_rows`` and ``EventEncoder`` per row (:class:`RangeBatch`). Both
+give the same bytes (tests/capture/test_native_snapshot.py). A reader process runs with the
+cyclic garbage collector off (see :func:`_process_main`) and a pipe widened to hold a batch.
+
 **Wire format** (the reader's stdin and stdout, as ``multiprocessing.connection.Connection``
 messages: a 4-byte length, then a pickle, protocol 5 — bytes and lists of bytes, not an object
 per value)::
@@ -42,6 +56,7 @@ per value)::
                          TidRange              read this range next
                          None                  finish: end the transaction, exit 0
     reader → connector   ("batch", RangeBatch) up to SNAPSHOT_FETCH_ROWS rows of one range
+                         ("batch", NativeBatch) likewise, read natively (see "Native")
                          ("done", range, rows) the range is read
                          ("failed", kind, text) the reader stopped; kind "connection" (the
                                                server went away: retried like any connection
