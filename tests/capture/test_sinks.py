@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from capture.config import CaptureConfig
@@ -319,3 +320,29 @@ def test_reads_by_offset_range_see_committed_records_only(factory: SinkFactory, 
         tail = [v for b in sink.read("t", 0, offsets[3], end) for v in b.values]
         assert tail == [b"v3", b"v4"]
         assert sink.topic_incarnation("t") is not None and sink.topic_incarnation("missing") is None
+
+
+def test_records_given_as_arrow_chunks_keep_their_order_among_listed_ones(factory: SinkFactory, tmp_path: Path) -> None:
+    """Snapshot reads encoded in bulk come as Arrow arrays (TopicRecords.add_arrays) between listed records."""
+    records = TopicRecords([b"k1", b"k2"], [b"1", b"2"])
+    records.add_arrays(pa.array([b"k1", b"k3"], pa.binary()), pa.array([b"3", b"4"], pa.binary()))
+    records.keys.append(b"k1")
+    records.values.append(b"5")
+    records.add_arrays(pa.array([b"k1"], pa.binary()), pa.array([b"6"], pa.binary()))
+    assert len(records) == 6
+    loose = TopicRecords()
+    loose.add_arrays(pa.nulls(3, pa.binary()), pa.array([b"x", b"y", b"z"], pa.binary()))
+    with factory(tmp_path / "log") as sink:
+        opened(sink)
+        sink.ensure_topic("t", TopicSpec(compact=True, partitions=4))
+        sink.ensure_topic("loose", TopicSpec(compact=False, partitions=2, keyless=True))
+        sink.begin()
+        sink.append({"t": records, "loose": loose})
+        sink.commit(POSITIONS, None, None)
+        got = committed(sink, "t", 6)
+        assert [v for _, k, v in got if k == b"k1"] == [b"1", b"3", b"5", b"6"]  # one partition, in order
+        assert sorted(v for _, _, v in got) == [b"1", b"2", b"3", b"4", b"5", b"6"]
+        keyless = committed(sink, "loose", 3)
+        assert [v for _, _, v in keyless] == [b"x", b"y", b"z"] and len({p for p, _, _ in keyless}) == 1
+    with pytest.raises(ValueError, match="2 keys for 1 values"):
+        TopicRecords().add_arrays(pa.array([b"a", b"b"], pa.binary()), pa.array([b"1"], pa.binary()))
