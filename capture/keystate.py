@@ -94,6 +94,7 @@ import numpy as np
 import pyarrow as pa
 
 from capture.sinks import ReadBatch, Sink
+from eventstore.fileio import fsync_dir
 
 log = logging.getLogger("capture.keystate")
 
@@ -412,7 +413,7 @@ class KeyState:
             run.file.close()
             self.db.execute("UPDATE runs SET keys = ?, bytes = ? WHERE id = ?", (run.keys, run.bytes, run.id))
         if self._open_runs:
-            _fsync_dir(self.runs_dir)
+            fsync_dir(self.runs_dir)
         self._open_runs.clear()
         self.db.execute("COMMIT")
         self._in_txn = False
@@ -633,14 +634,6 @@ def _run_problem(path: Path, size: int) -> str | None:
     except KeyStateError as e:
         return str(e)
     return None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unpickle(raw: bytes) -> dict[str, Any]:
