@@ -72,6 +72,7 @@ from eventstore.errors import ConfigError
 if TYPE_CHECKING:
     import pyarrow as pa
 
+UNIQUE_KEY_SOURCES = ("primary key", "replica identity index")  # TableInfo.key_source: no two rows share a key
 NEWKEY_HEADER = "__debezium.newkey"  # on the d event (and tombstone) of a key change: the new key
 OLDKEY_HEADER = "__debezium.oldkey"  # on its c event: the old key
 
@@ -365,9 +366,13 @@ class EventBuilder(EventEncoder):
             self.toast.put(topic, keys[i], values)
             self.keystate.put(topic, keys[i], values)
 
-    def remember_read_keys(self, topic: str, keys: pa.Array, big: dict[int, dict[str, Any]]) -> None:
-        """:meth:`remember_reads` of keys as an Arrow binary array (native snapshot batches): live keys of small
-        rows go to the key state in bulk (:meth:`KeyState.put_run`)."""
+    def remember_read_keys(self, table: TableInfo, topic: str, keys: pa.Array, big: dict[int, dict[str, Any]]) -> None:
+        """:meth:`remember_reads` of keys as an Arrow binary array (native snapshot batches): live keys go to the
+        key state in bulk (:meth:`KeyState.put_run`) when the table's key is unique; otherwise (a configured key,
+        or every column of a REPLICA IDENTITY FULL table: two rows may share one) as SQLite rows, once each."""
+        if table.key_source not in UNIQUE_KEY_SOURCES:
+            self.remember_reads(topic, keys.to_pylist(), big)
+            return
         if self.toast.entries:
             self.toast.drop_many(topic, keys.to_pylist())
         self.keystate.put_run(topic, keys)

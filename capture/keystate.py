@@ -30,7 +30,7 @@ files; journal_mode WAL, synchronous NORMAL). Tables::
         value comes back exactly as the decoder produced it (Decimal digits, bytes, zones)
     streams(topic_id, stream_id BLOB, version INTEGER) WITHOUT ROWID
         outbox topics: the highest event version routed per stream
-    runs(id INTEGER PRIMARY KEY, topic_id, keys INTEGER, bytes INTEGER)
+    runs(id INTEGER PRIMARY KEY AUTOINCREMENT, topic_id, keys INTEGER, bytes INTEGER)
         a **key run**: keys a snapshot read in bulk (native reader batches), live unless in
         ``dead``; stored in the file ``<state file>.runs/<id>.keys`` (below) — a SQLite row per
         key would cost 2.6 µs each, more than reading, encoding and appending the row together
@@ -51,7 +51,8 @@ A topic's live keys are ``keys`` ∪ (its runs' keys − ``dead``). Run file byt
 
 (the CRC covers the chunk from ``count`` to the end of ``data``; the offsets are Arrow's, so a
 chunk reads back without a Python object per key). File naming: ``<id>.keys``, ``id`` the
-``runs`` row's. Crash policy: a run's file is written while its log transaction is open and
+``runs`` row's (AUTOINCREMENT: an id is never given twice, so a file is never reused while an
+ended run's is still to be deleted). Crash policy: a run's file is written while its log transaction is open and
 fsynced (with its directory) before the SQLite commit that records its size; on open, a file
 with no ``runs`` row is an orphan of a transaction that never committed and is deleted, and a
 run whose file is missing, of another size, or fails a checksum makes its topic rebuilt from
@@ -117,8 +118,8 @@ _SCHEMA = (
     "PRIMARY KEY(topic_id, stream_id)) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS set_aside(topic_id INTEGER NOT NULL, key BLOB NOT NULL, "
     "PRIMARY KEY(topic_id, key)) WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS runs(id INTEGER PRIMARY KEY, topic_id INTEGER NOT NULL, keys INTEGER NOT NULL, "
-    "bytes INTEGER NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS runs(id INTEGER PRIMARY KEY AUTOINCREMENT, topic_id INTEGER NOT NULL, "
+    "keys INTEGER NOT NULL, bytes INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS dead(topic_id INTEGER NOT NULL, key BLOB NOT NULL, "
     "PRIMARY KEY(topic_id, key)) WITHOUT ROWID",
 )
@@ -223,18 +224,18 @@ class KeyState:
             self._drop(tid)
 
     def _end_runs(self, tid: int) -> None:
-        """The topic's runs end (their keys are gone or moved): rows now, files after the commit."""
+        """The topic's runs end (their keys are gone or moved), inside the open transaction: rows now, committed
+        files after the commit; a run begun in this transaction (no commit ever refers to it) at once."""
+        assert self.db.in_transaction
         open_run = self._open_runs.pop(tid, None)
         if open_run is not None:
             open_run.file.close()
+            self._unlink_runs([open_run.id])
         ids = [int(r[0]) for r in self.db.execute("SELECT id FROM runs WHERE topic_id = ?", (tid,))]
         self.db.execute("DELETE FROM runs WHERE topic_id = ?", (tid,))
         self.db.execute("DELETE FROM dead WHERE topic_id = ?", (tid,))
         self._run_topics.discard(tid)
-        if self.db.in_transaction:
-            self._doomed.extend(ids)
-        else:
-            self._unlink_runs(ids)
+        self._doomed.extend(i for i in ids if open_run is None or i != open_run.id)
 
     def _unlink_runs(self, ids: list[int]) -> None:
         for run_id in ids:
@@ -294,9 +295,24 @@ class KeyState:
         return {name: kind for name, kind in self.db.execute("SELECT name, kind FROM topics")}
 
     def _drop(self, topic_id: int) -> None:
-        for table in ("checkpoints", "keys", "streams", "set_aside"):
-            self.db.execute(f"DELETE FROM {table} WHERE topic_id = ?", (topic_id,))
-        self._end_runs(topic_id)
+        """Forget everything of a topic (it is caught up from offset 0 next): in the open transaction, or in one
+        of its own (on open, or when ``track`` finds another incarnation)."""
+        own = not self.db.in_transaction
+        if own:
+            self.db.execute("BEGIN")
+        try:
+            for table in ("checkpoints", "keys", "streams", "set_aside"):
+                self.db.execute(f"DELETE FROM {table} WHERE topic_id = ?", (topic_id,))
+            self._end_runs(topic_id)
+            if own:
+                self.db.execute("COMMIT")
+        except BaseException:
+            if own and self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
+        if own:
+            self._unlink_runs(self._doomed)
+            self._doomed.clear()
 
     def _id(self, topic: str) -> int:
         found = self._ids.get(topic)
@@ -341,7 +357,8 @@ class KeyState:
         """Keys a snapshot read, live now (small rows: nothing to keep for a TOAST fill), in bulk: appended to
         the topic's key run of this transaction (the module docstring), not a SQLite row per key.
 
-        For the keys of one snapshot's reads (each read once, nothing else of them in the same transaction).
+        For the keys of one snapshot's reads of a table whose key is unique (a primary key or a unique replica
+        identity index: a run keeps no key twice), each read once, nothing else of them in the same transaction.
         A topic with keys set aside (a snapshot taken again: capture.recovery compares them in SQLite) or
         with runs of earlier transactions takes them as :meth:`put_many` does."""
         tid = self._id(topic)

@@ -192,7 +192,7 @@ class SnapshotReads:
                 keys = pa.Array.from_buffers(pa.binary(), n, key_buffers)
             self.writer.add_arrays(topic, keys, values, len(data) + (len(batch.keys) if batch.keys else 0))
             if not table.keyless:
-                self.builder.remember_read_keys(topic, keys, batch.big)
+                self.builder.remember_read_keys(table, topic, keys, batch.big)
             self.index += n
             self.stats.snapshot_rows += n
         if batch.last is not None:

@@ -124,6 +124,8 @@ except ImportError:
 log = logging.getLogger("capture.connector")
 
 SNAPSHOT_FETCH_ROWS = 5_000  # rows per FETCH, and per batch sent to the connector
+# a native batch's COPY text at most (wide rows: its JSON images stay far below the 2 GiB of one Arrow array)
+NATIVE_BATCH_BYTES = 64 << 20
 # 32 MiB of heap: tables under twice that are read by the connector's own connection (a reader's start, ≈ 1 s,
 # outweighs what it saves there: 300,000 bench rows took 0.7× as long with one reader as with two).
 MIN_RANGE_BLOCKS = 4_096
@@ -320,17 +322,19 @@ def _read_range_native(
     table = task.table
     convs = [text_converter(c.type_name, c.type_oid) for c in table.columns]
     rows = 0
-    for lines in copy_lines(db, f"COPY ({select_columns_sql(table, task.where())}) TO STDOUT", SNAPSHOT_FETCH_ROWS):
+    sql = f"COPY ({select_columns_sql(table, task.where())}) TO STDOUT"
+    for lines in copy_lines(db, sql, SNAPSHOT_FETCH_ROWS, NATIVE_BATCH_BYTES):
         batch = encode_native_batch(encoder, native, table, convs, lines, ctx, task.number)
         rows += batch.rows
         pipe.send_bytes(pickle.dumps(("batch", batch), protocol=5))
     pipe.send_bytes(pickle.dumps(("done", task.number, rows), protocol=5))
 
 
-def copy_lines(db: psycopg.Connection[Any], sql: str, size: int) -> Iterator[list[Any]]:
-    """The lines of ``sql`` (a ``COPY … TO STDOUT`` in text format), ``size`` at a time, read with libpq's copy
-    calls directly: psycopg's ``Copy`` object costs about 0.4 µs more per row, a third of a reader's budget.
-    The connection is idle (in its transaction) again afterwards; a server error is raised as psycopg raises it."""
+def copy_lines(db: psycopg.Connection[Any], sql: str, size: int, max_bytes: int = 1 << 62) -> Iterator[list[Any]]:
+    """The lines of ``sql`` (a ``COPY … TO STDOUT`` in text format), ``size`` at a time (fewer once they hold
+    ``max_bytes``), read with libpq's copy calls directly: psycopg's ``Copy`` object costs about 0.4 µs more per
+    row, a third of a reader's budget. The connection is idle (in its transaction) again afterwards; a server
+    error is raised as psycopg raises it, a lost connection as :class:`psycopg.OperationalError`."""
     pgconn = db.pgconn
     pgconn.send_query(sql.encode())
     started = pgconn.get_result()
@@ -338,15 +342,18 @@ def copy_lines(db: psycopg.Connection[Any], sql: str, size: int) -> Iterator[lis
         error = _drain_results(pgconn, started)
         raise error if error is not None else psycopg.OperationalError(f"{sql}: no COPY data came")
     get = pgconn.get_copy_data
-    lines: list[Any] = []  # bytes (psycopg's C binding) or memoryview (its Python one)
+    lines: list[Any] = []  # memoryviews (psycopg's bindings give each line as one)
+    held = 0
     while True:
         n, data = get(0)  # blocking: one line per call
         if n < 0:
             break
         lines.append(data)
-        if len(lines) >= size:
+        held += n
+        if len(lines) >= size or held >= max_bytes:
             yield lines
             lines = []
+            held = 0
     error = _drain_results(pgconn, None)
     if error is not None or n != -1:
         raise error if error is not None else psycopg.OperationalError(
@@ -356,7 +363,8 @@ def copy_lines(db: psycopg.Connection[Any], sql: str, size: int) -> Iterator[lis
 
 
 def _drain_results(pgconn: Any, first: Any) -> Exception | None:
-    """Read the command's remaining results; the first error among them (and ``first``) as psycopg's exception."""
+    """Read the command's remaining results; the first error among them (and ``first``) as psycopg's exception —
+    :class:`psycopg.OperationalError` when the connection is gone (libpq's own result then has no SQLSTATE)."""
     error: Exception | None = None
     result = first
     while True:
@@ -364,7 +372,10 @@ def _drain_results(pgconn: Any, first: Any) -> Exception | None:
             error = error or psycopg.errors.error_from_result(result, encoding="utf-8")
         result = pgconn.get_result()
         if result is None:
-            return error
+            break
+    if pgconn.status != pq.ConnStatus.OK:
+        return psycopg.OperationalError(f"the connection was lost during COPY: {pgconn.get_error_message()}")
+    return error
 
 
 def copy_row_columns(table: TableInfo, convs: list[Any], line: bytes | memoryview) -> list[Column]:
@@ -441,7 +452,9 @@ def _split(data: bytes, offsets: bytes) -> list[bytes]:
 
 def _join(items: list[bytes]) -> tuple[bytes, bytes]:
     ends = np.cumsum([0, *map(len, items)], dtype=np.int64)
-    return b"".join(items), ends.astype("<u4").tobytes()
+    if ends[-1] >= 1 << 31:
+        raise CaptureError("a snapshot batch's data exceeds 2 GiB, the most one Arrow binary array holds")
+    return b"".join(items), ends.astype("<i4").tobytes()
 
 
 def encode_batch(

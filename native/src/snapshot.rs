@@ -10,7 +10,7 @@
 //! values go to the key state, which only the Python path builds) — is left empty and listed as a
 //! fallback: the caller encodes that row with the Python path. It never raises for bad rows.
 //!
-//! Output buffers are Arrow binary layouts: little-endian `u32` offsets (`rows + 1`, the first 0) and
+//! Output buffers are Arrow binary layouts: little-endian 32-bit offsets (below 2^31) (`rows + 1`, the first 0) and
 //! the concatenated bytes, so the caller wraps them as Arrow arrays without a Python object per row.
 //!
 //! COPY text format (PostgreSQL's `CopyAttributeOutText`): one row per line ending in `\n`, fields
@@ -142,7 +142,7 @@ impl SnapshotEncoder {
         let mut values: Vec<Option<(usize, usize)>> = Vec::with_capacity(self.names.len()); // spans in `scratch`
         let mut scratch: Vec<u8> = Vec::with_capacity(256);
         for (i, row) in rows.iter().enumerate() {
-            let view: PyBuffer<u8>; // a row that is not bytes: a memoryview (psycopg's get_copy_data)
+            let view: PyBuffer<u8>; // a memoryview: psycopg's get_copy_data gives each line as one
             let line: &[u8] = match row.downcast::<PyBytes>() {
                 Ok(b) => b.as_bytes(),
                 Err(_) => {
@@ -173,12 +173,10 @@ impl SnapshotEncoder {
                 keys.truncate(key_start);
                 fallback.push(i);
             }
-            let end = u32::try_from(afters.len())
-                .map_err(|_| pyo3::exceptions::PyValueError::new_err("batch over 4 GiB"))?;
+            let end = arrow_offset(afters.len())?;
             after_offsets.extend_from_slice(&end.to_le_bytes());
             if keyed {
-                let end = u32::try_from(keys.len())
-                    .map_err(|_| pyo3::exceptions::PyValueError::new_err("batch over 4 GiB"))?;
+                let end = arrow_offset(keys.len())?;
                 key_offsets.extend_from_slice(&end.to_le_bytes());
             }
         }
@@ -352,8 +350,7 @@ pub fn splice_reads<'py>(
     let mut total = 0usize;
     for (i, w) in offsets.windows(2).enumerate() {
         total += fixed + (w[1] - w[0]) + digits(first_index as u64 + i as u64);
-        let end = u32::try_from(total)
-            .map_err(|_| pyo3::exceptions::PyValueError::new_err("batch over 4 GiB"))?;
+        let end = arrow_offset(total)?;
         ends.extend_from_slice(&end.to_le_bytes());
     }
     // written straight into the bytes object: the values are most of what the log writes, copied once here
@@ -374,6 +371,15 @@ pub fn splice_reads<'py>(
         Ok(())
     })?;
     Ok((data, PyBytes::new(py, &ends)))
+}
+
+/// An Arrow binary offset (a signed 32-bit value, so at most 2 GiB of data per array), as its `u32` bits.
+fn arrow_offset(n: usize) -> PyResult<u32> {
+    i32::try_from(n).map(|v| v as u32).map_err(|_| {
+        pyo3::exceptions::PyValueError::new_err(
+            "a batch's data exceeds 2 GiB, the most one Arrow binary array holds",
+        )
+    })
 }
 
 /// Decimal digits of ``n``.

@@ -19,9 +19,13 @@ import pytest
 from capture_util import drop_slots, events, fresh_database, latest_by_key, sql
 from workload import soak
 
+from capture.converters import JsonConverter
+from capture.events import EventBuilder, ToastCache
 from capture.keystate import TABLE_TOPIC, KeyState
 from capture.sinks import TopicRecords, TopicSpec
 from capture.sinks.embedded import EmbeddedLogSink
+from capture.tables import TableColumn, TableFilter, TableInfo
+from capture.topics import TopicRouter
 from eventstore.log import Log
 from tideline.pgharness import LocalPostgres
 
@@ -350,4 +354,57 @@ def test_a_snapshot_taken_again_sets_the_run_keys_aside(sink: EmbeddedLogSink, t
     sink.commit("__positions", None, None)
     state.commit(written)
     assert live(state) == {b"a", b"c"} and run_files(path) == []
+    state.close()
+
+
+def test_a_run_ended_in_a_transaction_never_lends_its_file_to_a_new_one(sink: EmbeddedLogSink, tmp_path: Path) -> None:
+    """Run ids are never given twice: ending the newest run and starting another in the same transaction (a
+    TRUNCATE, or a snapshot taken again that reads a new table) leaves the new run's file in place, and an abort
+    leaves the ended run's."""
+    path = tmp_path / "ks.sqlite"
+    state = opened(path, sink)
+    other = "cdc.public.other"
+    sink.ensure_topic(other, TopicSpec(compact=True, partitions=1))
+    state.track(other, TABLE_TOPIC, sink.topic_incarnation(other))
+    write_run(sink, state, [b"a1", b"a2"])
+    for attempt in ("abort", "commit"):
+        state.begin()
+        state.truncate(TOPIC)  # ends the newest run...
+        state.put_run(other, pa.array([b"o1", b"o2"], pa.binary()))  # ...and a new one starts
+        if attempt == "abort":
+            state.abort()
+            assert live(state) == {b"a1", b"a2"}  # the ended run's file is still there
+            assert len(run_files(path)) == 1
+        else:
+            state.commit({})
+    assert live(state) == set() and {k for c in state.live_keys(other) for k in c} == {b"o1", b"o2"}
+    assert len(run_files(path)) == 1
+    state.close()
+    reopened = opened(path, sink)
+    reopened.track(other, TABLE_TOPIC, sink.topic_incarnation(other))
+    assert {k for c in reopened.live_keys(other) for k in c} == {b"o1", b"o2"}
+    # a run begun and ended in one transaction leaves no file, whatever its end
+    reopened.begin()
+    reopened.put_run(TOPIC, pa.array([b"x"], pa.binary()))
+    reopened.truncate(TOPIC)
+    reopened.abort()
+    assert len(run_files(path)) == 1
+    reopened.close()
+
+
+def test_keys_of_a_table_whose_key_may_repeat_are_kept_once_each(tmp_path: Path) -> None:
+    """Only a primary key or a unique replica identity index makes a run: a configured key (or a REPLICA IDENTITY
+    FULL table's every column) may repeat, and SQLite keeps such keys once."""
+    state = KeyState(tmp_path / "ks.sqlite")
+    state.track(TOPIC, TABLE_TOPIC, None)
+    builder = EventBuilder("cdc", "db", TableFilter(), TopicRouter("cdc"), JsonConverter(), ToastCache(1 << 20), state)
+    columns = (TableColumn("id", "integer", 23),)
+    state.begin()
+    for source, keys in (("configured", [b"c", b"c"]), ("replica identity full", [b"f", b"f"]),
+                         ("primary key", [b"p1", b"p2"])):  # fmt: skip
+        table = TableInfo.make("public", "t", columns, ("id",), source, "d")
+        builder.remember_read_keys(table, TOPIC, pa.array(keys, pa.binary()), {})
+    state.commit({})
+    assert sorted(k for c in state.live_keys(TOPIC) for k in c) == [b"c", b"f", b"p1", b"p2"]
+    assert len(run_files(tmp_path / "ks.sqlite")) == 1  # the primary key's reads only
     state.close()

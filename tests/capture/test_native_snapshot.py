@@ -141,7 +141,7 @@ jsons = st.recursive(
 rows = st.lists(
     st.tuples(
         st.integers(-(2**63), 2**63 - 1),
-        st.none() | texts,
+        st.none() | texts | texts.filter(bool).map(lambda t: t * (1100 // len(t) + 1)),  # big: TOAST-able size
         st.none() | texts,
         st.none() | numerics,
         st.none() | floats,
@@ -227,11 +227,13 @@ KINDS_ROWS = (
     "'2024-01-01 12:00:00+00'::timestamptz + g * interval '1 millisecond', '12:34:56.789'::time, "
     "'12:34:56+05:30'::timetz, box(point(g, g), point(0, 0)) FROM generate_series(1, 3000) g"
 )
-UNUSUAL_ROWS = (  # values the native path leaves to the Python one, NULLs everywhere, a big row
+UNUSUAL_ROWS = (  # forms the native path leaves to the Python one, a big row, NULLs everywhere, and a last row
     "INSERT INTO kinds (id, n, r, d, ts, tz, tm, t) VALUES "
     "(100001, 'NaN', 'NaN', '-Infinity', 'infinity', '-infinity', '24:00:00', NULL), "
-    "(100002, '-0.0', 'Infinity', '-0', '0044-03-15 12:00:00 BC', '2024-01-01 00:00:00+00', NULL, repeat('x', 3000)), "
-    "(100003, NULL, NULL, NULL, NULL, NULL, NULL, E'\\\\N')"
+    "(100002, 1.5, 2.5, 3.5, '2024-01-01 00:00:00', '2024-01-01 00:00:00+00', '01:02:03', repeat('x', 3000)), "
+    "(100003, '-0.0', 'Infinity', '-0', '0044-03-15 12:00:00 BC', NULL, NULL, NULL), "
+    "(100004, NULL, NULL, NULL, NULL, NULL, NULL, E'\\\\N'), "
+    "(100005, 1, 1, 1, '2024-01-01 00:00:00', '2024-01-01 00:00:00+00', '01:02:03', 'last')"
 )
 
 
@@ -248,12 +250,14 @@ def test_a_table_of_every_kind_reads_natively_as_the_python_path_reads_it(db: st
         assert res is not None
         reference = reference_values(enc, table, list(result_rows(res, table)))
         lines = [line for chunk in copy_lines(c, f"COPY ({select}) TO STDOUT", 1000) for line in chunk]
-    assert len(lines) == 3003
+    assert len(lines) == 3005
     # one batch: the first and last lines take the Python path, every other row the native one (or its fallback)
     assert native_values(enc, table, lines) == reference
     batch = encode_native_batch(enc, native, table, convs, lines, CTX, 0)
     _, _, _, _, fallback = native.encode(lines[1:-1])
-    assert sorted(fallback) == [2999, 3000]  # ids 100001 and 100002 (positions among the rows between)
+    # positions among the rows between: ids 100001 (infinite timestamps, 24:00:00), 100002 (big: its size alone),
+    # 100003 (a BC timestamp); 100004 (every value NULL, a text that reads \N) is native
+    assert sorted(fallback) == [2999, 3000, 3001]
     assert list(batch.big) == [3000]  # the big row's TOAST-able values, as the Python path keeps them
     big_after = enc.read_record(table, copy_row_columns(table, convs, lines[3001]), CTX, 0, NOW)[2]
     assert batch.big[3000] == enc.toast_values(table, big_after)
@@ -274,6 +278,14 @@ def test_a_table_with_a_type_not_converted_natively_is_read_by_the_python_path(d
 
 def test_a_copy_error_is_raised_as_psycopg_raises_it_and_the_connection_stays_usable(db: str) -> None:
     sql(db, "CREATE TABLE plain (id int PRIMARY KEY)", "INSERT INTO plain SELECT generate_series(1, 10)")
+    with psycopg.connect(db) as c:  # in a transaction, as a reader reads: it is failed, and psycopg knows it
+        c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        assert [len(chunk) for chunk in copy_lines(c, "COPY plain TO STDOUT", 100, max_bytes=6)] == [3, 3, 3, 1]
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            list(copy_lines(c, "COPY (SELECT 1 / (id - 5) FROM plain) TO STDOUT", 3))
+        assert c.info.transaction_status is psycopg.pq.TransactionStatus.INERROR
+        c.rollback()
+        assert c.execute("SELECT count(*) FROM plain").fetchone() == (10,)
     with psycopg.connect(db, autocommit=True) as c:
         with pytest.raises(psycopg.errors.DivisionByZero):
             list(copy_lines(c, "COPY (SELECT 1 / (id - 5) FROM plain) TO STDOUT", 3))
@@ -312,7 +324,7 @@ def test_a_native_parallel_snapshot_equals_one_on_the_python_path(db: str, tmp_p
     native, python = tmp_path / "native", tmp_path / "python"
     a = capture(native, db, slot="native", snapshot_workers=2, state_dir=tmp_path / "sn")
     b = capture(python, db, slot="python", snapshot_workers=2, state_dir=tmp_path / "sp", core=CoreChoice.PYTHON)
-    assert a.snapshot_rows == b.snapshot_rows == 3003 + 5000
+    assert a.snapshot_rows == b.snapshot_rows == 3005 + 5000
     for topic in ("cdc.public.kinds", "cdc.public.loose"):
         assert comparable(native, topic) == comparable(python, topic), topic
 
