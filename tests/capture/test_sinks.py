@@ -346,3 +346,23 @@ def test_records_given_as_arrow_chunks_keep_their_order_among_listed_ones(factor
         assert [v for _, _, v in keyless] == [b"x", b"y", b"z"] and len({p for p, _, _ in keyless}) == 1
     with pytest.raises(ValueError, match="2 keys for 1 values"):
         TopicRecords().add_arrays(pa.array([b"a", b"b"], pa.binary()), pa.array([b"1"], pa.binary()))
+
+
+def test_topic_records_keep_their_order_across_chunks_lists_and_headers() -> None:
+    records = TopicRecords([b"a"], [b"1"])
+    records.add_arrays(pa.array([b"b"], pa.binary()), pa.array([b"2"], pa.binary()))
+    records.keys.append(b"c")  # as LogWriter.add appends after a chunk
+    records.values.append(b"3")
+    keys, values = records.arrays()
+    assert keys.to_pylist() == [b"a", b"b", b"c"] and values.to_pylist() == [b"1", b"2", b"3"]
+    assert records.lists() == ([b"a", b"b", b"c"], [b"1", b"2", b"3"])
+    # a record with headers joins: the chunks become list entries first, so headers stay aligned with them
+    records.lift_chunks()
+    assert records.chunks == [] and records.lists() == ([b"a", b"b", b"c"], [b"1", b"2", b"3"])
+    records.headers = [None, None, None]
+    records.keys.append(b"d")
+    records.values.append(b"4")
+    records.headers.append([("h", b"v")])
+    records.add_arrays(pa.array([b"e"], pa.binary()), pa.array([b"5"], pa.binary()))  # after headers: listed
+    assert records.chunks == [] and records.keys == [b"a", b"b", b"c", b"d", b"e"]
+    assert records.headers == [None, None, None, [("h", b"v")], None] and len(records) == 5
