@@ -6,7 +6,9 @@ snapshot; every captured table is read in that snapshot (``REPEATABLE READ``, ``
 TRANSACTION SNAPSHOT``, a server-side cursor, values as text converted like the
 stream's) and emitted as ``op=r`` events inside **one** log transaction that ends with
 the position "snapshot done at the slot's consistent point". Events are appended in
-chunks as they are read (memory stays O(chunk)); nothing is visible until the commit.
+chunks as they are read (memory stays O(chunk)), each by a worker thread while the next is
+read (capture.writer.BackgroundAppends: one append in flight, in order); nothing is visible
+until the commit.
 With ``snapshot_workers`` > 1, tables of at least ``2 × MIN_RANGE_BLOCKS`` blocks are read
 in ctid ranges by reader processes sharing the exported snapshot (capture.snapshot_readers);
 their encoded batches join the same transaction, numbered and marked by :class:`SnapshotReads`
@@ -30,14 +32,15 @@ Outbox rows already in the table are routed in key (id) order; a snapshot taken 
 (``always``, ``when_needed``) skips the events the key state says are routed already
 (the highest version per stream: versions of one stream commit in order).
 
-Thread-safety: none; run by the connector thread.
+Thread-safety: none; run by the connector thread (its appends by one worker thread, never while this
+thread uses the sink: see capture.writer.BackgroundAppends).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -65,7 +68,7 @@ from capture.snapshot_readers import (
 )
 from capture.status import Stats
 from capture.tables import TableCatalog, TableInfo, qualified_name, result_rows, select_columns_sql
-from capture.writer import LogWriter
+from capture.writer import BackgroundAppends, LogWriter
 from eventstore.errors import ConfigError
 from eventstore.topic import now_ms
 
@@ -224,6 +227,7 @@ class SnapshotSource:
     offsets: OffsetContext
     stats: Stats
     stop: threading.Event
+    _appends: BackgroundAppends = field(init=False)  # the running snapshot's appends (see run)
 
     def prepare(self, repl: ReplicationConnection, slot: SlotState | None, *, resnapshot: bool = False) -> int:
         """Create the slot and snapshot as the mode says; return where streaming starts (0: the slot's position).
@@ -303,6 +307,7 @@ class SnapshotSource:
         reconciliation = Reconciliation(self.builder, self.writer.keystate)
         readers: SnapshotReaders | None = None
         done = False
+        self._appends = BackgroundAppends(self.writer)
         try:
             # Values are read uncast in text format: the type's output function, as wal2json prints
             # it (``::text`` differs: char(n) padding, inet netmasks), under the same session settings.
@@ -311,6 +316,7 @@ class SnapshotSource:
                 c.execute(f"SET TRANSACTION SNAPSHOT '{snapshot_name}'")
                 for t_i, table in enumerate(tables):
                     outbox = table.qualified == self.config.outbox_table
+                    self._appends.wait()  # the sink is this thread's again (a topic may be created)
                     if not outbox:
                         topic = self.builder.topic(table)
                         self.writer.ensure_table_topic(table, topic)
@@ -328,8 +334,11 @@ class SnapshotSource:
                 log.info("capture: snapshot of %d tables, %d rows", len(tables), reads.index)
             done = True
         finally:
-            if readers is not None:
-                readers.close(wait_s=5.0 if done else 0.0)
+            try:
+                self._appends.close()  # before the transaction goes on here, or is aborted by the caller
+            finally:
+                if readers is not None:
+                    readers.close(wait_s=5.0 if done else 0.0)
         for chunk in reconciliation.deletes(consistent_point, reads.index, reads.ts_ms, now_ms()):
             for event in chunk:
                 self.writer.add(event)
@@ -393,7 +402,7 @@ class SnapshotSource:
 
     def _batch_done(self) -> None:
         if self.writer.full:
-            self.writer.send_pending()  # appended, not committed: one transaction for all
+            self._appends.submit()  # appended while the next batch is read; not committed: one transaction for all
         if self.stop.is_set():
             raise SnapshotStopped("stopped during the snapshot")
 
@@ -412,6 +421,7 @@ class SnapshotSource:
         """An event already in the outbox table: routed once (a new snapshot skips what is routed)."""
         image = {col.name: col.value for col in columns}
         event = self.builder.outbox(table, self.config.outbox_topic_prefix, image, ctx, index)
+        self._appends.wait()  # the sink is this thread's again (the topic may be created)
         self.writer.ensure_outbox_topic(event.topic)
         assert event.key is not None
         version = int(image["version"])

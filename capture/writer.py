@@ -10,14 +10,17 @@ Memory is O(batch): :meth:`LogWriter.send_pending` appends what is buffered with
 committing (a snapshot, a TRUNCATE's tombstones, a huge source transaction), and the
 key state flushes its own buffer into its open SQLite transaction.
 
-Thread-safety: none; owned by the connector thread.
+Thread-safety: none; owned by the connector thread (during a snapshot one worker thread appends for it, one batch
+at a time, while it does not use the sink: :class:`BackgroundAppends`).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -187,11 +190,20 @@ class LogWriter:
 
     def send_pending(self, *, also: tuple[tuple[str, int], ...] = ()) -> None:
         """Append the buffered events inside the open transaction (not committed: memory stays bounded)."""
-        if self._records:
-            for tp, end in self.sink.append(self._records, also=also).items():
-                self._written[tp] = max(end, self._written.get(tp, 0))
-            self._records = {}
+        self.append_taken(self.take_pending(), also=also)
+
+    def take_pending(self) -> dict[str, TopicRecords]:
+        """The buffered events, handed over (the batch is empty again): for :meth:`append_taken`."""
+        records, self._records = self._records, {}
         self.bytes = self.events = 0
+        return records
+
+    def append_taken(self, records: dict[str, TopicRecords], *, also: tuple[tuple[str, int], ...] = ()) -> None:
+        """Append events taken with :meth:`take_pending` inside the open transaction (see :class:`BackgroundAppends`
+        for the one other thread that may call this)."""
+        if records:
+            for tp, end in self.sink.append(records, also=also).items():
+                self._written[tp] = max(end, self._written.get(tp, 0))
 
     def commit(self, position: SourcePosition | None) -> bool:
         """Append the batch and its position and commit, durably; then the key state. False: nothing open."""
@@ -226,3 +238,49 @@ class LogWriter:
                 raise
             except Exception as e:  # the log may be gone or its disk full: the next open aborts it
                 log.warning("capture: abort after failure failed (%s); the next start aborts it", e)
+
+
+class BackgroundAppends:
+    """A big transaction's appends made by one worker thread while the connector thread prepares the next batch.
+
+    The initial snapshot is one log transaction of every table's reads; appending a batch (encoding record
+    batches, writing them, the embedded log's sync of each) took a third of the connector's time while its
+    readers waited. With this, the connector hands a full batch over (:meth:`submit`) and goes on reading;
+    the worker appends it. At most one append is in flight, so batches keep their order and memory stays
+    at two batches; nothing is visible before the transaction's commit either way. The sink is used by one
+    thread at a time: the connector thread calls :meth:`wait` before it touches the sink itself (creating a
+    topic, committing, aborting), and :meth:`close` before the transaction ends. An append's failure is
+    raised in the connector thread by the next :meth:`submit` or :meth:`wait`.
+
+    Thread-safety: methods are called by the connector thread only; the worker runs ``append_taken``.
+    """
+
+    def __init__(self, writer: LogWriter) -> None:
+        self.writer = writer
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-appends")
+        self._in_flight: Future[None] | None = None
+
+    def submit(self) -> None:
+        """Append the writer's buffered events in the worker (after the append before, if any, is done)."""
+        self.wait()
+        self._in_flight = self._pool.submit(self.writer.append_taken, self.writer.take_pending())
+
+    def wait(self) -> None:
+        """Until no append is in flight; its failure is raised here."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
+
+    def close(self) -> None:
+        """Wait for the last append and stop the worker. While another error propagates, an append's failure
+        is logged rather than raised over it (the transaction is aborted either way)."""
+        try:
+            if sys.exc_info()[1] is None:
+                self.wait()
+            else:
+                try:
+                    self.wait()
+                except Exception as e:  # the error already propagating is the one to report
+                    log.warning("capture: a background append failed as well: %s", e)
+        finally:
+            self._pool.shutdown(wait=True)

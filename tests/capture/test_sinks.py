@@ -26,8 +26,8 @@ from capture.keystate import KeyState
 from capture.sinks import ReadBatch, Sink, TopicRecords, TopicSpec
 from capture.sinks.embedded import EmbeddedLogSink
 from capture.sinks.kafka import KafkaLogSink
-from capture.writer import LogWriter
-from eventstore.errors import ConfigError, ProducerFencedError, TidelineError
+from capture.writer import BackgroundAppends, LogWriter
+from eventstore.errors import ConfigError, InvalidRecordError, ProducerFencedError, TidelineError
 from eventstore.log import Log
 from schemas.registry import SchemaStore
 from tideline.kafkaharness import LocalKafka
@@ -366,3 +366,35 @@ def test_topic_records_keep_their_order_across_chunks_lists_and_headers() -> Non
     records.add_arrays(pa.array([b"e"], pa.binary()), pa.array([b"5"], pa.binary()))  # after headers: listed
     assert records.chunks == [] and records.keys == [b"a", b"b", b"c", b"d", b"e"]
     assert records.headers == [None, None, None, [("h", b"v")], None] and len(records) == 5
+
+
+def test_background_appends_keep_order_and_raise_a_failed_append_in_the_caller(tmp_path: Path) -> None:
+    """capture.writer.BackgroundAppends (the snapshot's appends): batches land in order, in the one transaction, and
+    an append that fails in the worker is raised where the connector thread waits next — before the commit."""
+    with Log(tmp_path / "log") as log:
+        sink = EmbeddedLogSink(log)
+        opened(sink)
+        sink.ensure_topic("t", TopicSpec(compact=True, partitions=1))
+        keystate = KeyState(tmp_path / "ks.sqlite")
+        writer = LogWriter(CaptureConfig(dsn="postgresql://unused", slot="s", topic_prefix="d"), sink, keystate,
+                           JsonConverter())  # fmt: skip
+        writer.begin()
+        appends = BackgroundAppends(writer)
+        for i in range(20):
+            writer.add_many("t", [b"k%d" % i], [b"v%d" % i], 6)
+            appends.submit()
+        appends.close()
+        writer.commit(None)
+        assert [v for _, _, v in committed(sink, "t", 20)] == [b"v%d" % i for i in range(20)]
+        # a record the log refuses (a compacted topic takes no null key) fails its append in the worker
+        writer.begin()
+        appends = BackgroundAppends(writer)
+        writer.add_many("t", [None], [b"keyless"], 7)
+        appends.submit()
+        with pytest.raises(InvalidRecordError, match="cannot accept records without keys"):
+            appends.wait()
+        appends.close()
+        writer.abort()
+        assert len(committed(sink, "t")) == 20
+        keystate.close()
+        sink.close()
