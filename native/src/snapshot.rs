@@ -353,21 +353,25 @@ pub fn splice_reads<'py>(
         let end = arrow_offset(total)?;
         ends.extend_from_slice(&end.to_le_bytes());
     }
-    // written straight into the bytes object: the values are most of what the log writes, copied once here
+    // written straight into the bytes object: the values are most of what the log writes, copied once here;
+    // without the GIL (the new object is not shared yet, the inputs are immutable bytes), so the connector's
+    // append thread runs meanwhile
     let data = PyBytes::new_with(py, total, |out: &mut [u8]| {
-        let mut at = 0usize;
-        let mut put = |part: &[u8]| {
-            out[at..at + part.len()].copy_from_slice(part);
-            at += part.len();
-        };
-        let mut number = itoa::Buffer::new();
-        for (i, w) in offsets.windows(2).enumerate() {
-            put(lead);
-            put(&afters[w[0]..w[1]]);
-            put(mid);
-            put(number.format(first_index as u64 + i as u64).as_bytes());
-            put(tail);
-        }
+        py.allow_threads(|| {
+            let mut at = 0usize;
+            let mut put = |part: &[u8]| {
+                out[at..at + part.len()].copy_from_slice(part);
+                at += part.len();
+            };
+            let mut number = itoa::Buffer::new();
+            for (i, w) in offsets.windows(2).enumerate() {
+                put(lead);
+                put(&afters[w[0]..w[1]]);
+                put(mid);
+                put(number.format(first_index as u64 + i as u64).as_bytes());
+                put(tail);
+            }
+        });
         Ok(())
     })?;
     Ok((data, PyBytes::new(py, &ends)))
