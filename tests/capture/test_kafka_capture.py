@@ -33,6 +33,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from schemas_serve_util import serving
 from test_avro_interop import by_key, json_form
 
+import capture.snapshot_readers as snapshot_readers
 from capture.connector import CaptureConfig, Connector, ValueFormat
 from capture.messages import Plugin
 from eventstore.kafka import KafkaAdmin
@@ -254,3 +255,27 @@ def test_avro_capture_into_kafka_reads_with_confluents_deserializer(
             decoded.append((key, value))
     expected = [(k, v) for _, k, v in plain.records(f"{plain.prefix}.public.t") if k is not None]
     assert by_key(decoded) == by_key(expected)
+
+
+def test_a_parallel_native_snapshot_into_kafka_then_a_truncate(
+    db: str, kafka: LocalKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reader processes' natively encoded batches reach Kafka (Arrow chunks through the Kafka sink, appended by the
+    snapshot's worker thread) once each, and their keys — a key run in the local key state — are all tombstoned
+    by a later TRUNCATE."""
+    monkeypatch.setattr(snapshot_readers, "MIN_RANGE_BLOCKS", 8)  # a small table still splits into ranges
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20000) g", "VACUUM ANALYZE t")  # fmt: skip
+    backend = Backend.kafka(kafka.bootstrap_servers, tmp_path / "state")
+    config = CaptureConfig(dsn=db, slot="psnap", topic_prefix=backend.prefix, partitions=3, exit_when_caught_up=True,
+                           snapshot_workers=2)  # fmt: skip
+    assert backend.run(config).snapshot_rows == 20_000
+    assert list(backend.path.glob("*.runs/*.keys")), "the snapshot's keys were not written as a key run"
+    topic = f"{backend.prefix}.public.t"
+    reads = [json.loads(v) for _, _, v in backend.records(topic) if v is not None]
+    assert sorted(r["after"]["id"] for r in reads) == list(range(1, 20_001))
+    assert sorted(r["source"]["event_index"] for r in reads) == list(range(20_000))
+    sql(db, "DELETE FROM t WHERE id <= 100", "TRUNCATE t")
+    backend.run(config)
+    tombstoned = [json.loads(k)["id"] for _, k, v in backend.records(topic) if v is None]
+    assert sorted(tombstoned) == [*range(1, 101), *range(101, 20_001)]  # the deletes' own, then the TRUNCATE's
