@@ -147,6 +147,7 @@ class KeyState:
 
     def __init__(self, path: Path, *, cache_bytes: int = 16 << 20) -> None:
         self.path = path
+        self.runs_dir = Path(f"{path}.runs")
         self.cache_bytes = cache_bytes
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -159,13 +160,11 @@ class KeyState:
         self._keys: dict[tuple[int, bytes], Any] = {}  # buffered: toast bytes | None | _DELETE
         self._streams: dict[tuple[int, bytes], int] = {}
         self._in_txn = False
-        self.runs_dir = Path(f"{path}.runs")
         self._open_runs: dict[int, _OpenRun] = {}  # topic id → its run being written in this transaction
         self._doomed: list[int] = []  # runs ended in this transaction: their files go after its commit
         self._aside: set[int] = set()  # topics with keys set aside in this transaction (no runs: see put_run)
-        self._run_topics: set[int] = set()
+        self._run_topics = self._topics_with_runs()  # topics with committed runs (those in this transaction too)
         self._check_runs()
-        self._run_topics = self._topics_with_runs()
         self.records_caught_up = 0  # records read back from the log by catch_up (0 when the state was current)
 
     def _open(self) -> sqlite3.Connection:
@@ -193,8 +192,7 @@ class KeyState:
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 Path(f"{self.path}{suffix}").unlink()
-        runs = Path(f"{self.path}.runs")
-        for file in runs.glob("*.keys") if runs.is_dir() else ():
+        for file in self.runs_dir.glob("*.keys") if self.runs_dir.is_dir() else ():
             file.unlink()
 
     # ------------------------------------------------------------------ key runs (see the module docstring)
@@ -244,10 +242,10 @@ class KeyState:
 
     def _run_keys(self, tid: int) -> Iterator[list[bytes]]:
         """The keys of the topic's runs, a chunk (one snapshot batch) at a time, in the order they were read."""
+        open_run = self._open_runs.get(tid)
+        if open_run is not None:
+            open_run.file.flush()  # what this transaction wrote of it so far is read back too
         for (run_id,) in self.db.execute("SELECT id FROM runs WHERE topic_id = ? ORDER BY id", (tid,)).fetchall():
-            open_run = self._open_runs.get(tid)
-            if open_run is not None and open_run.id == run_id:
-                open_run.file.flush()
             for offsets, data in _run_chunks(self._run_file(int(run_id))):
                 o = offsets.tolist()
                 yield [data[a:b] for a, b in pairwise(o)]
@@ -603,16 +601,14 @@ class _OpenRun:
     bytes: int
 
 
-def _arrow_binary(keys: pa.Array) -> tuple[bytes, bytes] | None:
-    """A binary array without nulls as a run chunk's ``(offsets, data)`` (None: it has nulls)."""
+def _arrow_binary(keys: pa.Array) -> tuple[bytes, memoryview] | None:
+    """A binary array without nulls as a run chunk's ``(offsets, data)``, the data not copied (None: it has nulls)."""
     if keys.null_count or not pa.types.is_binary(keys.type):
         return None
     _, offsets_buf, data_buf = keys.buffers()
-    n = len(keys)
-    offsets = np.frombuffer(offsets_buf, "<i4", count=n + 1, offset=4 * keys.offset)
+    offsets = np.frombuffer(offsets_buf, "<i4", count=len(keys) + 1, offset=4 * keys.offset)
     first, end = int(offsets[0]), int(offsets[-1])
-    data = b"" if data_buf is None else data_buf.to_pybytes()[first:end] if first or end != data_buf.size else (
-        data_buf.to_pybytes())  # fmt: skip
+    data = memoryview(b"") if data_buf is None else memoryview(data_buf)[first:end]
     return (offsets - first).astype("<u4").tobytes(), data
 
 

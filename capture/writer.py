@@ -136,12 +136,17 @@ class LogWriter:
             self.in_txn = True
             self.started = time.monotonic()
 
-    def add(self, event: Event) -> None:
+    def _records_of(self, topic: str) -> TopicRecords:
+        """The open batch's records of ``topic`` (a transaction is begun first if none is open)."""
         if not self.in_txn:
             self.begin()
-        records = self._records.get(event.topic)
+        records = self._records.get(topic)
         if records is None:
-            records = self._records[event.topic] = TopicRecords()
+            records = self._records[topic] = TopicRecords()
+        return records
+
+    def add(self, event: Event) -> None:
+        records = self._records_of(event.topic)
         if event.headers is not None and records.headers is None:
             records.lift_chunks()
             records.headers = [None] * len(records.values)
@@ -155,11 +160,7 @@ class LogWriter:
     def add_many(self, topic: str, keys: list[bytes | None], values: list[bytes | None], nbytes: int) -> None:
         """Events of one topic without headers, in order (the native core's output); ``nbytes``: their keys' and
         values' bytes."""
-        if not self.in_txn:
-            self.begin()
-        records = self._records.get(topic)
-        if records is None:
-            records = self._records[topic] = TopicRecords()
+        records = self._records_of(topic)
         if records.headers is not None:
             records.headers.extend([None] * len(values))
         records.keys.extend(keys)
@@ -170,11 +171,7 @@ class LogWriter:
     def add_arrays(self, topic: str, keys: pa.Array, values: pa.Array, nbytes: int) -> None:
         """Events of one topic without headers as Arrow binary arrays (snapshot reads encoded in bulk), in order;
         ``nbytes``: their keys' and values' bytes."""
-        if not self.in_txn:
-            self.begin()
-        records = self._records.get(topic)
-        if records is None:
-            records = self._records[topic] = TopicRecords()
+        records = self._records_of(topic)
         records.add_arrays(keys, values)
         self.bytes += nbytes + RECORD_OVERHEAD * len(values)
         self.events += len(values)
