@@ -42,6 +42,8 @@ from eventstore.partitioner import partitions_for_keys
 
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 DEFAULT_TIMEOUT_S = 30.0
+# delivery reports of records librdkafka dropped because their transaction failed (see _raise_failed_delivery)
+_PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 Headers = Sequence[tuple[str, bytes | None]] | None
 
 
@@ -117,10 +119,13 @@ class KafkaProducer:
 
     def _raise_failed_delivery(self, errors: Sequence[tuple[KafkaError, str]] | None = None) -> None:
         """Raise the first of ``errors`` (delivery failures), by default of the reports collected for
-        ``send_many(wait=False)``; nothing when there is none."""
+        ``send_many(wait=False)``; nothing when there is none. Records librdkafka purged because the
+        transaction failed are a consequence, and their reports may come first: the first other one is
+        the cause raised."""
         errors = self._failed if errors is None else errors
         if errors:
-            err, topic = errors[0]
+            causes = [e for e in errors if e[0].code() not in _PURGED]
+            err, topic = (causes or errors)[0]
             self._translate(KafkaException(err), f"sending to {topic!r}", topic)
 
     def abort_transaction(self) -> None:
