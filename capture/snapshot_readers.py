@@ -35,10 +35,13 @@ commit). What a batch cannot know is decided by the connector:
 
 **Native** (the usual case: ``ReaderSpec.native``, the extension built, no excluded or masked
 columns, every column of a natively converted type — :func:`native_encoder`): the reader reads
-its range with ``COPY (SELECT …) TO STDOUT`` through libpq's copy calls (:func:`copy_lines`: no
-Python object but the line per row) and hands each batch's lines to the compiled
-``SnapshotEncoder`` (native/src/snapshot.rs), which writes the ``after`` images and record keys
-of the rows between the first and the last as Arrow binary buffers; rows it does not convert
+its range with ``COPY (SELECT …) TO STDOUT``, and the compiled ``SnapshotEncoder``
+(native/src/snapshot.rs) reads each batch's lines itself with libpq's ``PQgetCopyData`` on
+psycopg's connection (:func:`read_copy`: no Python object per line, no GIL; the functions of the
+libpq psycopg uses are found by :func:`libpq_copy_functions`, else the lines come through
+psycopg's low-level copy calls, :func:`copy_lines`, one Python object each) and writes the
+``after`` images and record keys of the rows between the first and the last as Arrow binary
+buffers; rows it does not convert
 (an unusual form of a value, a row big enough to be TOASTed) are encoded by the Python path
 (:func:`copy_row_columns` → ``EventEncoder``) and put in their place. Such a batch is a
 :class:`NativeBatch`; the connector joins each image into a whole envelope with its event index
@@ -85,7 +88,9 @@ Thread-safety: :class:`SnapshotReaders` is used by the connector thread only.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
+import functools
 import gc
 import itertools
 import logging
@@ -323,11 +328,82 @@ def _read_range_native(
     convs = [text_converter(c.type_name, c.type_oid) for c in table.columns]
     rows = 0
     sql = f"COPY ({select_columns_sql(table, task.where())}) TO STDOUT"
-    for lines in copy_lines(db, sql, SNAPSHOT_FETCH_ROWS, NATIVE_BATCH_BYTES):
-        batch = encode_native_batch(encoder, native, table, convs, lines, ctx, task.number)
+    libpq = libpq_copy_functions()
+    batches: Iterator[NativeBatch]
+    if libpq is None:  # libpq's functions not found: the lines through psycopg, encoded in compiled code
+        batches = (encode_native_batch(encoder, native, table, convs, lines, ctx, task.number)
+                   for lines in copy_lines(db, sql, SNAPSHOT_FETCH_ROWS, NATIVE_BATCH_BYTES))  # fmt: skip
+    else:
+        batches = (native_batch(encoder, table, convs, ctx, task.number, *read)
+                   for read in read_copy(db, native, libpq, sql, SNAPSHOT_FETCH_ROWS, NATIVE_BATCH_BYTES))  # fmt: skip
+    for batch in batches:
         rows += batch.rows
         pipe.send_bytes(pickle.dumps(("batch", batch), protocol=5))
     pipe.send_bytes(pickle.dumps(("done", task.number, rows), protocol=5))
+
+
+@functools.cache
+def libpq_copy_functions() -> tuple[int, int] | None:
+    """The addresses of ``PQgetCopyData`` and ``PQfreemem`` in the libpq psycopg uses in this process, for
+    :func:`read_copy`; None where they cannot be told for sure (then the lines go through psycopg).
+
+    psycopg's ``python`` implementation loads libpq with ctypes: that library. The ``binary`` one links the
+    libpq it ships (``psycopg_binary.libs/libpq-….so``), the ``c`` one the system's: the one such library
+    mapped into this process (Linux's ``/proc/self/maps``), opened again with ctypes (the same copy)."""
+    try:
+        if pq.__impl__ == "python":
+            from psycopg.pq import _pq_ctypes
+
+            lib = _pq_ctypes.pq  # type: ignore[attr-defined]  # the module's CDLL, not in its stub
+        else:
+            lib = ctypes.CDLL(_mapped_libpq(pq.__impl__))
+        get, free = (ctypes.cast(f, ctypes.c_void_p).value for f in (lib.PQgetCopyData, lib.PQfreemem))
+    except (OSError, AttributeError, ImportError, LookupError) as e:
+        log.info("capture: COPY lines are read through psycopg (libpq's copy functions not found: %s)", e)
+        return None
+    return (get, free) if get and free else None
+
+
+def _mapped_libpq(impl: str) -> str:
+    """The path of the libpq psycopg's ``binary`` or ``c`` implementation uses, among the files mapped here."""
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        paths = {parts[5] for parts in (line.split(maxsplit=5) for line in maps) if len(parts) == 6}
+    libs = {p.strip() for p in paths if os.path.basename(p.strip()).startswith("libpq")}
+    ours = {p for p in libs if ("psycopg_binary" in p) == (impl == "binary")}
+    if len(ours) != 1:
+        raise LookupError(f"{len(ours)} libpq libraries of psycopg's {impl} implementation are mapped: {sorted(ours)}")
+    return ours.pop()
+
+
+NativeRead = tuple[bytes, bytes | None, int, tuple[Any, ...], list[bytes]]
+
+
+def read_copy(db: psycopg.Connection[Any], native: Any, libpq: tuple[int, int], sql: str, size: int,
+              max_bytes: int = 1 << 62) -> Iterator[NativeRead]:  # fmt: skip
+    """:func:`copy_lines`'s batches, read and encoded by the compiled encoder (``SnapshotEncoder.read_copy``:
+    libpq's copy calls, no Python object per line): per batch ``(first line, last line or None, rows between,
+    their encoding as SnapshotEncoder.encode gives it, the fallback rows' lines)`` for :func:`native_batch`.
+    Errors as :func:`copy_lines` raises them. ``db`` is this thread's alone while the COPY runs (its libpq
+    connection is used without psycopg knowing)."""
+    pgconn = db.pgconn
+    pgconn.send_query(sql.encode())
+    started = pgconn.get_result()
+    if started is None or started.status != pq.ExecStatus.COPY_OUT:
+        error = _drain_results(pgconn, started)
+        raise error if error is not None else psycopg.OperationalError(f"{sql}: no COPY data came")
+    get, free = libpq
+    address: int = pgconn.pgconn_ptr  # type: ignore[attr-defined]  # every implementation has it; the stub not
+    while True:
+        status, first, last, encoded, fallback_lines = native.read_copy(address, get, free, size, max_bytes)
+        if first is not None:
+            between = (len(encoded[1]) // 4 - 1) if last is not None else 0
+            yield first, last, between, encoded, fallback_lines
+        if status != 1:
+            break
+    error = _drain_results(pgconn, None)
+    if error is not None or status != 0:
+        raise error if error is not None else psycopg.OperationalError(
+            f"{sql}: reading COPY data failed: {pgconn.get_error_message()}")  # fmt: skip
 
 
 def copy_lines(db: psycopg.Connection[Any], sql: str, size: int, max_bytes: int = 1 << 62) -> Iterator[list[Any]]:
@@ -422,17 +498,29 @@ def encode_native_batch(
 ) -> NativeBatch:  # fmt: skip
     """COPY lines of one range (≥ 1) → a :class:`NativeBatch`: the rows between the first and the last encoded by the
     compiled encoder; those it leaves (a form of value it does not convert, a big row) by the Python path."""
-    first = copy_row_columns(table, convs, lines[0])
-    last = copy_row_columns(table, convs, lines[-1]) if len(lines) > 1 else None
     between = lines[1:-1]
-    afters, after_offsets, keys, key_offsets, fallback = native.encode(between)
+    encoded = native.encode(between)
+    return native_batch(encoder, table, convs, ctx, number, lines[0], lines[-1] if len(lines) > 1 else None,
+                        len(between), encoded, [between[i] for i in encoded[4]])  # fmt: skip
+
+
+def native_batch(
+    encoder: EventEncoder, table: TableInfo, convs: list[Any], ctx: TxnContext, number: int, first_line: Any,
+    last_line: Any | None, between: int, encoded: tuple[Any, ...], fallback_lines: list[Any],
+) -> NativeBatch:  # fmt: skip
+    """A :class:`NativeBatch` of one range's lines: the first and the last as rows, the ``between`` rows between
+    as ``SnapshotEncoder`` encoded them (``encoded``), those it left (``fallback_lines``, in the order of their
+    positions) encoded by the Python path and put in their place."""
+    first = copy_row_columns(table, convs, first_line)
+    last = copy_row_columns(table, convs, last_line) if last_line is not None else None
+    afters, after_offsets, keys, key_offsets, fallback = encoded
     big: dict[int, dict[str, Any]] = {}
     if fallback:
         after_list = _split(afters, after_offsets)
         key_list = _split(keys, key_offsets) if keys is not None and key_offsets is not None else None
         now = now_ms()
-        for i in fallback:
-            key, value, after = encoder.read_record(table, copy_row_columns(table, convs, between[i]), ctx, 0, now)
+        for i, line in zip(fallback, fallback_lines, strict=True):
+            key, value, after = encoder.read_record(table, copy_row_columns(table, convs, line), ctx, 0, now)
             after_list[i] = dumps_values(after)
             if key_list is not None and key is not None:
                 key_list[i] = key
@@ -442,7 +530,7 @@ def encode_native_batch(
         afters, after_offsets = _join(after_list)
         if key_list is not None:
             keys, key_offsets = _join(key_list)
-    return NativeBatch(number, first, len(between), afters, after_offsets, keys, key_offsets, big, last)
+    return NativeBatch(number, first, between, afters, after_offsets, keys, key_offsets, big, last)
 
 
 def _split(data: bytes, offsets: bytes) -> list[bytes]:

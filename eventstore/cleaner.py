@@ -75,7 +75,7 @@ from eventstore.fileio import fsync_dir, write_fsynced
 from eventstore.index import OFFSET_ENTRY, TIME_ENTRY
 from eventstore.isolation import is_aborted
 from eventstore.producer_state import AbortedTransaction, write_cleaner_checkpoint
-from eventstore.record_batch import BatchHeader, encode_batch, set_base_offset, unpack_header
+from eventstore.record_batch import BatchHeader, EncodedBatch, encode_batch, set_base_offset, unpack_header
 from eventstore.segment import (
     CLEANED_SUFFIX,
     INDEX_SUFFIX,
@@ -336,7 +336,7 @@ def _clean_group(
 ) -> CleanStats:
     first = group[0]
     index = _IndexBuilder(first, index_interval)
-    chunks: list[bytes | bytearray] = []
+    chunks: list[bytes | bytearray | EncodedBatch] = []
     position = 0
     read = kept = dropped_tombstones = 0
     group_next = first
@@ -416,7 +416,7 @@ def _clean_group(
     )
 
 
-def _reencode(header: BatchHeader, records: pa.RecordBatch, delete_horizon_ms: int) -> bytearray:
+def _reencode(header: BatchHeader, records: pa.RecordBatch, delete_horizon_ms: int) -> EncodedBatch:
     out = encode_batch(
         records,
         first_timestamp=header.first_timestamp,

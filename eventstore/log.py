@@ -30,6 +30,7 @@ from typing import Any
 from eventstore.errors import ConfigError, TopicExistsError
 from eventstore.fileio import replace_durably
 from eventstore.partition_log import AppendResult, FetchedBatch, FsyncPolicy, PartitionLog
+from eventstore.record_batch import EncodedBatch
 from eventstore.segment import list_segment_bases, log_path
 from eventstore.topic import (
     TopicConfig,
@@ -199,7 +200,7 @@ class Log:
 
     # ------------------------------------------------------------------ data
 
-    def append(self, topic: str, partition: int, batch: bytearray) -> AppendResult:
+    def append(self, topic: str, partition: int, batch: EncodedBatch | bytearray) -> AppendResult:
         return self.partition(topic, partition).append(batch)
 
     def read(self, topic: str, partition: int, offset: int, *, max_bytes: int = 1 << 20) -> list[FetchedBatch]:

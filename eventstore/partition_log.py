@@ -103,7 +103,7 @@ from eventstore.producer_state import (
 from eventstore.producer_state import (
     AbortedTransaction as AbortedTransaction,  # re-exported: readers use it from here
 )
-from eventstore.record_batch import BatchHeader, decode_records, set_base_offset, unpack_header
+from eventstore.record_batch import BatchHeader, EncodedBatch, decode_records, set_base_offset, unpack_header
 from eventstore.segment import (
     SegmentReader,
     index_path,
@@ -520,7 +520,7 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ append
 
-    def append(self, batch: bytearray) -> AppendResult:
+    def append(self, batch: EncodedBatch | bytearray) -> AppendResult:
         """Append one encoded batch (its base offset is assigned here) and make it durable.
 
         Returns once the batch is durable under the fsync policy.
@@ -561,7 +561,7 @@ class PartitionLog:
                 self._sync_transaction_files()  # the transaction closed: the LSO may move up
             return AppendResult(stored.base_offset, stored.last_offset, now)
 
-    def _write_batch(self, active: _ActiveSegment, batch: bytearray, position: int) -> None:
+    def _write_batch(self, active: _ActiveSegment, batch: EncodedBatch | bytearray, position: int) -> None:
         written = 0
         view = memoryview(batch)
         while written < len(batch):

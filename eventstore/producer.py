@@ -28,9 +28,19 @@ instance with the same id and finishes its transaction), then ``begin_transactio
 before the first batch of the transaction reaches it; commit writes the decision, then a
 commit marker to every partition. ``read_committed`` consumers see all of it or none.
 
+**Queued appends** (:meth:`Producer.send_batch_queued`, transactional producers): a batch of records is
+encoded in the caller's thread and queued to a writer thread, which appends (writes and syncs) the
+queued batches in order while the caller encodes the next; a future reports where they went. Nothing
+of a transaction is visible before its commit anyway, so the caller need not wait for each append:
+``flush``, ``commit_transaction`` and ``abort_transaction`` wait for the queue, as Kafka's do for its
+sender. A queued append that fails fails the transaction (it must be aborted, with a new epoch, as
+any send's failure); the batches queued after it are not written.
+
 Thread-safety: thread-safe. ``_lock`` guards the accumulator; appends happen outside it
 under a per-partition send lock (which also orders sequence numbers). ``_txn_lock``
-guards the transaction state. A background thread sends batches whose linger expired.
+guards the transaction state. A background thread sends batches whose linger expired;
+another (started on the first queued append) writes queued batches. A synchronous append
+waits until the queue is empty, so appends reach each partition in the order they were sent.
 Transaction calls (begin/commit/abort) are meant for one thread at a time, as in Kafka.
 """
 
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import queue
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -64,7 +75,14 @@ from eventstore.log import Log
 from eventstore.partition_log import AppendResult
 from eventstore.partitioner import partition_for_key, partitions_for_keys
 from eventstore.producer_state import next_sequence
-from eventstore.record_batch import Codec, build_records, encode_batch, headers_array, timestamp_deltas_for
+from eventstore.record_batch import (
+    Codec,
+    EncodedBatch,
+    build_records,
+    encode_batch,
+    headers_array,
+    timestamp_deltas_for,
+)
 from eventstore.topic import now_ms
 from eventstore.transactions import DEFAULT_TRANSACTION_TIMEOUT_MS, OwnerLock, TransactionCoordinator
 
@@ -75,6 +93,7 @@ log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, bytes | None]]
 RECORD_OVERHEAD = 24  # rough per-record bytes beyond key and value, for batch sizing
+QUEUED_BATCHES = 4  # encoded batches waiting for the writer thread at most (send_batch_queued waits beyond)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +126,19 @@ class _PendingBatch:
     futures: list[Future[RecordMetadata]] = field(default_factory=list)
     size: int = 0
     has_headers: bool = False
+
+
+@dataclass(slots=True)
+class _QueuedSend:
+    """One :meth:`Producer.send_batch_queued` call: ``count`` records to one partition in ``batches`` batches."""
+
+    topic: str
+    partition: int
+    count: int
+    batches: int
+    future: Future[tuple[int, int]] = field(default_factory=Future)
+    first: int = -1  # the first batch's base offset, once appended
+    error: BaseException | None = None
 
 
 class Producer:
@@ -155,7 +187,14 @@ class Producer:
         self._pending: dict[tuple[str, int], _PendingBatch] = {}
         self._sticky: dict[str, int] = {}
         self._closed = False
-        self._in_flight: set[Future[RecordMetadata]] = set()  # taken batches not yet durable
+        self._in_flight: set[Future[Any]] = set()  # taken batches (and queued sends) not yet durable
+        # queued appends (send_batch_queued): the writer thread, its queue, how many batches are in it or being
+        # appended (guarded by _lock; _queue_empty is notified at 0), the first failure of the open transaction
+        self._writer: threading.Thread | None = None
+        self._queue: queue.Queue[tuple[_QueuedSend, EncodedBatch] | None] = queue.Queue(QUEUED_BATCHES)
+        self._queued = 0
+        self._queue_empty = threading.Condition(self._lock)
+        self._queue_error: BaseException | None = None
         self._send_locks: dict[tuple[str, int], threading.RLock] = {}  # per partition: order of appends
         self._wake = threading.Condition(self._lock)
         self._sender = threading.Thread(target=self._linger_loop, name="tideline-producer", daemon=True)
@@ -269,6 +308,7 @@ class Producer:
         tp = (topic, partition)
         codec = self.compression if self.compression is not None else self.log.topic(topic).config.compression
         with self._send_lock(tp):  # sequence numbers follow append order per partition
+            self._wait_queue()  # queued batches (their sequence numbers given out already) go first
             pid, epoch, transactional = self._identity_for(tp)
             sequence = self._sequences.get(tp, 0) if pid >= 0 else -1
             encoded = encode_batch(
@@ -286,7 +326,7 @@ class Producer:
                 self._sequences[tp] = next_sequence(sequence, records.num_rows)
             return result.base_offset
 
-    def _append_with_retries(self, topic: str, partition: int, encoded: bytearray) -> AppendResult:
+    def _append_with_retries(self, topic: str, partition: int, encoded: EncodedBatch) -> AppendResult:
         """Append, retrying a transient failure with the *same* batch (same sequence)."""
         attempt = 0
         while True:
@@ -458,7 +498,6 @@ class Producer:
         with self._txn_lock:
             if self._txn_state not in (_TxnState.IN_TRANSACTION, _TxnState.ABORTABLE):
                 self._check_can_send()
-            bump = self._txn_state is _TxnState.ABORTABLE
         with self._lock:
             dropped = list(self._pending.values())
             self._pending.clear()
@@ -468,7 +507,8 @@ class Producer:
                 f.set_exception(TransactionAbortedError(f"transaction of {self.transactional_id!r} was aborted"))
         wait(waiting)
         with self._txn_lock:
-            self._end(commit=False, bump=bump)
+            # after the wait: a queued append that failed meanwhile made it abortable (sequences given out unused)
+            self._end(commit=False, bump=self._txn_state is _TxnState.ABORTABLE)
 
     def _end(self, *, commit: bool, bump: bool = False) -> None:
         assert self.transactional_id is not None
@@ -485,6 +525,7 @@ class Producer:
         self._txn_state = _TxnState.READY
         self._txn_partitions = set()
         self._txn_error = None
+        self._queue_error = None
 
     @property
     def producer_id(self) -> int:
@@ -558,6 +599,128 @@ class Producer:
             out[p] = (self._append_split(topic, p, k, v, ts, h), end - start)
         return out
 
+    def send_batch_queued(
+        self,
+        topic: str,
+        values: Any,
+        keys: Any = None,
+        *,
+        partition: int,
+        timestamp: int | None = None,
+        headers: Any = None,
+    ) -> Future[tuple[int, int]]:
+        """:meth:`send_batch` to one partition inside a transaction, without waiting for the appends: the records
+        are encoded now, in batches of about ``batch_size`` bytes, and queued to the writer thread (waiting while
+        ``QUEUED_BATCHES`` are queued); the future gives ``(first offset, count)`` once all are durable, or the
+        append's error. See "Queued appends" in the module docstring. Raises the error of an earlier queued
+        append of this transaction that failed, as it was raised.
+        """
+        if self.transactional_id is None:
+            raise InvalidTxnStateError("send_batch_queued needs a transactional producer")
+        self._raise_queue_error()
+        try:
+            self._check_can_send()
+        except InvalidTxnStateError:
+            self._raise_queue_error()  # failed meanwhile
+            raise
+        meta = self.log.topic(topic)
+        if not 0 <= partition < meta.partitions:
+            raise InvalidRecordError(f"topic {topic!r} has partitions 0 … {meta.partitions - 1}, not {partition}")
+        value_arr = values if isinstance(values, pa.Array) else pa.array(values, pa.binary())
+        n = len(value_arr)
+        key_arr = pa.nulls(n, pa.binary()) if keys is None else keys if isinstance(keys, pa.Array) else pa.array(
+            keys, pa.binary())  # fmt: skip
+        if key_arr.null_count and meta.config.cleanup_policy.compacts:
+            raise InvalidRecordError(f"compacted topic {topic!r} cannot accept records without keys")
+        hdr_arr = headers_array(headers) if headers is not None else None
+        if hdr_arr is not None and len(hdr_arr) != n:
+            raise ValueError(f"{len(hdr_arr)} headers for {n} values")
+        ts = now_ms() if timestamp is None else timestamp
+        tp = (topic, partition)
+        codec = self.compression if self.compression is not None else meta.config.compression
+        per_batch = max(1, int(n * self.batch_size / max(value_arr.nbytes + key_arr.nbytes + RECORD_OVERHEAD * n, 1)))
+        send = _QueuedSend(topic, partition, n, (n + per_batch - 1) // per_batch)
+        if n == 0:
+            send.future.set_result((-1, 0))
+            return send.future
+        self._start_writer()
+        with self._send_lock(tp):  # sequence numbers follow queue order per partition
+            try:
+                pid, epoch, transactional = self._identity_for(tp)  # registers tp with the transaction first
+            except InvalidTxnStateError:
+                self._raise_queue_error()
+                raise
+            sequence = self._sequences.get(tp, 0)
+            encoded: list[EncodedBatch] = []
+            for start in range(0, n, per_batch):  # all encoded before any is queued: a failure here queues nothing
+                hdr = hdr_arr.slice(start, per_batch) if hdr_arr is not None else None
+                records = build_records(key_arr.slice(start, per_batch), value_arr.slice(start, per_batch), None, hdr)
+                encoded.append(encode_batch(records, first_timestamp=ts, max_timestamp=ts, codec=codec,
+                                            producer_id=pid, producer_epoch=epoch, base_sequence=sequence,
+                                            transactional=transactional))  # fmt: skip
+                sequence = next_sequence(sequence, records.num_rows)
+            self._sequences[tp] = sequence  # given out: the writer appends in queue order, or fails the transaction
+            with self._lock:
+                self._in_flight.add(send.future)
+                self._queued += len(encoded)
+            for batch in encoded:
+                self._queue.put((send, batch))
+        return send.future
+
+    def _raise_queue_error(self) -> None:
+        """A queued append of the open transaction failed: its error, as the log raised it."""
+        error = self._queue_error
+        if error is not None:
+            raise error
+
+    def _start_writer(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise TidelineError("producer is closed")
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_queued, name="tideline-producer-writer",
+                                                daemon=True)  # fmt: skip
+                self._writer.start()
+
+    def _write_queued(self) -> None:
+        """The writer thread: append queued batches in order; after a failure, fail the rest of the transaction's."""
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            send, batch = item
+            try:
+                if self._queue_error is not None:  # an earlier one failed: the sequence numbers would not follow
+                    raise self._queue_error
+                result = self._append_with_retries(send.topic, send.partition, batch)
+                if send.first < 0:
+                    send.first = result.base_offset
+            except BaseException as e:
+                send.error = send.error or e
+                with self._txn_lock:
+                    self._queue_error = self._queue_error or e
+                    self._txn_error = self._txn_error or e
+                    if self._txn_state is _TxnState.IN_TRANSACTION:  # abort with a new epoch: sequences restart
+                        self._txn_state = _TxnState.ABORTABLE
+            send.batches -= 1
+            if send.batches == 0:
+                if send.error is not None:
+                    send.future.set_exception(send.error)
+                else:
+                    send.future.set_result((send.first, send.count))
+            with self._lock:
+                if send.batches == 0:
+                    self._in_flight.discard(send.future)
+                self._queued -= 1
+                if self._queued == 0:
+                    self._queue_empty.notify_all()
+
+    def _wait_queue(self) -> None:
+        """Until the writer thread has appended (or failed) every queued batch."""
+        with self._lock:
+            while self._queued:
+                self._queue_empty.wait()
+
     def _next_round_robin(self, topic: str) -> int:
         with self._lock:
             p = self._sticky.setdefault(topic, 0)
@@ -625,7 +788,11 @@ class Producer:
             with self._lock:
                 self._closed = True
                 self._wake.notify_all()
+                writer = self._writer
             self._sender.join()
+            if writer is not None:
+                self._queue.put(None)
+                writer.join()
             if self._owner is not None:
                 self._owner.release()
                 self._owner = None

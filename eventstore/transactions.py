@@ -64,7 +64,7 @@ import crc32c
 from eventstore.errors import ConfigError, InvalidTxnStateError, ProducerFencedError
 from eventstore.fileio import fsync_dir, replace_durably
 from eventstore.producer_state import ControlType, control_key
-from eventstore.record_batch import build_records, encode_batch
+from eventstore.record_batch import EncodedBatch, build_records, encode_batch
 from eventstore.topic import now_ms
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def validate_transactional_id(tid: str) -> None:
         raise ConfigError(f"illegal transactional id {tid!r}: use 1-200 characters from [A-Za-z0-9._-]")
 
 
-def control_batch(kind: ControlType, producer_id: int, epoch: int) -> bytearray:
+def control_batch(kind: ControlType, producer_id: int, epoch: int) -> EncodedBatch:
     """A commit or abort marker: one record whose key is the marker type (Kafka's layout)."""
     records = build_records([control_key(kind)], [b""])
     ts = now_ms()

@@ -19,6 +19,7 @@
 //! character after a backslash stands for itself.
 
 use std::borrow::Cow;
+use std::ffi::{c_char, c_int, c_void};
 
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
@@ -128,20 +129,8 @@ impl SnapshotEncoder {
     /// key_offsets, fallback)``: the `after` images and keys as Arrow binary buffers (keys None for a
     /// keyless table), a fallback row's entries empty, and the fallback rows' positions.
     fn encode<'py>(&self, py: Python<'py>, rows: &Bound<'py, PyList>) -> PyResult<Encoded<'py>> {
-        let n = rows.len();
-        let keyed = !self.key.is_empty();
-        let mut afters: Vec<u8> = Vec::with_capacity(n * 128);
-        let mut after_offsets: Vec<u8> = Vec::with_capacity(4 * (n + 1));
-        let mut keys: Vec<u8> = Vec::with_capacity(if keyed { n * 16 } else { 0 });
-        let mut key_offsets: Vec<u8> = Vec::with_capacity(if keyed { 4 * (n + 1) } else { 0 });
-        let mut fallback = Vec::new();
-        after_offsets.extend_from_slice(&0u32.to_le_bytes());
-        if keyed {
-            key_offsets.extend_from_slice(&0u32.to_le_bytes());
-        }
-        let mut values: Vec<Option<(usize, usize)>> = Vec::with_capacity(self.names.len()); // spans in `scratch`
-        let mut scratch: Vec<u8> = Vec::with_capacity(256);
-        for (i, row) in rows.iter().enumerate() {
+        let mut batch = Batch::new(!self.key.is_empty(), rows.len(), self.names.len());
+        for row in rows.iter() {
             let view: PyBuffer<u8>; // a memoryview: psycopg's get_copy_data gives each line as one
             let line: &[u8] = match row.downcast::<PyBytes>() {
                 Ok(b) => b.as_bytes(),
@@ -159,34 +148,201 @@ impl SnapshotEncoder {
                     }
                 }
             };
-            let start = afters.len();
-            let key_start = keys.len();
-            let ok = self.row(
-                line,
-                &mut values,
-                &mut scratch,
-                &mut afters,
-                if keyed { Some(&mut keys) } else { None },
-            );
-            if ok.is_none() {
-                afters.truncate(start);
-                keys.truncate(key_start);
-                fallback.push(i);
-            }
-            let end = arrow_offset(afters.len())?;
-            after_offsets.extend_from_slice(&end.to_le_bytes());
-            if keyed {
-                let end = arrow_offset(keys.len())?;
-                key_offsets.extend_from_slice(&end.to_le_bytes());
-            }
+            batch.push(self, line)?;
         }
+        Ok(batch.into_py(py))
+    }
+
+    /// Reads the next lines of the ``COPY … TO STDOUT`` (text format) running on the libpq connection at
+    /// address ``conn`` — up to ``max_rows``, fewer once they hold ``max_bytes`` — and encodes those between
+    /// the first and the last as :meth:`encode` does, without the GIL and without a Python object per line.
+    ///
+    /// Returns ``(status, first, last, encoded, fallback_lines)``: ``status`` 1 when more lines may follow,
+    /// 0 when the COPY's data ended, -1 when libpq reported an error (the caller reads the connection's
+    /// results for it, as after any COPY); ``first`` and ``last`` the first and last lines read (None: none
+    /// read / only one); ``encoded`` as :meth:`encode` returns it for the lines between; ``fallback_lines``
+    /// the fallback rows' lines, in the order of their positions.
+    ///
+    /// The caller's contract (``capture.snapshot_readers.NativeCopy`` keeps it): ``conn`` is a live ``PGconn``
+    /// of this process in the COPY OUT state that no other thread uses meanwhile, and ``get_copy_data`` and
+    /// ``free_mem`` are the addresses of that libpq's ``PQgetCopyData`` and ``PQfreemem``.
+    #[allow(clippy::type_complexity)]
+    fn read_copy<'py>(
+        &self,
+        py: Python<'py>,
+        conn: usize,
+        get_copy_data: usize,
+        free_mem: usize,
+        max_rows: usize,
+        max_bytes: usize,
+    ) -> PyResult<(
+        i32,
+        Option<Bound<'py, PyBytes>>,
+        Option<Bound<'py, PyBytes>>,
+        Encoded<'py>,
+        Vec<Bound<'py, PyBytes>>,
+    )> {
+        if conn == 0 || get_copy_data == 0 || free_mem == 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "read_copy: a null connection or function address",
+            ));
+        }
+        type GetCopyData = unsafe extern "C" fn(*mut c_void, *mut *mut c_char, c_int) -> c_int;
+        type FreeMem = unsafe extern "C" fn(*mut c_void);
+        // SAFETY: the caller's contract above: the addresses are those functions of the libpq that owns `conn`.
+        let (get, free) = unsafe {
+            (
+                std::mem::transmute::<usize, GetCopyData>(get_copy_data),
+                std::mem::transmute::<usize, FreeMem>(free_mem),
+            )
+        };
+        let read = py.allow_threads(|| -> PyResult<CopyRead> {
+            let mut batch = Batch::new(
+                !self.key.is_empty(),
+                max_rows.min(1 << 16),
+                self.names.len(),
+            );
+            let mut first: Option<Vec<u8>> = None;
+            let mut held: Option<Vec<u8>> = None; // the latest line: the last, unless another comes
+            let mut fallback_lines = Vec::new();
+            let (mut rows, mut bytes, mut status) = (0usize, 0usize, 1i32);
+            while rows < max_rows && bytes < max_bytes {
+                let mut buf: *mut c_char = std::ptr::null_mut();
+                // SAFETY: the contract above; blocking mode (async 0), so it returns a line, -1 or -2.
+                let n = unsafe { get(conn as *mut c_void, &mut buf, 0) };
+                if n <= 0 || buf.is_null() {
+                    status = if n == -1 { 0 } else { -1 };
+                    break;
+                }
+                {
+                    // SAFETY: libpq's buffer of n bytes, ours until PQfreemem below.
+                    let line = unsafe { std::slice::from_raw_parts(buf as *const u8, n as usize) };
+                    if first.is_none() {
+                        first = Some(line.to_vec());
+                    } else {
+                        if let Some(prev) = held.as_mut() {
+                            if !batch.push(self, prev)? {
+                                fallback_lines.push(prev.clone());
+                            }
+                            prev.clear();
+                            prev.extend_from_slice(line);
+                        } else {
+                            held = Some(line.to_vec());
+                        }
+                    }
+                }
+                // SAFETY: the buffer PQgetCopyData allocated, freed once.
+                unsafe { free(buf as *mut c_void) };
+                rows += 1;
+                bytes += n as usize;
+            }
+            Ok(CopyRead {
+                status,
+                first,
+                last: held,
+                batch,
+                fallback_lines,
+            })
+        })?;
+        let bytes_of = |b: Option<Vec<u8>>| b.map(|b| PyBytes::new(py, &b));
+        let fallback_lines = read
+            .fallback_lines
+            .iter()
+            .map(|l| PyBytes::new(py, l))
+            .collect();
         Ok((
-            PyBytes::new(py, &afters),
-            PyBytes::new(py, &after_offsets),
-            keyed.then(|| PyBytes::new(py, &keys)),
-            keyed.then(|| PyBytes::new(py, &key_offsets)),
-            fallback,
+            read.status,
+            bytes_of(read.first),
+            bytes_of(read.last),
+            read.batch.into_py(py),
+            fallback_lines,
         ))
+    }
+}
+
+/// What one ``read_copy`` call read, before it becomes Python objects.
+struct CopyRead {
+    status: i32,
+    first: Option<Vec<u8>>,
+    last: Option<Vec<u8>>,
+    batch: Batch,
+    fallback_lines: Vec<Vec<u8>>,
+}
+
+/// The encoded rows of one batch, as they are added (the buffers :meth:`SnapshotEncoder.encode` returns).
+struct Batch {
+    keyed: bool,
+    rows: usize,
+    afters: Vec<u8>,
+    after_offsets: Vec<u8>,
+    keys: Vec<u8>,
+    key_offsets: Vec<u8>,
+    fallback: Vec<usize>,
+    values: Vec<Option<(usize, usize)>>, // one row's value spans in `scratch`
+    scratch: Vec<u8>,
+}
+
+impl Batch {
+    fn new(keyed: bool, capacity: usize, columns: usize) -> Self {
+        let mut batch = Batch {
+            keyed,
+            rows: 0,
+            afters: Vec::with_capacity(capacity * 128),
+            after_offsets: Vec::with_capacity(4 * (capacity + 1)),
+            keys: Vec::with_capacity(if keyed { capacity * 16 } else { 0 }),
+            key_offsets: Vec::with_capacity(if keyed { 4 * (capacity + 1) } else { 0 }),
+            fallback: Vec::new(),
+            values: Vec::with_capacity(columns),
+            scratch: Vec::with_capacity(256),
+        };
+        batch.after_offsets.extend_from_slice(&0u32.to_le_bytes());
+        if keyed {
+            batch.key_offsets.extend_from_slice(&0u32.to_le_bytes());
+        }
+        batch
+    }
+
+    /// One line's row, encoded or (false) left empty as a fallback.
+    fn push(&mut self, encoder: &SnapshotEncoder, line: &[u8]) -> PyResult<bool> {
+        let start = self.afters.len();
+        let key_start = self.keys.len();
+        let keys = if self.keyed {
+            Some(&mut self.keys)
+        } else {
+            None
+        };
+        let ok = encoder
+            .row(
+                line,
+                &mut self.values,
+                &mut self.scratch,
+                &mut self.afters,
+                keys,
+            )
+            .is_some();
+        if !ok {
+            self.afters.truncate(start);
+            self.keys.truncate(key_start);
+            self.fallback.push(self.rows);
+        }
+        self.rows += 1;
+        let end = arrow_offset(self.afters.len())?;
+        self.after_offsets.extend_from_slice(&end.to_le_bytes());
+        if self.keyed {
+            let end = arrow_offset(self.keys.len())?;
+            self.key_offsets.extend_from_slice(&end.to_le_bytes());
+        }
+        Ok(ok)
+    }
+
+    fn into_py(self, py: Python<'_>) -> Encoded<'_> {
+        (
+            PyBytes::new(py, &self.afters),
+            PyBytes::new(py, &self.after_offsets),
+            self.keyed.then(|| PyBytes::new(py, &self.keys)),
+            self.keyed.then(|| PyBytes::new(py, &self.key_offsets)),
+            self.fallback,
+        )
     }
 }
 

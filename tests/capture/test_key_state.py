@@ -56,7 +56,7 @@ def write(
         else:
             state.delete(TOPIC, key)
     written = sink.append({TOPIC: TopicRecords(list(puts), list(puts.values()))})
-    sink.commit("__positions", None, None)
+    written |= sink.commit("__positions", None, None)  # the offsets not known at the append (the sink contract)
     if commit_state:
         state.commit(written)
     else:
@@ -245,7 +245,7 @@ def write_run(sink: EmbeddedLogSink, state: KeyState, keys: list[bytes], *, comm
     for start in range(0, len(keys), 1000):  # a chunk per batch
         state.put_run(TOPIC, pa.array(keys[start : start + 1000], pa.binary()))
     written = sink.append({TOPIC: TopicRecords(list(keys), [b"small"] * len(keys))})
-    sink.commit("__positions", None, None)
+    written |= sink.commit("__positions", None, None)
     if commit_state:
         state.commit(written)
     else:

@@ -10,6 +10,9 @@ envelopes (``splice_reads``). The contract is byte equality with the Python path
 * a real table of every kind with tricky values (escapes, control characters, NaN and ±Infinity, an
   infinite timestamp, a big row) read both ways — ``FETCH`` + ``result_rows`` and COPY + native —
   gives the same keys, values and TOAST-able values of big rows, row for row;
+* the compiled COPY reader (``SnapshotEncoder.read_copy``: libpq's copy calls, no Python object per
+  line) gives the batches :func:`copy_lines` + ``encode`` give, under both bounds, and raises a COPY's
+  error as psycopg does;
 * a whole parallel snapshot with the native readers equals one with ``--core python`` (readers on
   the Python path) record for record, apart from each envelope's processing time.
 """
@@ -41,7 +44,10 @@ from capture.snapshot_readers import (
     copy_row_columns,
     copy_unescape,
     encode_native_batch,
+    libpq_copy_functions,
+    native_batch,
     native_encoder,
+    read_copy,
 )
 from capture.tables import TableCatalog, TableColumn, TableFilter, TableInfo, result_rows, select_columns_sql
 from tideline.pgharness import LocalPostgres
@@ -261,6 +267,58 @@ def test_a_table_of_every_kind_reads_natively_as_the_python_path_reads_it(db: st
     assert list(batch.big) == [3000]  # the big row's TOAST-able values, as the Python path keeps them
     big_after = enc.read_record(table, copy_row_columns(table, convs, lines[3001]), CTX, 0, NOW)[2]
     assert batch.big[3000] == enc.toast_values(table, big_after)
+
+
+def test_the_compiled_copy_reader_gives_the_batches_psycopg_lines_give(db: str) -> None:
+    sql(db, KINDS_TABLE, KINDS_ROWS, UNUSUAL_ROWS)
+    table = TableCatalog(db, TableFilter()).load()[0]
+    enc = encoder()
+    native = native_encoder(ReaderSpec(db, "", "cdc", "db", TableFilter(), 1, 1, native=True), table)
+    libpq = libpq_copy_functions()
+    assert native is not None and libpq is not None  # psycopg's libpq found: the reader's usual path
+    convs = [text_converter(c.type_name, c.type_oid) for c in table.columns]
+    copy = f"COPY ({select_columns_sql(table)} ORDER BY id) TO STDOUT"
+    for size, max_bytes in ((1000, 1 << 62), (7, 1 << 62), (1000, 20_000), (1, 1 << 62), (3005, 1 << 62)):
+        with psycopg.connect(db, options=SESSION_OPTIONS) as c:
+            c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            expected = [encode_native_batch(enc, native, table, convs, lines, CTX, 4)
+                        for lines in copy_lines(c, copy, size, max_bytes)]  # fmt: skip
+            got = [native_batch(enc, table, convs, CTX, 4, *read) for read in read_copy(c, native, libpq, copy, size,
+                                                                                     max_bytes)]  # fmt: skip
+            assert c.execute("SELECT count(*) FROM kinds").fetchone() == (3005,)  # the connection is idle again
+        assert repr(got) == repr(expected), (size, max_bytes)  # repr: NaN values (id 100001) equal themselves
+        assert sum(b.rows for b in got) == 3005
+    assert any(b.big for b in got) and len(got) == 1  # the whole table in one batch: the big row's values kept
+
+
+def test_the_compiled_copy_reader_raises_a_copy_error_as_psycopg_does(db: str) -> None:
+    sql(db, "CREATE TABLE plain (id int PRIMARY KEY)", "INSERT INTO plain SELECT generate_series(1, 10)")
+    libpq = libpq_copy_functions()
+    assert libpq is not None
+    one_int = SnapshotEncoder(["x"], [23], [], [])
+
+    def sizes(c: psycopg.Connection[Any], copy: str, size: int, max_bytes: int = 1 << 62) -> list[int]:
+        return [1 + between + (last is not None)
+                for _, last, between, _, _ in read_copy(c, one_int, libpq, copy, size, max_bytes)]  # fmt: skip
+
+    with psycopg.connect(db) as c:  # in a transaction, as a reader reads: it is failed, and psycopg knows it
+        c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        assert sizes(c, "COPY plain TO STDOUT", 100, max_bytes=6) == [3, 3, 3, 1]
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            sizes(c, "COPY (SELECT 1 / (id - 5) FROM plain) TO STDOUT", 3)
+        assert c.info.transaction_status is psycopg.pq.TransactionStatus.INERROR
+        c.rollback()
+        assert c.execute("SELECT count(*) FROM plain").fetchone() == (10,)
+    with psycopg.connect(db, autocommit=True) as c:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            sizes(c, "COPY (SELECT 1 / (id - 5) FROM plain) TO STDOUT", 3)
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            sizes(c, "COPY (SELECT * FROM missing) TO STDOUT", 3)
+        assert sizes(c, "COPY plain TO STDOUT", 4) == [4, 4, 2]
+        assert sizes(c, "COPY plain TO STDOUT", 5) == [5, 5]  # the COPY's end met by a call that reads no line
+        assert sizes(c, "COPY (SELECT 1 WHERE false) TO STDOUT", 5) == []
+    with pytest.raises(ValueError, match="null"):
+        one_int.read_copy(0, *libpq, 1, 1)
 
 
 def test_a_table_with_a_type_not_converted_natively_is_read_by_the_python_path(db: str) -> None:

@@ -25,7 +25,7 @@ from eventstore.log import Log
 from eventstore.partition_log import AppendResult
 from eventstore.producer import Producer
 from eventstore.producer_state import PRODUCER_STATE_FILE
-from eventstore.record_batch import build_records, encode_batch
+from eventstore.record_batch import EncodedBatch, build_records, encode_batch
 from eventstore.topic import TopicConfig
 
 SOAK = os.environ.get("TIDELINE_SOAK") == "1"
@@ -47,7 +47,7 @@ class LossyAckLog(Log):
         self.lost_acks = 0
         self.duplicates = 0
 
-    def append(self, topic: str, partition: int, batch: bytearray) -> AppendResult:
+    def append(self, topic: str, partition: int, batch: EncodedBatch | bytearray) -> AppendResult:
         roll = self.rng.random()
         if roll < self.p_before:
             raise RetriableError("injected: request failed before reaching the log")
@@ -100,7 +100,7 @@ def test_lost_acknowledgements_never_store_a_batch_twice(tmp_path: Path) -> None
     log.close()
 
 
-def _batch(pid: int, epoch: int, seq: int, n: int, *, tag: bytes = b"x") -> bytearray:
+def _batch(pid: int, epoch: int, seq: int, n: int, *, tag: bytes = b"x") -> EncodedBatch:
     records = build_records([b"k"] * n, [tag + b"%d" % i for i in range(n)])
     return encode_batch(
         records, first_timestamp=1, max_timestamp=1, producer_id=pid, producer_epoch=epoch, base_sequence=seq

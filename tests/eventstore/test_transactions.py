@@ -12,6 +12,9 @@
 * A commit or abort whose markers cannot be written (a full disk) after its decision was
   stored completes when the producer retries it, also when the abort bumped the epoch; a
   fenced instance stays fenced; closing with an abort that fails still closes.
+* Queued appends (``send_batch_queued``) keep their order among synchronous ones; one that fails
+  fails the transaction with the log's own error, and nothing queued after it is written; commit,
+  abort and close wait for the queue.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,10 +35,11 @@ import pytest
 
 from eventstore.cleaner import compact_partition
 from eventstore.consumer import Consumer, TopicPartition
-from eventstore.errors import LogStorageError, ProducerFencedError
+from eventstore.errors import InvalidRecordError, InvalidTxnStateError, LogStorageError, ProducerFencedError
 from eventstore.log import Log
 from eventstore.partition_log import AppendResult
 from eventstore.producer import Producer
+from eventstore.record_batch import EncodedBatch
 from eventstore.transactions import TransactionCoordinator, TxnState
 
 SOAK = os.environ.get("TIDELINE_SOAK") == "1"
@@ -249,7 +254,7 @@ class CrashOnSecondMarker(Log):
 
     markers = 0
 
-    def append(self, topic: str, partition: int, batch: bytearray) -> AppendResult:
+    def append(self, topic: str, partition: int, batch: EncodedBatch | bytearray) -> AppendResult:
         if batch[21] & 0x20:  # attributes: control batch
             self.markers += 1
             if self.markers == 2:
@@ -287,7 +292,7 @@ class FullDisk(Log):
     data_full = False
     markers_full = False
 
-    def append(self, topic: str, partition: int, batch: bytearray) -> AppendResult:
+    def append(self, topic: str, partition: int, batch: EncodedBatch | bytearray) -> AppendResult:
         control = bool(batch[21] & 0x20)
         if self.markers_full if control else self.data_full:
             raise LogStorageError(self.path / f"{topic}-{partition}", OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
@@ -515,3 +520,101 @@ def test_compaction_drops_markers_and_a_rebuild_still_knows_they_ended(tmp_path:
         assert sorted(values_seen(log, [TopicPartition("state", 0)], "read_committed")) == sorted(
             [b"v45", b"v46", b"v47", b"v48", b"v49", b"plain", b"after"]
         )
+
+
+# ---------------------------------------------------------------------------- queued appends
+
+
+def offsets_and_values(log: Log, topic: str, partition: int, isolation: str) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    with Consumer(log, isolation_level=isolation, enable_auto_commit=False) as consumer:
+        consumer.assign([TopicPartition(topic, partition)])
+        consumer.seek_to_beginning()
+        while records := consumer.poll(timeout_ms=0):
+            out.extend((r.offset, r.value) for r in records if r.value is not None)
+    return out
+
+
+def test_queued_appends_keep_their_order_among_synchronous_ones(tmp_path: Path) -> None:
+    """send_batch_queued returns before its batches are written; a synchronous append to the same partition
+    waits for them, so the partition holds every call's records in the order of the calls; commit waits for
+    the queue; each future says where its call's records went; the next transaction's sequences follow."""
+    with Log(tmp_path / "log") as log:
+        tps = make_topics(log, 2)
+        producer = Producer(log, transactional_id="q", linger_ms=0, batch_size=4096)  # ~3 batches per call
+        producer.init_transactions()
+        producer.begin_transaction()
+        calls: list[tuple[Future[tuple[int, int]], list[bytes]]] = []
+        expected: list[bytes] = []
+        for n in range(6):
+            values = [b"q%d-%03d-" % (n, i) + b"x" * 90 for i in range(100)]
+            calls.append((producer.send_batch_queued("orders", values, [b"k%d" % i for i in range(100)],
+                                                     partition=0), values))  # fmt: skip
+            expected += values
+            if n % 2:
+                producer.send_batch("orders", [b"sync-%d" % n], [b"s"], partition=0)
+                expected.append(b"sync-%d" % n)
+        assert offsets_and_values(log, "orders", 0, "read_committed") == []
+        producer.commit_transaction()
+        stored = offsets_and_values(log, "orders", 0, "read_committed")
+        assert [v for _, v in stored] == expected
+        where = dict((v, o) for o, v in stored)
+        for future, values in calls:
+            assert future.done() and future.result() == (where[values[0]], len(values))
+        goes_on(producer, log, tps, b"next", expected)
+
+
+def test_a_failed_queued_append_fails_its_transaction_and_nothing_queued_after_it_is_written(tmp_path: Path) -> None:
+    with Log(tmp_path / "log") as log:
+        tps = make_topics(log, 1)
+        log.create_topic("small", 1, overrides={"max_batch_bytes": "4096"})
+        producer = Producer(log, transactional_id="qf", linger_ms=0)
+        producer.init_transactions()
+        producer.begin_transaction()
+        assert producer.send_batch_queued("small", [b"first"], [b"k"], partition=0).result()[1] == 1
+        too_big = producer.send_batch_queued("small", [b"x" * 20_000], [b"k"], partition=0)
+        try:  # queued behind the refused batch, or refused at once if the writer got there first
+            after: Future[tuple[int, int]] | None = producer.send_batch_queued("small", [b"after"], [b"k"], partition=0)
+        except InvalidRecordError:
+            after = None
+        with pytest.raises(InvalidRecordError, match="max_batch_bytes"):
+            too_big.result()
+        if after is not None:
+            with pytest.raises(InvalidRecordError):
+                after.result()
+        with pytest.raises(InvalidRecordError):  # the failure as the log raised it, not a generic state error
+            producer.send_batch_queued("small", [b"later"], [b"k"], partition=0)
+        with pytest.raises(InvalidTxnStateError, match="max_batch_bytes"):
+            producer.commit_transaction()
+        epoch = producer.epoch
+        producer.abort_transaction()
+        assert producer.epoch == epoch + 1  # sequences were given out to unwritten batches: a new epoch
+        assert [v for _, v in offsets_and_values(log, "small", 0, "read_uncommitted")] == [b"first"]
+        assert offsets_and_values(log, "small", 0, "read_committed") == []
+        producer.begin_transaction()
+        producer.send_batch_queued("small", [b"next"], [b"k"], partition=0)
+        producer.commit_transaction()
+        assert [v for _, v in offsets_and_values(log, "small", 0, "read_committed")] == [b"next"]
+        goes_on(producer, log, tps, b"goes on", [])
+
+
+def test_abort_and_close_wait_for_queued_appends(tmp_path: Path) -> None:
+    with Log(tmp_path / "log") as log:
+        tps = make_topics(log, 1)
+        producer = Producer(log, transactional_id="qa", linger_ms=0, batch_size=4096)
+        producer.init_transactions()
+        with pytest.raises(InvalidTxnStateError):  # outside a transaction
+            producer.send_batch_queued("orders", [b"v"], [b"k"], partition=0)
+        producer.begin_transaction()
+        futures = [producer.send_batch_queued("orders", [b"v%d" % i] * 60, [b"k"] * 60, partition=0) for i in range(8)]
+        producer.abort_transaction()
+        assert all(f.done() and f.exception() is None for f in futures)  # written, then aborted
+        assert values_seen(log, tps, "read_committed") == []
+        producer.begin_transaction()
+        assert producer.send_batch_queued("orders", [], [], partition=0).result() == (-1, 0)
+        left = producer.send_batch_queued("orders", [b"left open"] * 60, [b"k"] * 60, partition=0)
+        producer.close()  # inside a transaction: aborted once its queued appends are done; the writer stops
+        assert left.done() and producer._writer is not None and not producer._writer.is_alive()
+        assert values_seen(log, tps, "read_committed") == []
+        with pytest.raises(InvalidTxnStateError, match="transactional"):
+            Producer(log).send_batch_queued("orders", [b"v"], [b"k"], partition=0)
