@@ -243,8 +243,10 @@ class BackgroundAppends:
     The initial snapshot is one log transaction of every table's reads; appending a batch (encoding record
     batches, writing them, the embedded log's sync of each) took a third of the connector's time while its
     readers waited. With this, the connector hands a full batch over (:meth:`submit`) and goes on reading;
-    the worker appends it. At most one append is in flight, so batches keep their order and memory stays
-    at two batches; nothing is visible before the transaction's commit either way. The sink is used by one
+    the worker appends it (the embedded log's sink only encodes it there: its producer's writer thread writes
+    and syncs the record batches meanwhile, see eventstore.producer's queued appends). At most one append is
+    in flight, so batches keep their order and memory stays at two batches (and the producer's queue);
+    nothing is visible before the transaction's commit either way. The sink is used by one
     thread at a time: the connector thread calls :meth:`wait` before it touches the sink itself (creating a
     topic, committing, aborting), and :meth:`close` before the transaction ends. An append's failure is
     raised in the connector thread by the next :meth:`submit` or :meth:`wait`.

@@ -640,6 +640,7 @@ class Producer:
         codec = self.compression if self.compression is not None else meta.config.compression
         per_batch = max(1, int(n * self.batch_size / max(value_arr.nbytes + key_arr.nbytes + RECORD_OVERHEAD * n, 1)))
         send = _QueuedSend(topic, partition, n, (n + per_batch - 1) // per_batch)
+        send.future.set_running_or_notify_cancel()  # running: a caller's cancel() cannot strand the writer
         if n == 0:
             send.future.set_result((-1, 0))
             return send.future
