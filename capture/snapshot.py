@@ -228,6 +228,7 @@ class SnapshotSource:
     stats: Stats
     stop: threading.Event
     _appends: BackgroundAppends = field(init=False)  # the running snapshot's appends (see run)
+    _prestarted: SnapshotReaders | None = field(init=False, default=None)  # reader processes started early
 
     def prepare(self, repl: ReplicationConnection, slot: SlotState | None, *, resnapshot: bool = False) -> int:
         """Create the slot and snapshot as the mode says; return where streaming starts (0: the slot's position).
@@ -261,6 +262,21 @@ class SnapshotSource:
                 repl.create_slot(name, self.config.plugin, export_snapshot=False)
                 log.info("capture: created slot %s (no snapshot)", name)
             return 0
+        if self.config.snapshot_workers > 1:  # their imports run meanwhile (see SnapshotReaders)
+            self._prestarted = SnapshotReaders(self.config.snapshot_workers)
+        try:
+            return self._snapshot(repl, slot, resnapshot=resnapshot)
+        finally:
+            if self._prestarted is not None:  # not used (no table big enough, or a failure before): ended
+                self._prestarted.close(wait_s=0)
+                self._prestarted = None
+
+    def _snapshot(self, repl: ReplicationConnection, slot: SlotState | None, *, resnapshot: bool) -> int:
+        """Drop the slot if any, create it with an exported snapshot and snapshot every table in it; again with a
+        new slot when a table was rewritten meanwhile (up to SNAPSHOT_ATTEMPTS times)."""
+        name = self.config.slot
+        mode = self.config.snapshot
+        pos = self.offsets.stored
         # Remember that a snapshot is under way (its own small transaction) *before* the slot
         # exists: if anything from here on is interrupted, the next start knows the slot is
         # ours to drop and re-create, and that the snapshot must be taken again.
@@ -327,8 +343,12 @@ class SnapshotSource:
                         self._read(c, table, t_i, outbox, reads)
                         continue
                     if readers is None:
+                        readers, self._prestarted = self._prestarted, None
                         spec = self._reader_spec(snapshot_name, consistent_point, reads)
-                        readers = SnapshotReaders(spec, self.config.snapshot_workers)
+                        if readers is None:
+                            readers = SnapshotReaders(self.config.snapshot_workers, spec)
+                        else:
+                            readers.begin(spec)
                     self._read_ranges(readers, table, ranges, reads)
                 reads.finish()
                 log.info("capture: snapshot of %d tables, %d rows", len(tables), reads.index)

@@ -279,7 +279,13 @@ def _process_main() -> None:
     tasks = Connection(os.dup(0), writable=False)
     results = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)
-    reader_main(pickle.loads(tasks.recv_bytes()), tasks, results)
+    try:
+        spec = pickle.loads(tasks.recv_bytes())  # started early, it may wait here a while (SnapshotReaders)
+    except (EOFError, OSError):
+        return  # the connector is gone
+    if spec is None:
+        return  # not needed after all
+    reader_main(spec, tasks, results)
 
 
 def _read_range(
@@ -594,10 +600,15 @@ def _widen_pipe(fd: int) -> None:
 
 
 class SnapshotReaders:
-    """The reader processes of one snapshot: started once, reused for every big table, closed at its end."""
+    """The reader processes of one snapshot: started once, reused for every big table, closed at its end.
 
-    def __init__(self, spec: ReaderSpec, workers: int) -> None:
+    Started before the slot exists (the connector knows a snapshot is due: their imports, about 0.4 s, run
+    while it creates the slot), they wait for their :class:`ReaderSpec` (:meth:`begin`); or given it at once.
+    """
+
+    def __init__(self, workers: int, spec: ReaderSpec | None = None) -> None:
         self._readers: list[_Reader] = []
+        self._begun = False
         # this process's modules; one BLAS thread (a reader does no linear algebra: idle BLAS threads only spin)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OPENBLAS_NUM_THREADS": "1"}
         try:
@@ -611,12 +622,28 @@ class SnapshotReaders:
                 process.stdin.close()
                 process.stdout.close()
                 self._readers.append(reader)
-                reader.tasks.send_bytes(pickle.dumps(spec, protocol=5))
         except BaseException:
             self.close(wait_s=0)
             raise
         log.info("capture: %d snapshot reader processes started (pids %s)", workers,
                  ", ".join(str(r.process.pid) for r in self._readers))  # fmt: skip
+        if spec is not None:
+            self.begin(spec)
+
+    @property
+    def begun(self) -> bool:
+        return self._begun
+
+    def begin(self, spec: ReaderSpec) -> None:
+        """Give every reader the snapshot to read (once)."""
+        if self._begun:
+            raise AssertionError("the snapshot readers have their spec already")
+        for reader in self._readers:
+            try:
+                reader.tasks.send_bytes(pickle.dumps(spec, protocol=5))
+            except OSError:  # BrokenPipeError: it died while waiting
+                raise self._died(reader) from None
+        self._begun = True
 
     @property
     def pids(self) -> list[int]:

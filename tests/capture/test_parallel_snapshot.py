@@ -31,9 +31,11 @@ import capture.snapshot_readers as snapshot_readers
 from capture.config import CaptureConfig, SnapshotMode, ValueFormat
 from capture.connector import Connector
 from capture.converters import JsonConverter
+from capture.errors import PermanentCaptureError
 from capture.events import EventEncoder, TxnContext
 from capture.pgtypes import SESSION_OPTIONS
 from capture.recovery import RECOVERY_MARKER
+from capture.replication import ReplicationConnection
 from capture.snapshot import BLOCKS_SQL
 from capture.snapshot_readers import SnapshotReaderDied, tid_ranges
 from capture.tables import KeylessPolicy, TableCatalog, TableFilter, result_rows, select_columns_sql
@@ -262,6 +264,28 @@ def test_a_parallel_snapshot_taken_again_deletes_the_rows_gone_meanwhile(db: str
     recovered = [v for v in events(tmp_path, KEYED) if v["source"]["snapshot"] == RECOVERY_MARKER]
     assert len(recovered) == ROWS // 3 and all(v["op"] == "d" and v["before"]["id"] % 3 == 0 for v in recovered)
     assert {k: normalized(v) for k, v in latest_by_key(tmp_path, KEYED).items()} == table_rows(db)
+
+
+def test_readers_started_before_the_slot_are_ended_when_no_table_needs_them(
+    db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With --snapshot-workers > 1 the reader processes start before the slot is created (their imports run
+    meanwhile); a snapshot with no table big enough for them ends them unused, and so does a failure before
+    any table is read (here: the slot cannot be created)."""
+    caplog.set_level(logging.INFO, logger="capture.connector")
+    sql(db, "CREATE TABLE tiny (id int PRIMARY KEY)", "INSERT INTO tiny VALUES (1), (2)")
+    assert capture(tmp_path / "a", db, slot="tiny", snapshot_workers=2).snapshot_rows == 2
+    assert "2 snapshot reader processes started" in caplog.text
+    assert not reader_pids()
+    drop_slots(db)
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise psycopg.errors.ConfigurationLimitExceeded("all replication slots are in use")
+
+    monkeypatch.setattr(ReplicationConnection, "create_slot", refused)
+    with pytest.raises(PermanentCaptureError, match="replication slots are all in use"):
+        capture(tmp_path / "b", db, slot="refused", snapshot_workers=2)
+    assert not reader_pids()
 
 
 def test_ranges_cover_the_table_and_are_tid_range_scans(db: str) -> None:
