@@ -391,14 +391,9 @@ def read_copy(db: psycopg.Connection[Any], native: Any, libpq: tuple[int, int], 
     their encoding as SnapshotEncoder.encode gives it, the fallback rows' lines)`` for :func:`native_batch`.
     Errors as :func:`copy_lines` raises them. ``db`` is this thread's alone while the COPY runs (its libpq
     connection is used without psycopg knowing)."""
-    pgconn = db.pgconn
-    pgconn.send_query(sql.encode())
-    started = pgconn.get_result()
-    if started is None or started.status != pq.ExecStatus.COPY_OUT:
-        error = _drain_results(pgconn, started)
-        raise error if error is not None else psycopg.OperationalError(f"{sql}: no COPY data came")
+    pgconn = _start_copy(db, sql)
     get, free = libpq
-    address: int = pgconn.pgconn_ptr  # type: ignore[attr-defined]  # every implementation has it; the stub not
+    address: int = pgconn.pgconn_ptr  # every implementation of psycopg's PGconn has it (its stub not)
     while True:
         status, first, last, encoded, fallback_lines = native.read_copy(address, get, free, size, max_bytes)
         if first is not None:
@@ -406,10 +401,7 @@ def read_copy(db: psycopg.Connection[Any], native: Any, libpq: tuple[int, int], 
             yield first, last, between, encoded, fallback_lines
         if status != 1:
             break
-    error = _drain_results(pgconn, None)
-    if error is not None or status != 0:
-        raise error if error is not None else psycopg.OperationalError(
-            f"{sql}: reading COPY data failed: {pgconn.get_error_message()}")  # fmt: skip
+    _end_copy(pgconn, sql, ended=status == 0)
 
 
 def copy_lines(db: psycopg.Connection[Any], sql: str, size: int, max_bytes: int = 1 << 62) -> Iterator[list[Any]]:
@@ -417,12 +409,7 @@ def copy_lines(db: psycopg.Connection[Any], sql: str, size: int, max_bytes: int 
     ``max_bytes``), read with libpq's copy calls directly: psycopg's ``Copy`` object costs about 0.4 µs more per
     row, a third of a reader's budget. The connection is idle (in its transaction) again afterwards; a server
     error is raised as psycopg raises it, a lost connection as :class:`psycopg.OperationalError`."""
-    pgconn = db.pgconn
-    pgconn.send_query(sql.encode())
-    started = pgconn.get_result()
-    if started is None or started.status != pq.ExecStatus.COPY_OUT:
-        error = _drain_results(pgconn, started)
-        raise error if error is not None else psycopg.OperationalError(f"{sql}: no COPY data came")
+    pgconn = _start_copy(db, sql)
     get = pgconn.get_copy_data
     lines: list[Any] = []  # memoryviews (psycopg's bindings give each line as one)
     held = 0
@@ -436,12 +423,29 @@ def copy_lines(db: psycopg.Connection[Any], sql: str, size: int, max_bytes: int 
             yield lines
             lines = []
             held = 0
-    error = _drain_results(pgconn, None)
-    if error is not None or n != -1:
-        raise error if error is not None else psycopg.OperationalError(
-            f"{sql}: reading COPY data failed: {pgconn.get_error_message()}")  # fmt: skip
+    _end_copy(pgconn, sql, ended=n == -1)
     if lines:
         yield lines
+
+
+def _start_copy(db: psycopg.Connection[Any], sql: str) -> Any:
+    """Send ``sql`` (a ``COPY … TO STDOUT``) on ``db``'s libpq connection; that connection, once in COPY OUT."""
+    pgconn = db.pgconn
+    pgconn.send_query(sql.encode())
+    started = pgconn.get_result()
+    if started is None or started.status != pq.ExecStatus.COPY_OUT:
+        error = _drain_results(pgconn, started)
+        raise error if error is not None else psycopg.OperationalError(f"{sql}: no COPY data came")
+    return pgconn
+
+
+def _end_copy(pgconn: Any, sql: str, *, ended: bool) -> None:
+    """After the COPY's data (``ended``: libpq said it ended, not that it failed): read its results, raise its
+    error."""
+    error = _drain_results(pgconn, None)
+    if error is not None or not ended:
+        raise error if error is not None else psycopg.OperationalError(
+            f"{sql}: reading COPY data failed: {pgconn.get_error_message()}")  # fmt: skip
 
 
 def _drain_results(pgconn: Any, first: Any) -> Exception | None:
