@@ -626,13 +626,13 @@ class SnapshotReaders:
                 process.stdin.close()
                 process.stdout.close()
                 self._readers.append(reader)
+            if spec is not None:
+                self.begin(spec)
         except BaseException:
             self.close(wait_s=0)
             raise
         log.info("capture: %d snapshot reader processes started (pids %s)", workers,
                  ", ".join(str(r.process.pid) for r in self._readers))  # fmt: skip
-        if spec is not None:
-            self.begin(spec)
 
     @property
     def begun(self) -> bool:

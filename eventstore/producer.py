@@ -34,7 +34,8 @@ queued batches in order while the caller encodes the next; a future reports wher
 of a transaction is visible before its commit anyway, so the caller need not wait for each append:
 ``flush``, ``commit_transaction`` and ``abort_transaction`` wait for the queue, as Kafka's do for its
 sender. A queued append that fails fails the transaction (it must be aborted, with a new epoch, as
-any send's failure); the batches queued after it are not written.
+any send's failure); the batches queued after it are not written, and every call of the transaction
+but the abort raises that error as the log raised it (a full disk stays a ``LogStorageError``).
 
 Thread-safety: thread-safe. ``_lock`` guards the accumulator; appends happen outside it
 under a per-partition send lock (which also orders sequence numbers). ``_txn_lock``
@@ -360,6 +361,8 @@ class Producer:
                 if self._txn_state is _TxnState.IN_TRANSACTION:
                     self._txn_state = _TxnState.ABORTABLE
                 self._txn_error = self._txn_error or error
+                if threading.current_thread() is self._writer:  # a queued append: with the state, atomically
+                    self._queue_error = self._queue_error or error
             elif self.enable_idempotence:
                 log.warning(
                     "producer %d: outcome of a batch unknown (%s); taking a new producer id", self._producer_id, error
@@ -405,9 +408,11 @@ class Producer:
         if self.transactional_id is None:
             return
         with self._txn_lock:
-            state = self._txn_state
+            state, queue_error = self._txn_state, self._queue_error
         if state is _TxnState.IN_TRANSACTION:
             return
+        if state is _TxnState.ABORTABLE and queue_error is not None:
+            raise queue_error  # a queued append failed: its error, as the log raised it (the sync path's way)
         if state is _TxnState.ABORTABLE:
             raise InvalidTxnStateError(
                 f"transaction of {self.transactional_id!r} failed ({self._txn_error}); call abort_transaction()"
@@ -441,6 +446,7 @@ class Producer:
             self._producer_id, self._epoch, self._owner = pid, epoch, owner
             self._sequences.clear()
             self._txn_state = _TxnState.READY
+            self._queue_error = None
 
     def begin_transaction(self) -> None:
         with self._txn_lock:
@@ -454,6 +460,7 @@ class Producer:
             self._txn_state = _TxnState.IN_TRANSACTION
             self._txn_partitions = set()
             self._txn_error = None
+            self._queue_error = None
 
     def send_offsets_to_transaction(
         self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata], group_id: str
@@ -663,10 +670,40 @@ class Producer:
             self._sequences[tp] = sequence  # given out: the writer appends in queue order, or fails the transaction
             with self._lock:
                 self._in_flight.add(send.future)
-                self._queued += len(encoded)
-            for batch in encoded:
-                self._queue.put((send, batch))
+            for i, batch in enumerate(encoded):
+                with self._lock:
+                    self._queued += 1
+                try:
+                    self._queue.put((send, batch))
+                except BaseException as e:  # interrupted while waiting for room: the rest is never written
+                    self._not_queued(send, len(encoded) - i, e)
+                    raise
         return send.future
+
+    def _not_queued(self, send: _QueuedSend, batches: int, error: BaseException) -> None:
+        """``batches`` of ``send`` were not queued: their sequence numbers were given out, so the transaction must
+        abort (with a new epoch); the send fails once the writer is done with its queued batches."""
+        with self._txn_lock:
+            self._queue_error = self._queue_error or error
+            self._txn_error = self._txn_error or error
+            if self._txn_state is _TxnState.IN_TRANSACTION:
+                self._txn_state = _TxnState.ABORTABLE
+        with self._lock:
+            send.error = send.error or error
+            send.batches -= batches
+            self._queued -= 1  # the one counted for the put that failed
+            self._settle(send)
+
+    def _settle(self, send: _QueuedSend) -> None:
+        """(Holding ``_lock``.) Resolve ``send`` once none of its batches is left; wake waiters of an empty queue."""
+        if send.batches == 0:
+            if send.error is not None:
+                send.future.set_exception(send.error)
+            else:
+                send.future.set_result((send.first, send.count))
+            self._in_flight.discard(send.future)
+        if self._queued == 0:
+            self._queue_empty.notify_all()
 
     def _raise_queue_error(self) -> None:
         """A queued append of the open transaction failed: its error, as the log raised it."""
@@ -703,18 +740,10 @@ class Producer:
                     self._txn_error = self._txn_error or e
                     if self._txn_state is _TxnState.IN_TRANSACTION:  # abort with a new epoch: sequences restart
                         self._txn_state = _TxnState.ABORTABLE
-            send.batches -= 1
-            if send.batches == 0:
-                if send.error is not None:
-                    send.future.set_exception(send.error)
-                else:
-                    send.future.set_result((send.first, send.count))
             with self._lock:
-                if send.batches == 0:
-                    self._in_flight.discard(send.future)
+                send.batches -= 1
                 self._queued -= 1
-                if self._queued == 0:
-                    self._queue_empty.notify_all()
+                self._settle(send)
 
     def _wait_queue(self) -> None:
         """Until the writer thread has appended (or failed) every queued batch."""

@@ -214,25 +214,26 @@ impl SnapshotEncoder {
                     status = if n == -1 { 0 } else { -1 };
                     break;
                 }
-                {
-                    // SAFETY: libpq's buffer of n bytes, ours until PQfreemem below.
-                    let line = unsafe { std::slice::from_raw_parts(buf as *const u8, n as usize) };
+                // SAFETY: libpq's buffer of n bytes, ours until PQfreemem below.
+                let line = unsafe { std::slice::from_raw_parts(buf as *const u8, n as usize) };
+                let mut took = || -> PyResult<()> {
                     if first.is_none() {
                         first = Some(line.to_vec());
-                    } else {
-                        if let Some(prev) = held.as_mut() {
-                            if !batch.push(self, prev)? {
-                                fallback_lines.push(prev.clone());
-                            }
-                            prev.clear();
-                            prev.extend_from_slice(line);
-                        } else {
-                            held = Some(line.to_vec());
+                    } else if let Some(prev) = held.as_mut() {
+                        if !batch.push(self, prev)? {
+                            fallback_lines.push(prev.clone());
                         }
+                        prev.clear();
+                        prev.extend_from_slice(line);
+                    } else {
+                        held = Some(line.to_vec());
                     }
-                }
-                // SAFETY: the buffer PQgetCopyData allocated, freed once.
+                    Ok(())
+                };
+                let took = took();
+                // SAFETY: the buffer PQgetCopyData allocated, freed once (also when the line failed: 2 GiB).
                 unsafe { free(buf as *mut c_void) };
+                took?;
                 rows += 1;
                 bytes += n as usize;
             }

@@ -584,7 +584,9 @@ def test_a_failed_queued_append_fails_its_transaction_and_nothing_queued_after_i
                 after.result()
         with pytest.raises(InvalidRecordError):  # the failure as the log raised it, not a generic state error
             producer.send_batch_queued("small", [b"later"], [b"k"], partition=0)
-        with pytest.raises(InvalidTxnStateError, match="max_batch_bytes"):
+        with pytest.raises(InvalidRecordError):  # likewise for the other calls of an open transaction
+            producer.add_partitions_to_transaction([("orders", 0)])
+        with pytest.raises(InvalidRecordError, match="max_batch_bytes"):
             producer.commit_transaction()
         epoch = producer.epoch
         producer.abort_transaction()
@@ -618,3 +620,24 @@ def test_abort_and_close_wait_for_queued_appends(tmp_path: Path) -> None:
         assert values_seen(log, tps, "read_committed") == []
         with pytest.raises(InvalidTxnStateError, match="transactional"):
             Producer(log).send_batch_queued("orders", [b"v"], [b"k"], partition=0)
+
+
+def test_a_queued_append_refused_by_a_full_disk_raises_that_error(tmp_path: Path) -> None:
+    """The log's storage error (retried by the producer, then its outcome unknown) reaches the caller as the
+    log raised it — the capture connector tells a full disk (retried) from other storage errors by it."""
+    with full_disk(tmp_path, 1) as (log, tps):
+        producer = Producer(log, transactional_id="qd", linger_ms=0, retries=1, retry_backoff_ms=1)
+        producer.init_transactions()
+        producer.begin_transaction()
+        log.data_full = True
+        refused = producer.send_batch_queued("orders", [b"refused"], [b"k"], partition=0)
+        with pytest.raises(LogStorageError, match="No space left"):
+            refused.result()
+        log.data_full = False
+        for call in (lambda: producer.send_batch_queued("orders", [b"v"], [b"k"], partition=0),
+                     lambda: producer.add_partitions_to_transaction([("payments", 0)]),
+                     lambda: producer.send_batch("orders", [b"v"], [b"k"], partition=0)):  # fmt: skip
+            with pytest.raises(LogStorageError, match="No space left"):
+                call()
+        producer.abort_transaction()
+        goes_on(producer, log, tps, b"after", [])
