@@ -909,9 +909,10 @@ def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> No
             "rows/s",
             baseline_name="COPY … TO STDOUT of the same table, drained",
             baseline_value=n / copy_s,
-            min_ratio=0.5,
             note=f"{table}; {copy_runs}; one snapshot run ({single_s:.1f} s, new slot, exported snapshot, one log "
-            f"transaction; {single.cpu_note(n)})",
+            f"transaction; {single.cpu_note(n)}); the default (`--snapshot-workers 1`, as Debezium's "
+            "`snapshot.max.threads`), informational: the ≥ 0.5× target is the parallel snapshot's (issue 18), the "
+            "next row",
         ),
         measured(
             f"snapshot of one {n:,}-row table into the durable log ({SNAPSHOT_WORKERS} reader processes)",

@@ -263,7 +263,10 @@ class SnapshotSource:
                 log.info("capture: created slot %s (no snapshot)", name)
             return 0
         if self.config.snapshot_workers > 1:  # their imports run meanwhile (see SnapshotReaders)
-            self._prestarted = SnapshotReaders(self.config.snapshot_workers)
+            try:
+                self._prestarted = SnapshotReaders(self.config.snapshot_workers)
+            except OSError as e:  # no table may need them: started (or failed) again where one does
+                log.warning("capture: could not start snapshot reader processes early (%s)", e)
         try:
             return self._snapshot(repl, slot, resnapshot=resnapshot)
         finally:

@@ -391,6 +391,8 @@ def read_copy(db: psycopg.Connection[Any], native: Any, libpq: tuple[int, int], 
     their encoding as SnapshotEncoder.encode gives it, the fallback rows' lines)`` for :func:`native_batch`.
     Errors as :func:`copy_lines` raises them. ``db`` is this thread's alone while the COPY runs (its libpq
     connection is used without psycopg knowing)."""
+    if size < 1 or max_bytes < 1:  # a call that may read nothing would say "more to come" forever
+        raise ValueError(f"read_copy: max_rows ({size}) and max_bytes ({max_bytes}) must be at least 1")
     pgconn = _start_copy(db, sql)
     get, free = libpq
     address: int = pgconn.pgconn_ptr  # every implementation of psycopg's PGconn has it (its stub not)

@@ -42,6 +42,10 @@ under a per-partition send lock (which also orders sequence numbers). ``_txn_loc
 guards the transaction state. A background thread sends batches whose linger expired;
 another (started on the first queued append) writes queued batches. A synchronous append
 waits until the queue is empty, so appends reach each partition in the order they were sent.
+A queued send is queued whole (its encoded batches as one item) or not at all, so an interrupt
+(Ctrl-C) while it waits for room leaves the queue consistent and fails the transaction. Futures
+are resolved with no lock held; a done-callback run by the writer thread may call the producer
+(a synchronous send or flush there appends the queue first, in that thread).
 Transaction calls (begin/commit/abort) are meant for one thread at a time, as in Kafka.
 """
 
@@ -49,9 +53,9 @@ from __future__ import annotations
 
 import enum
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
@@ -131,15 +135,15 @@ class _PendingBatch:
 
 @dataclass(slots=True)
 class _QueuedSend:
-    """One :meth:`Producer.send_batch_queued` call: ``count`` records to one partition in ``batches`` batches."""
+    """One :meth:`Producer.send_batch_queued` call: ``count`` records to one partition, queued as one item."""
 
     topic: str
     partition: int
     count: int
-    batches: int
     future: Future[tuple[int, int]] = field(default_factory=Future)
     first: int = -1  # the first batch's base offset, once appended
     error: BaseException | None = None
+    taken: bool = False  # the writer thread took it off the queue (set under the producer's _lock)
 
 
 class Producer:
@@ -189,12 +193,13 @@ class Producer:
         self._sticky: dict[str, int] = {}
         self._closed = False
         self._in_flight: set[Future[Any]] = set()  # taken batches (and queued sends) not yet durable
-        # queued appends (send_batch_queued): the writer thread, its queue, how many batches are in it or being
-        # appended (guarded by _lock; _queue_empty is notified at 0), the first failure of the open transaction
+        # queued appends (send_batch_queued): the writer thread; its queue of sends, each with its encoded batches,
+        # and the send it is appending (both guarded by _lock; _queue_changed is notified whenever either changes);
+        # the first failure of the open transaction
         self._writer: threading.Thread | None = None
-        self._queue: queue.Queue[tuple[_QueuedSend, EncodedBatch] | None] = queue.Queue(QUEUED_BATCHES)
-        self._queued = 0
-        self._queue_empty = threading.Condition(self._lock)
+        self._queue: deque[tuple[_QueuedSend, list[EncodedBatch]]] = deque()
+        self._current: _QueuedSend | None = None
+        self._queue_changed = threading.Condition(self._lock)
         self._queue_error: BaseException | None = None
         self._send_locks: dict[tuple[str, int], threading.RLock] = {}  # per partition: order of appends
         self._wake = threading.Condition(self._lock)
@@ -244,7 +249,8 @@ class Producer:
             batch.has_headers = batch.has_headers or headers is not None
             batch.futures.append(future)
             batch.size += RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
-            full = batch.size >= self.batch_size or self.linger_ms == 0  # linger 0: send at once
+            limit = min(self.batch_size, meta.config.max_batch_bytes // 2)  # as _records_per_batch
+            full = batch.size >= limit or self.linger_ms == 0  # linger 0: send at once
         if full:
             self._drain((topic, partition))
         return future
@@ -437,6 +443,7 @@ class Producer:
         """Register with the coordinator: fence older instances and finish their transaction."""
         if self.transactional_id is None:
             raise InvalidTxnStateError("init_transactions needs a transactional_id")
+        self._wait_queue()  # a former session's queued batches are written (or fail) under its own epoch
         with self._txn_lock:
             if self._owner is not None:
                 self._owner.release()
@@ -494,6 +501,7 @@ class Producer:
         with self._txn_lock:
             if self._txn_error is not None:
                 self._txn_state = _TxnState.ABORTABLE
+                self._raise_queue_error()  # a queued append failed: its error, as the log raised it
                 raise InvalidTxnStateError(
                     f"transaction of {self.transactional_id!r} cannot commit: a send failed ({self._txn_error}); "
                     "call abort_transaction()"
@@ -645,8 +653,8 @@ class Producer:
         ts = now_ms() if timestamp is None else timestamp
         tp = (topic, partition)
         codec = self.compression if self.compression is not None else meta.config.compression
-        per_batch = max(1, int(n * self.batch_size / max(value_arr.nbytes + key_arr.nbytes + RECORD_OVERHEAD * n, 1)))
-        send = _QueuedSend(topic, partition, n, (n + per_batch - 1) // per_batch)
+        per_batch = self._records_per_batch(meta.config.max_batch_bytes, n, value_arr.nbytes + key_arr.nbytes)
+        send = _QueuedSend(topic, partition, n)
         send.future.set_running_or_notify_cancel()  # running: a caller's cancel() cannot strand the writer
         if n == 0:
             send.future.set_result((-1, 0))
@@ -667,43 +675,42 @@ class Producer:
                                             producer_id=pid, producer_epoch=epoch, base_sequence=sequence,
                                             transactional=transactional))  # fmt: skip
                 sequence = next_sequence(sequence, records.num_rows)
-            self._sequences[tp] = sequence  # given out: the writer appends in queue order, or fails the transaction
-            with self._lock:
-                self._in_flight.add(send.future)
-            for i, batch in enumerate(encoded):
-                with self._lock:
-                    self._queued += 1
-                try:
-                    self._queue.put((send, batch))
-                except BaseException as e:  # interrupted while waiting for room: the rest is never written
-                    self._not_queued(send, len(encoded) - i, e)
-                    raise
+            try:
+                self._sequences[tp] = sequence  # given out: the writer appends in queue order, or fails the txn
+                self._put(send, encoded)
+            except BaseException as e:  # interrupted (a KeyboardInterrupt while waiting for room, or closed)
+                self._not_queued(send, e)
+                raise
         return send.future
 
-    def _not_queued(self, send: _QueuedSend, batches: int, error: BaseException) -> None:
-        """``batches`` of ``send`` were not queued: their sequence numbers were given out, so the transaction must
-        abort (with a new epoch); the send fails once the writer is done with its queued batches."""
+    def _put(self, send: _QueuedSend, encoded: list[EncodedBatch]) -> None:
+        """Queue ``send`` with its batches as one item (one ``deque.append``: queued whole or not at all), waiting
+        while the queue holds ``QUEUED_BATCHES`` batches or more (an empty queue takes a send of any size)."""
+        with self._lock:
+            while self._queue and sum(len(b) for _, b in self._queue) + len(encoded) > QUEUED_BATCHES:
+                if self._closed:
+                    break
+                self._queue_changed.wait()
+            if self._closed:
+                raise TidelineError("producer is closed")
+            self._in_flight.add(send.future)
+            self._queue.append((send, encoded))
+            self._queue_changed.notify_all()
+
+    def _not_queued(self, send: _QueuedSend, error: BaseException) -> None:
+        """``_put`` of ``send`` raised. Unless the send got into the queue all the same (an interrupt after its
+        append), its sequence numbers were given out unused: the transaction must abort (with a new epoch), and the
+        send fails with ``error``."""
+        with self._lock:
+            if send.taken or any(queued is send for queued, _ in self._queue):
+                return  # queued: the writer resolves it
+            self._in_flight.discard(send.future)
         with self._txn_lock:
             self._queue_error = self._queue_error or error
             self._txn_error = self._txn_error or error
             if self._txn_state is _TxnState.IN_TRANSACTION:
                 self._txn_state = _TxnState.ABORTABLE
-        with self._lock:
-            send.error = send.error or error
-            send.batches -= batches
-            self._queued -= 1  # the one counted for the put that failed
-            self._settle(send)
-
-    def _settle(self, send: _QueuedSend) -> None:
-        """(Holding ``_lock``.) Resolve ``send`` once none of its batches is left; wake waiters of an empty queue."""
-        if send.batches == 0:
-            if send.error is not None:
-                send.future.set_exception(send.error)
-            else:
-                send.future.set_result((send.first, send.count))
-            self._in_flight.discard(send.future)
-        if self._queued == 0:
-            self._queue_empty.notify_all()
+        send.future.set_exception(error)
 
     def _raise_queue_error(self) -> None:
         """A queued append of the open transaction failed: its error, as the log raised it."""
@@ -721,12 +728,24 @@ class Producer:
                 self._writer.start()
 
     def _write_queued(self) -> None:
-        """The writer thread: append queued batches in order; after a failure, fail the rest of the transaction's."""
+        """The writer thread: append queued sends in order; after a failure, fail the rest of the transaction's."""
         while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            send, batch = item
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._queue_changed.wait()
+                if not self._queue:
+                    return  # closed, nothing left
+            self._write_next()
+
+    def _write_next(self) -> None:
+        """(In the writer thread.) Append the first queued send's batches, then resolve its future with no lock
+        held: a done-callback may call the producer (a synchronous send it makes drains the queue first, here)."""
+        with self._lock:
+            send, batches = self._queue.popleft()
+            send.taken = True
+            self._current = send
+            self._queue_changed.notify_all()  # room for the next send
+        for batch in batches:
             try:
                 if self._queue_error is not None:  # an earlier one failed: the sequence numbers would not follow
                     raise self._queue_error
@@ -740,16 +759,28 @@ class Producer:
                     self._txn_error = self._txn_error or e
                     if self._txn_state is _TxnState.IN_TRANSACTION:  # abort with a new epoch: sequences restart
                         self._txn_state = _TxnState.ABORTABLE
-            with self._lock:
-                send.batches -= 1
-                self._queued -= 1
-                self._settle(send)
+        with self._lock:
+            self._current = None
+            self._in_flight.discard(send.future)
+            self._queue_changed.notify_all()
+        if send.error is not None:
+            send.future.set_exception(send.error)
+        else:
+            send.future.set_result((send.first, send.count))
 
     def _wait_queue(self) -> None:
-        """Until the writer thread has appended (or failed) every queued batch."""
+        """Until the writer thread has appended (or failed) every queued batch. (Its futures may resolve later.)
+        Called by the writer thread itself (a future's callback that sends synchronously): it appends what is
+        queued there and then, so the synchronous append still comes after them."""
+        if threading.current_thread() is self._writer:
+            while True:
+                with self._lock:
+                    if not self._queue:
+                        return
+                self._write_next()
         with self._lock:
-            while self._queued:
-                self._queue_empty.wait()
+            while self._queue or self._current is not None:
+                self._queue_changed.wait()
 
     def _next_round_robin(self, topic: str) -> int:
         with self._lock:
@@ -757,13 +788,21 @@ class Producer:
             self._sticky[topic] = (p + 1) % self.log.topic(topic).partitions
             return p
 
+    def _records_per_batch(self, max_batch_bytes: int, n: int, nbytes: int) -> int:
+        """Records per batch for ``n`` records of ``nbytes`` keys and values: about ``batch_size`` bytes a batch,
+        and no more than half the topic's ``max_batch_bytes`` (the estimate is rough), so a producer's batch size
+        above a topic's limit splits its batches rather than having them refused (Kafka's producer splits a batch
+        the broker refuses as too large); a single record above the limit is still refused."""
+        target = min(self.batch_size, max_batch_bytes // 2)
+        return max(1, int(n * target / max(nbytes + RECORD_OVERHEAD * n, 1)))
+
     def _append_split(
         self, topic: str, partition: int, keys: pa.Array, values: pa.Array, ts: int, headers: pa.Array | None = None
     ) -> int:
         """Append as batches of about ``batch_size`` bytes; return the first offset."""
         n = len(values)
-        total = values.nbytes + keys.nbytes + RECORD_OVERHEAD * n
-        per_batch = max(1, int(n * self.batch_size / max(total, 1)))
+        limit = self.log.topic(topic).config.max_batch_bytes
+        per_batch = self._records_per_batch(limit, n, values.nbytes + keys.nbytes)
         first = -1
         for start in range(0, n, per_batch):
             hdr = headers.slice(start, per_batch) if headers is not None else None
@@ -796,6 +835,7 @@ class Producer:
             waiting = list(self._in_flight)
         for tp in tps:
             self._drain(tp)
+        self._wait_queue()  # (in the writer thread, a future's callback: appends the queue there and then)
         wait(waiting)
 
     def close(self) -> None:
@@ -818,10 +858,10 @@ class Producer:
             with self._lock:
                 self._closed = True
                 self._wake.notify_all()
+                self._queue_changed.notify_all()  # the writer ends once the queue is empty
                 writer = self._writer
             self._sender.join()
             if writer is not None:
-                self._queue.put(None)
                 writer.join()
             if self._owner is not None:
                 self._owner.release()

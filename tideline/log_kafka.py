@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient
 
 from eventstore.errors import ConfigError, TidelineError
 from eventstore.kafka import KafkaAdmin, KafkaProducer, client_config
-from eventstore.kafka.config import translate
+from eventstore.kafka.config import translate, watermarks
 from eventstore.topic import TopicConfig
 from tideline.log_cli import ProduceSummary, TailRows, send_lines
 
@@ -111,7 +111,7 @@ def tail_polls(
 
 def _high_watermarks(consumer: Consumer, bootstrap: str, topic: str, partitions: range) -> dict[int, int]:
     try:
-        return {p: consumer.get_watermark_offsets(KafkaTopicPartition(topic, p), timeout=TIMEOUT_S)[1]
+        return {p: watermarks(consumer, KafkaTopicPartition(topic, p), timeout_s=TIMEOUT_S)[1]
                 for p in partitions}  # fmt: skip
     except KafkaException as e:
         translate(e, what=f"reading the end offsets of {topic!r}", bootstrap=bootstrap, topic=topic)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
+import time
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -70,6 +71,12 @@ _UNREACHABLE_CODES = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_D
 _UNKNOWN_TOPIC_CODES = frozenset({KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART})
 _INVALID_RECORD_CODES = frozenset({KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG,
                                    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})  # fmt: skip
+# A partition's leadership moving or not yet known to the broker asked (a topic just created, a broker restarted):
+# transient, Kafka's clients refresh their metadata and retry; librdkafka does not flag them retriable everywhere
+# (get_watermark_offsets), so they are named here.
+LEADERSHIP_CODES = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                              KafkaError.FENCED_LEADER_EPOCH})  # fmt: skip
+LEADERSHIP_RETRY_S = 0.05  # the first wait before asking again; doubled each time, up to the caller's timeout
 
 
 class KafkaUnavailableError(TidelineError):
@@ -186,6 +193,28 @@ def translate(error: KafkaException | KafkaError, *, what: str, bootstrap: str, 
         raise ConfigError(f"Kafka: {what}: {reason}") from cause
     if err.txn_requires_abort():
         raise InvalidTxnStateError(f"Kafka: {what}: {reason}; call abort_transaction()") from cause
-    if err.retriable():
+    if err.retriable() or code in LEADERSHIP_CODES:
         raise RetriableError(f"Kafka: {what}: {reason} (retriable)") from cause
     raise TidelineError(f"Kafka: {what} failed: {reason}") from cause
+
+
+def watermarks(consumer: Any, tp: Any, *, timeout_s: float, cached: bool = False) -> tuple[int, int]:
+    """``consumer.get_watermark_offsets(tp)``, asked again (backing off, within ``timeout_s``) while the partition's
+    leader is moving or not yet known (:data:`LEADERSHIP_CODES`), as Kafka's clients do; other errors raised."""
+    deadline = time.monotonic() + timeout_s
+    wait_s = LEADERSHIP_RETRY_S
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=max(deadline - time.monotonic(), 0.1),
+                                                       cached=cached)  # fmt: skip
+            return int(low), int(high)
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            if not isinstance(err, KafkaError) or err.code() not in LEADERSHIP_CODES:
+                raise
+            if time.monotonic() + wait_s > deadline:
+                raise
+            logging.getLogger(__name__).debug("Kafka: %s-%d: %s; asking again in %.2f s", tp.topic, tp.partition,
+                                              err.str(), wait_s)  # fmt: skip
+            time.sleep(wait_s)
+            wait_s = min(wait_s * 2, 1.0)

@@ -28,7 +28,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from eventstore.consumer import ConsumerRecord, Headers
 from eventstore.errors import OffsetOutOfRangeError, TidelineError, UnknownTopicError
-from eventstore.kafka.config import client_config, translate
+from eventstore.kafka.config import client_config, translate, watermarks
 from eventstore.offsets import TopicPartition
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -154,9 +154,8 @@ class KafkaReader:
             topic_meta = metadata.topics.get(tp.topic)
             if topic_meta is None or topic_meta.error is not None or tp.partition not in topic_meta.partitions:
                 raise UnknownTopicError(tp.topic)
-            low, high = consumer.get_watermark_offsets(
-                KafkaTopicPartition(tp.topic, tp.partition), timeout=self.timeout_s
-            )
+            low, high = watermarks(consumer, KafkaTopicPartition(tp.topic, tp.partition), timeout_s=self.timeout_s,
+                                   cached=False)  # fmt: skip
         except KafkaException as e:
             translate(e, what=f"reading offsets of {tp.topic}-{tp.partition}", bootstrap=self.bootstrap_servers,
                       topic=tp.topic)  # fmt: skip

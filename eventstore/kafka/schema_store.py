@@ -77,7 +77,7 @@ from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from eventstore.errors import InvalidTxnStateError, ProducerFencedError, TidelineError
 from eventstore.kafka.admin import KafkaAdmin
-from eventstore.kafka.config import client_config, translate
+from eventstore.kafka.config import client_config, translate, watermarks
 from eventstore.kafka.producer import KafkaProducer
 from eventstore.topic import CleanupPolicy, TopicConfig
 from schemas.errors import SchemaStoreConflictError
@@ -305,8 +305,7 @@ class KafkaSchemaStore:
 
     def _watermarks(self, consumer: Consumer) -> tuple[int, int]:
         try:
-            low, high = consumer.get_watermark_offsets(KafkaTopicPartition(self.topic, PARTITION),
-                                                       timeout=self.timeout_s, cached=False)  # fmt: skip
+            low, high = watermarks(consumer, KafkaTopicPartition(self.topic, PARTITION), timeout_s=self.timeout_s)
         except KafkaException as e:
             self._translate(e)
         return int(low), int(high)

@@ -187,6 +187,12 @@ impl SnapshotEncoder {
                 "read_copy: a null connection or function address",
             ));
         }
+        if max_rows == 0 || max_bytes == 0 {
+            // a call that may read nothing would return "more to come" forever
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "read_copy: max_rows ({max_rows}) and max_bytes ({max_bytes}) must be at least 1"
+            )));
+        }
         type GetCopyData = unsafe extern "C" fn(*mut c_void, *mut *mut c_char, c_int) -> c_int;
         type FreeMem = unsafe extern "C" fn(*mut c_void);
         // SAFETY: the caller's contract above: the addresses are those functions of the libpq that owns `conn`.

@@ -319,6 +319,10 @@ def test_the_compiled_copy_reader_raises_a_copy_error_as_psycopg_does(db: str) -
         assert sizes(c, "COPY (SELECT 1 WHERE false) TO STDOUT", 5) == []
     with pytest.raises(ValueError, match="null"):
         one_int.read_copy(0, *libpq, 1, 1)
+    with psycopg.connect(db, autocommit=True) as c:  # bounds that may read nothing: refused, not "more" forever
+        for max_rows, max_bytes in ((0, 1 << 20), (100, 0)):
+            with pytest.raises(ValueError, match="must be at least 1"):
+                sizes(c, "COPY plain TO STDOUT", max_rows, max_bytes)
 
 
 def test_a_table_with_a_type_not_converted_natively_is_read_by_the_python_path(db: str) -> None:

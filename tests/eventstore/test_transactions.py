@@ -25,6 +25,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -641,3 +642,131 @@ def test_a_queued_append_refused_by_a_full_disk_raises_that_error(tmp_path: Path
                 call()
         producer.abort_transaction()
         goes_on(producer, log, tps, b"after", [])
+
+
+class SlowLog(Log):
+    """A real log whose data appends each take ``delay`` seconds longer (a slow disk), so queued batches are still
+    queued when the caller goes on."""
+
+    delay = 0.0
+
+    def append(self, topic: str, partition: int, batch: EncodedBatch | bytearray) -> AppendResult:
+        if not batch[21] & 0x20:
+            time.sleep(self.delay)
+        return super().append(topic, partition, batch)
+
+
+def test_commit_right_after_queued_appends_waits_for_them(tmp_path: Path) -> None:
+    """The last call of the transaction is queued, then commit: everything queued is written before the commit
+    marker (read_committed sees every record, in order), and every future is resolved by then."""
+    path = tmp_path / "log"
+    with Log(path) as log:
+        tps = make_topics(log, 1)
+    with SlowLog(path) as log:
+        log.delay = 0.05
+        producer = Producer(log, transactional_id="qc", linger_ms=0, batch_size=4096)
+        producer.init_transactions()
+        producer.begin_transaction()
+        futures, expected = [], []
+        for n in range(4):
+            values = [b"c%d-%03d-" % (n, i) + b"x" * 90 for i in range(100)]  # ~3 batches per call
+            futures.append(producer.send_batch_queued("orders", values, [b"k"] * 100, partition=0))
+            expected += values
+        assert not futures[-1].done()  # still queued behind the slow appends: commit must wait for it
+        producer.commit_transaction()
+        assert all(f.done() and f.exception() is None for f in futures)
+        assert [v for _, v in offsets_and_values(log, "orders", 0, "read_committed")] == expected
+        goes_on(producer, log, tps, b"after", expected)
+
+
+def test_a_queued_sends_callback_may_call_the_producer(tmp_path: Path) -> None:
+    """Futures are resolved with no producer lock held: a done-callback that sends (in the writer thread) does not
+    hang the producer, and the transaction commits with every record."""
+    with Log(tmp_path / "log") as log:
+        tps = make_topics(log, 2)
+        producer = Producer(log, transactional_id="qcb", linger_ms=0)
+        producer.init_transactions()
+        producer.begin_transaction()
+        sent: list[Future[tuple[int, int]]] = []
+        called = threading.Event()
+
+        def callback(_: Future[tuple[int, int]]) -> None:
+            try:
+                sent.append(producer.send_batch_queued("orders", [b"cb"], [b"k"], partition=1))
+                producer.send_batch("orders", [b"cb sync"], [b"k"], partition=1)
+            finally:
+                called.set()
+
+        producer.send_batch_queued("orders", [b"queued"], [b"k"], partition=0).add_done_callback(callback)
+        assert called.wait(timeout=10)  # (a callback that hung would hang the producer's writer thread)
+        producer.commit_transaction()
+        assert len(sent) == 1 and sent[0].result(timeout=10)[1] == 1
+        assert sorted(values_seen(log, tps, "read_committed")) == [b"cb", b"cb sync", b"queued"]
+        goes_on(producer, log, tps, b"after", [b"cb", b"cb sync", b"queued"])
+
+
+class Interrupted(BaseException):
+    """What a signal handler raises in the caller's thread (as KeyboardInterrupt does on Ctrl-C)."""
+
+
+def test_a_queued_send_interrupted_while_waiting_for_room_fails_the_transaction(tmp_path: Path) -> None:
+    """The queue is full behind a slow disk; the next call is interrupted while it waits for room: its batches
+    were given sequence numbers but never queued, so the transaction must abort (with a new epoch); the calls of
+    the transaction raise the interruption; each send queued before it resolves (written, or skipped with the
+    interruption once it is known); nothing hangs, and the producer goes on after the abort."""
+    path = tmp_path / "log"
+    with Log(path) as log:
+        tps = make_topics(log, 1)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted("interrupted while waiting for room")
+
+    with SlowLog(path) as log:
+        log.delay = 0.2
+        producer = Producer(log, transactional_id="qi", linger_ms=0, batch_size=4096)
+        producer.init_transactions()
+        producer.begin_transaction()
+        queued = [producer.send_batch_queued("orders", [b"q%d" % i] * 60, [b"k"] * 60, partition=0)
+                  for i in range(3)]  # fmt: skip
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            with pytest.raises(Interrupted):
+                for i in range(20):  # one waits for room well before 20 (4 batches queued at most)
+                    producer.send_batch_queued("orders", [b"w%d" % i] * 60, [b"k"] * 60, partition=0)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        with pytest.raises(Interrupted):
+            producer.commit_transaction()
+        for f in queued:
+            error = f.exception(timeout=30)
+            assert error is None or isinstance(error, Interrupted)
+        epoch = producer.epoch
+        log.delay = 0.0
+        producer.abort_transaction()
+        assert producer.epoch == epoch + 1
+        assert values_seen(log, tps, "read_committed") == []
+        goes_on(producer, log, tps, b"after", [])
+
+
+def test_batches_are_split_under_a_topics_max_batch_bytes(tmp_path: Path) -> None:
+    """A producer whose batch size is above a topic's ``max_batch_bytes`` writes smaller batches there instead of
+    having them refused (queued and synchronous sends alike); one record above the limit is still refused."""
+    with Log(tmp_path / "log") as log:
+        log.create_topic("small", 1, overrides={"max_batch_bytes": "8192"})
+        producer = Producer(log, transactional_id="split", linger_ms=60_000, batch_size=2 << 20)
+        producer.init_transactions()
+        producer.begin_transaction()
+        values = [b"v%04d-" % i + b"x" * 100 for i in range(400)]  # 43 kB in all: several batches of 8 KiB at most
+        assert producer.send_batch_queued("small", values, [b"k"] * 400, partition=0).result(timeout=30)[1] == 400
+        assert producer.send_batch("small", values, [b"k"] * 400, partition=0) == {0: (400, 400)}
+        sent = [producer.send("small", v, key=b"k", partition=0) for v in values]  # lingering: batched by size
+        producer.commit_transaction()
+        assert [f.result().offset for f in sent] == list(range(800, 1200))
+        assert [v for _, v in offsets_and_values(log, "small", 0, "read_committed")] == values * 3
+        producer.begin_transaction()
+        with pytest.raises(InvalidRecordError, match="max_batch_bytes"):
+            producer.send_batch("small", [b"x" * 20_000], [b"k"], partition=0)
+        producer.abort_transaction()
+        producer.close()

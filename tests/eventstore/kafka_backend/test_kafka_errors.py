@@ -1,13 +1,17 @@
-"""An unreachable or malformed bootstrap is a clear one-line error, not a hang or a librdkafka dump."""
+"""An unreachable or malformed bootstrap is a clear one-line error, not a hang or a librdkafka dump; a partition whose
+leader is moving is asked again, not an error."""
 
 from __future__ import annotations
 
 import socket
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from eventstore.errors import ConfigError
+from eventstore.errors import ConfigError, RetriableError
 from eventstore.kafka import KafkaAdmin, KafkaProducer, KafkaReader, KafkaUnavailableError
+from eventstore.kafka.config import translate, watermarks
 from eventstore.offsets import TopicPartition
 
 
@@ -33,3 +37,36 @@ def test_unreachable_bootstrap_is_a_one_line_error(capfd: pytest.CaptureFixture[
 def test_malformed_bootstrap_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="bootstrap servers are empty"):
         KafkaAdmin("  ")
+
+
+class _LeaderMoving:
+    """A consumer's ``get_watermark_offsets`` as librdkafka answers it while a partition's leader is not yet known
+    (seen right after a topic's creation): ``errors`` such answers (the codes librdkafka gives, not flagged
+    retriable), then the offsets. Pure logic: the retry around the call, not Kafka."""
+
+    def __init__(self, errors: list[int]) -> None:
+        self.errors = errors
+        self.calls = 0
+
+    def get_watermark_offsets(self, tp: KafkaTopicPartition, timeout: float, cached: bool) -> tuple[int, int]:
+        self.calls += 1
+        if self.errors:
+            raise KafkaException(KafkaError(self.errors.pop(0), "Broker: Not leader for partition"))
+        return 3, 7
+
+
+def test_watermarks_are_asked_again_while_a_partitions_leader_moves() -> None:
+    tp = KafkaTopicPartition("t", 0)
+    moving = _LeaderMoving([KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE])
+    assert watermarks(moving, tp, timeout_s=5) == (3, 7) and moving.calls == 3
+    stuck = _LeaderMoving([KafkaError.NOT_LEADER_FOR_PARTITION] * 100)
+    with pytest.raises(KafkaException):  # not forever: within the timeout
+        watermarks(stuck, tp, timeout_s=0.3)
+    assert 2 <= stuck.calls < 10
+    other = _LeaderMoving([KafkaError.TOPIC_AUTHORIZATION_FAILED])
+    with pytest.raises(KafkaException):  # any other error at once
+        watermarks(other, tp, timeout_s=5)
+    assert other.calls == 1
+    with pytest.raises(RetriableError, match="Not leader"):  # and if it lasts, the caller may retry
+        translate(KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, "Broker: Not leader for partition")),
+                  what="reading offsets of t-0", bootstrap="127.0.0.1:9092", topic="t")  # fmt: skip
