@@ -213,7 +213,8 @@ log = Log(sys.argv[1])
 p = Producer(log, transactional_id="orders-app", linger_ms=0)
 p.init_transactions()
 p.begin_transaction()
-print("ready", flush=True)
+p.send("out", b"zombie-first", key=b"k0").result()
+print("ready", flush=True)  # its open transaction holds a record: the fresh instance must abort it
 n = 0
 try:
     while True:
