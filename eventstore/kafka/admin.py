@@ -30,6 +30,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from eventstore.errors import ConfigError, TopicExistsError, UnknownTopicError
 from eventstore.kafka.config import (
+    LEADERSHIP_CODES,
     MIN_INSYNC_REPLICAS,
     KafkaUnavailableError,
     client_config,
@@ -44,12 +45,10 @@ from eventstore.topic import TopicConfig, TopicMetadata, now_ms, validate_topic_
 KAFKA_INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
 DEFAULT_TIMEOUT_S = 10.0
 RETRY_BACKOFF_S = 0.1
-# Transient while leadership moves (a topic just created, a broker just lost; OFFSET_NOT_AVAILABLE: a new
-# leader's high watermark still catching up, KIP-207): retried until timeout_s.
-_LEADERSHIP_CODES = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                               KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH,
-                               KafkaError.REPLICA_NOT_AVAILABLE,
-                               KafkaError.OFFSET_NOT_AVAILABLE})  # fmt: skip
+# A topic this admin created or saw that a broker's metadata answers as unknown: that broker's metadata cache lags
+# the controller (KRaft brokers follow the metadata log asynchronously; Kafka's clients take it as retriable). Asked
+# again for up to this long before it counts as gone.
+PROPAGATION_S = 10.0
 T = TypeVar("T")
 
 
@@ -76,6 +75,7 @@ class KafkaAdmin:
             self._admin = AdminClient(client_config(bootstrap_servers))
         except KafkaException as e:
             translate(e, what="creating an admin client", bootstrap=bootstrap_servers)
+        self._seen: set[str] = set()  # topics created or found here: "unknown" later is a lagging broker first
 
     # -- topics --------------------------------------------------------------
 
@@ -140,6 +140,7 @@ class KafkaAdmin:
         except KafkaException as e:
             self._raise_create_error(e, name)
         self._wait_for_leaders(name, partitions)
+        self._seen.add(name)
         return TopicMetadata(name, partitions, cfg, created_ms=now_ms())
 
     def ensure_topic(
@@ -282,14 +283,21 @@ class KafkaAdmin:
             translate(e, what=what, bootstrap=self.bootstrap_servers, topic=topic)
 
     def _topic_metadata(self, name: str) -> Any:
-        metadata = self._metadata(name, what=f"reading metadata of topic {name!r}")
-        topic_meta = metadata.topics.get(name)
-        if topic_meta is None or topic_meta.error is not None:
-            if topic_meta is None or topic_meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        """``name``'s metadata; UnknownTopicError if the cluster does not have it. A topic created or seen here
+        that a broker answers as unknown is asked again for up to PROPAGATION_S (that broker's metadata lags)."""
+        deadline = time.monotonic() + (PROPAGATION_S if name in self._seen else 0.0)
+        while True:
+            metadata = self._metadata(name, what=f"reading metadata of topic {name!r}")
+            topic_meta = metadata.topics.get(name)
+            if topic_meta is not None and topic_meta.error is None:
+                self._seen.add(name)
+                return topic_meta
+            if topic_meta is not None and topic_meta.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                translate(topic_meta.error, what=f"reading metadata of topic {name!r}",
+                          bootstrap=self.bootstrap_servers, topic=name)  # fmt: skip
+            if time.monotonic() >= deadline:
                 raise UnknownTopicError(name)
-            translate(topic_meta.error, what=f"reading metadata of topic {name!r}", bootstrap=self.bootstrap_servers,
-                      topic=name)  # fmt: skip
-        return topic_meta
+            time.sleep(RETRY_BACKOFF_S)
 
     def _list_offsets(
         self, tps: list[KafkaTopicPartition], spec: OffsetSpec, isolation: IsolationLevel
@@ -340,7 +348,7 @@ class KafkaAdmin:
                 return action()
             except KafkaException as e:
                 err = e.args[0] if e.args else None
-                moving = isinstance(err, KafkaError) and (err.code() in _LEADERSHIP_CODES or err.code() in also)
+                moving = isinstance(err, KafkaError) and (err.code() in LEADERSHIP_CODES or err.code() in also)
                 if not moving or time.monotonic() >= deadline:
                     translate(e, what=what, bootstrap=self.bootstrap_servers, topic=topic)
             time.sleep(RETRY_BACKOFF_S)

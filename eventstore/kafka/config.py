@@ -71,11 +71,13 @@ _UNREACHABLE_CODES = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_D
 _UNKNOWN_TOPIC_CODES = frozenset({KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART})
 _INVALID_RECORD_CODES = frozenset({KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG,
                                    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})  # fmt: skip
-# A partition's leadership moving or not yet known to the broker asked (a topic just created, a broker restarted):
-# transient, Kafka's clients refresh their metadata and retry; librdkafka does not flag them retriable everywhere
+# Transient while a partition's leadership moves or is not yet known to the broker asked (a topic just created, a
+# broker just lost or restarted; OFFSET_NOT_AVAILABLE: a new leader's high watermark still catching up, KIP-207):
+# Kafka's clients refresh their metadata and ask again. librdkafka does not flag them retriable everywhere
 # (get_watermark_offsets), so they are named here.
 LEADERSHIP_CODES = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                              KafkaError.FENCED_LEADER_EPOCH})  # fmt: skip
+                              KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH,
+                              KafkaError.REPLICA_NOT_AVAILABLE, KafkaError.OFFSET_NOT_AVAILABLE})  # fmt: skip
 LEADERSHIP_RETRY_S = 0.05  # the first wait before asking again; doubled each time, up to the caller's timeout
 
 

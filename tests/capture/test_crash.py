@@ -1,8 +1,8 @@
 """Crash acceptance test: kill -9 the connector at random moments; the log equals an uninterrupted run's.
 
-Run once per backend: the embedded log, and Kafka (three brokers, replication factor 3,
-min.insync.replicas 2; the reference always writes to an embedded log), with wal2json; and
-with pgoutput on the embedded log (fewer kills), its database set to
+Run once per backend and plugin: the embedded log, and Kafka (three brokers, replication factor
+3, min.insync.replicas 2; the reference always writes to an embedded log), each with wal2json and
+with pgoutput (on the embedded log with fewer kills), pgoutput's database set to
 ``logical_decoding_work_mem = 64kB`` so that the workload's bigger transactions are streamed
 before they commit and kills also land while they are spilled or replayed.
 
@@ -461,12 +461,12 @@ def crash_scenario(dsn: str, tmp: Path, sizes: Sizes, crashed_dir: Backend, plug
     return Outcome(crashed, reference, hidden, kills, commits, summary, crashed_dir.prefix, sizes)
 
 
-@pytest.fixture(scope="module", params=["embedded", "kafka", "embedded-pgoutput"])
+@pytest.fixture(scope="module", params=["embedded", "kafka", "embedded-pgoutput", "kafka-pgoutput"])
 def outcome(
     request: pytest.FixtureRequest, postgres: LocalPostgres, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Outcome]:
-    """The scenario once per backend: the embedded log, and Kafka on three brokers (replication factor 3,
-    min.insync.replicas 2), with wal2json; then pgoutput on the embedded log, streaming big transactions."""
+    """The scenario once per backend and plugin: the embedded log, and Kafka on three brokers (replication factor
+    3, min.insync.replicas 2), with wal2json; then both with pgoutput, streaming big transactions."""
     dsn = fresh_database(postgres, "crash")
     tmp = tmp_path_factory.mktemp("crash")
     plugin = Plugin.WAL2JSON
@@ -474,6 +474,11 @@ def outcome(
         cluster: LocalKafka = request.getfixturevalue("kafka3")
         crashed = Backend.kafka(cluster.bootstrap_servers, tmp / "crashed-state", brokers=3)
         sizes = SOAK if soak() else KAFKA_CI
+    elif request.param == "kafka-pgoutput":
+        cluster = request.getfixturevalue("kafka3")
+        plugin, crashed = Plugin.PGOUTPUT, Backend.kafka(cluster.bootstrap_servers, tmp / "crashed-state", brokers=3)
+        sizes = SOAK if soak() else KAFKA_CI
+        sql(dsn, f"ALTER DATABASE {dsn.rsplit('/', 1)[1]} SET logical_decoding_work_mem = '64kB'")  # as below
     elif request.param == "embedded-pgoutput":
         plugin, crashed = Plugin.PGOUTPUT, Backend.embedded(tmp / "crashed", PREFIX)
         sizes = SOAK if soak() else PGOUTPUT_CI

@@ -323,10 +323,15 @@ def test_killed_mid_snapshot_resumes_in_order(db: str, tmp_path: Path, plugin: P
         )
         assert position.incremental.rows > 0 and position.incremental.last_key is not None, position
         # Progress is visible from the stored position.
+        asked = time.time()
         status = json.loads(cli("--data-dir", str(log_dir), "capture", "status", "--dsn", db, "--slot", SLOT,
                                 "--topic-prefix", "cdc", "--json"))  # fmt: skip
+        answered = time.time()
         shown = status["incremental_snapshot"]
         assert shown["rows"] == position.incremental.rows and 0 < shown["percent"] < 100, shown
+        started = position.incremental.started_ms / 1000  # the rate: rows over the time since the snapshot began
+        rows = position.incremental.rows
+        assert rows / (answered - started) - 0.1 <= shown["rows_per_s"] <= rows / (asked - started) + 0.1, shown
         # Resume (the churn goes on), then let it stop and catch up.
         with Running(log_dir, config(db, plugin, snapshot=SnapshotMode.NEVER)) as running:
             running.wait("the snapshot to finish", lambda s: s.incremental is None and s.snapshot_rows > 0)

@@ -13,8 +13,8 @@ columns read uncast in text format under capture.pgtypes.SESSION_OPTIONS, conver
 ``text_converter`` for the catalog's type name and OID, written with
 ``capture.pgtypes.dumps``. JSON is compared with numbers kept as their digits.
 
-Both plugins: wal2json (JSON and Avro) and pgoutput (JSON; its publications managed by the
-connector, the keyless table in the insert/truncate-only one).
+Both plugins, each with JSON and Avro values (pgoutput: its publications managed by the connector,
+the keyless table in the insert/truncate-only one); into Kafka (three brokers) with each plugin.
 
 Size: ``TIDELINE_SOAK=1`` runs ~20x more transactions and rows.
 """
@@ -265,7 +265,8 @@ def compact_table_topics(log_dir: Path, dsn: str) -> dict[str, int]:
     return dict(totals)
 
 
-@pytest.mark.parametrize(("value_format", "plugin"), [("json", "wal2json"), ("avro", "wal2json"), ("json", "pgoutput")])
+@pytest.mark.parametrize(("value_format", "plugin"), [("json", "wal2json"), ("avro", "wal2json"), ("json", "pgoutput"),
+                                                     ("avro", "pgoutput")])  # fmt: skip
 def test_compacted_log_equals_tables(db: str, tmp_path: Path, value_format: str, plugin: str) -> None:
     """Also the Avro round trip: every type of the workload's tables, written as Avro, reads back as the row."""
     fmt = ValueFormat(value_format)
@@ -339,7 +340,8 @@ def test_compacted_log_equals_tables(db: str, tmp_path: Path, value_format: str,
         pytest.param("1e400", id="beyond-double"),
     ],
 )
-@pytest.mark.parametrize(("value_format", "plugin"), [("json", "wal2json"), ("avro", "wal2json"), ("json", "pgoutput")])
+@pytest.mark.parametrize(("value_format", "plugin"), [("json", "wal2json"), ("avro", "wal2json"), ("json", "pgoutput"),
+                                                     ("avro", "pgoutput")])  # fmt: skip
 def test_unchanged_toasted_jsonb_filled_from_the_log_is_exact(
     db: str, tmp_path: Path, number: str, value_format: str, plugin: str
 ) -> None:
@@ -366,20 +368,20 @@ def test_unchanged_toasted_jsonb_filled_from_the_log_is_exact(
     assert log_state(log_dir, "cdc.public.docs", avro_table=avro) == table_state(db, table)
 
 
-def test_log_in_kafka_equals_tables(db: str, tmp_path: Path, kafka3: LocalKafka) -> None:
+def test_log_in_kafka_equals_tables(db: str, tmp_path: Path, kafka3: LocalKafka, plugin: Plugin) -> None:
     """The same workload into Kafka (three brokers, replication factor 3, min.insync.replicas 2): after
     the snapshot (taken while the workload writes) and after streaming, the latest value per key of
     each topic read ``read_committed`` equals ``SELECT *``; the keyless table's inserts are all there.
     (Compaction on Kafka is the brokers' log cleaner, on its own schedule: not forced here.)
     A failure's message is also kept in ``failure.txt`` of the test's directory."""
     try:
-        kafka_materialization(db, tmp_path, kafka3)
+        kafka_materialization(db, tmp_path, kafka3, plugin)
     except AssertionError as e:
         (tmp_path / "failure.txt").write_text(str(e))
         raise
 
 
-def kafka_materialization(db: str, tmp_path: Path, kafka3: LocalKafka) -> None:
+def kafka_materialization(db: str, tmp_path: Path, kafka3: LocalKafka, plugin: Plugin) -> None:
     initial_rows, during_snapshot, round1, _ = SIZES["soak" if soak() else "ci"]
     kafka = Backend.kafka(kafka3.bootstrap_servers, tmp_path / "state", brokers=3)
     workload = Workload(db, seed=20261124)
@@ -388,7 +390,7 @@ def kafka_materialization(db: str, tmp_path: Path, kafka3: LocalKafka) -> None:
 
     def run() -> None:
         kafka.run(CaptureConfig(dsn=db, slot="t", topic_prefix=kafka.prefix, partitions=PARTITIONS,
-                                exit_when_caught_up=True))  # fmt: skip
+                                exit_when_caught_up=True, plugin=plugin))  # fmt: skip
 
     errors: list[BaseException] = []
 

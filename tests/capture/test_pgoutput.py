@@ -424,7 +424,9 @@ def test_type_resolver_or_type_messages_name_the_types(conn: psycopg.Connection[
 
 
 def test_streamed_transactions_decode_as_the_unstreamed_ones(conn: psycopg.Connection[Any]) -> None:
-    """Protocol 2 with streaming on: big transactions arrive in Stream Start/Stop blocks before their commit."""
+    """Protocols 2 and 3 with streaming on: big transactions arrive in Stream Start/Stop blocks before their
+    commit, and decode as protocol 1 (no streaming) gives them, from a real server (3 without ``two_phase``:
+    what PostgreSQL 15 sends then is protocol 2's set of messages)."""
     conn.execute("DROP TABLE IF EXISTS bulk; CREATE TABLE bulk (id int PRIMARY KEY, pad text)")
     conn.execute("SET logical_decoding_work_mem = '64kB'")  # the smallest: stream after a few hundred rows
     with slots(conn, "streamed") as both:
@@ -439,21 +441,24 @@ def test_streamed_transactions_decode_as_the_unstreamed_ones(conn: psycopg.Conne
             conn.execute("INSERT INTO bulk SELECT i, repeat('z', 200) FROM generate_series(3001, 6000) i")
             conn.execute("INSERT INTO bulk VALUES (1, 'duplicate')")
         conn.execute("INSERT INTO bulk VALUES (0, 'after')")
-        unstreamed = both.pgoutput(peek=True)
-        raw = both.read("streamed_pgo", PgOutputDecoder(PUBLICATION, proto_version=2, streaming=True).slot_options())
+        unstreamed = both.pgoutput(peek=True)  # protocol 1
+        raws = {version: both.read("streamed_pgo", PgOutputDecoder(PUBLICATION, proto_version=version,
+                                                                   streaming=True).slot_options(), peek=True)
+                for version in (2, 3)}  # fmt: skip
         theirs = both.wal2json()
-    tags = {payload[:1] for _, payload in raw}
-    assert {b"S", b"E", b"c", b"A"} <= tags  # it did stream, commit and abort
-    decoder = PgOutputDecoder(PUBLICATION, proto_version=2, streaming=True)
-    streamed = [m for lsn, payload in raw for m in decoder.decode(payload, lsn)]
     assert_matches_wal2json(unstreamed, theirs)
-    assert [(m.kind, m.lsn, m.xid, m.timestamp_ms, m.next_lsn) for m in streamed] == [
-        (m.kind, m.lsn, m.xid, m.timestamp_ms, m.next_lsn) for m in unstreamed
-    ]
-    assert [(m.columns, m.identity, m.content) for m in streamed] == [
-        (m.columns, m.identity, m.content) for m in unstreamed
-    ]
-    assert "".join(m.kind.value for m in streamed) == "B" + "I" * 2000 + "M" + "U" * 1000 + "CBIC"
+    assert "".join(m.kind.value for m in unstreamed) == "B" + "I" * 2000 + "M" + "U" * 1000 + "CBIC"
+    for version, raw in raws.items():
+        tags = {payload[:1] for _, payload in raw}
+        assert {b"S", b"E", b"c", b"A"} <= tags, version  # it did stream, commit and abort
+        decoder = PgOutputDecoder(PUBLICATION, proto_version=version, streaming=True)
+        streamed = [m for lsn, payload in raw for m in decoder.decode(payload, lsn)]
+        assert [(m.kind, m.lsn, m.xid, m.timestamp_ms, m.next_lsn) for m in streamed] == [
+            (m.kind, m.lsn, m.xid, m.timestamp_ms, m.next_lsn) for m in unstreamed
+        ], version
+        assert [(m.columns, m.identity, m.content) for m in streamed] == [
+            (m.columns, m.identity, m.content) for m in unstreamed
+        ], version
 
 
 def test_docstring_examples_run() -> None:

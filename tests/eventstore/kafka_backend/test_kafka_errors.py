@@ -4,13 +4,17 @@ leader is moving is asked again, not an error."""
 from __future__ import annotations
 
 import socket
+import time
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
-from eventstore.errors import ConfigError, RetriableError
+from eventstore.errors import ConfigError, RetriableError, UnknownTopicError
 from eventstore.kafka import KafkaAdmin, KafkaProducer, KafkaReader, KafkaUnavailableError
+from eventstore.kafka.admin import PROPAGATION_S
 from eventstore.kafka.config import translate, watermarks
 from eventstore.offsets import TopicPartition
 
@@ -70,3 +74,36 @@ def test_watermarks_are_asked_again_while_a_partitions_leader_moves() -> None:
     with pytest.raises(RetriableError, match="Not leader"):  # and if it lasts, the caller may retry
         translate(KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION, "Broker: Not leader for partition")),
                   what="reading offsets of t-0", bootstrap="127.0.0.1:9092", topic="t")  # fmt: skip
+
+
+class _LaggingMetadata:
+    """An AdminClient's ``list_topics`` as a broker whose metadata cache lags answers it: the topic unknown for
+    ``lag`` answers (seen on three brokers right after a topic's creation), then known. Pure logic."""
+
+    def __init__(self, lag: int) -> None:
+        self.lag = lag
+        self.calls = 0
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        self.calls += 1
+        if self.calls <= self.lag:
+            return SimpleNamespace(topics={topic: SimpleNamespace(error=KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART),
+                                                                  partitions={})})  # fmt: skip
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={0: None, 1: None})})
+
+
+def test_a_topic_seen_here_and_answered_unknown_is_asked_again() -> None:
+    admin = KafkaAdmin(f"127.0.0.1:{_unused_port()}")  # never connects: its client is replaced
+    lagging = _LaggingMetadata(lag=3)
+    admin._admin = lagging
+    with pytest.raises(UnknownTopicError):  # never seen here: unknown at once, as the cluster answers
+        admin._topic_metadata("t")
+    assert lagging.calls == 1
+    admin._seen.add("t")  # as create_topic or an earlier answer leaves it
+    assert sorted(admin._topic_metadata("t").partitions) == [0, 1] and lagging.calls == 4
+    gone = _LaggingMetadata(lag=1000)
+    admin._admin = gone
+    started = time.monotonic()
+    with pytest.raises(UnknownTopicError):  # a topic really gone: still an error, after the propagation bound
+        admin._topic_metadata("t")
+    assert PROPAGATION_S <= time.monotonic() - started < PROPAGATION_S + 5
