@@ -51,7 +51,8 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
    fresh log directory, exit when caught up), timed from construction to return; the log
    must hold ``snapshot_rows`` reads. Twice in a row: the single reader (``--snapshot-workers 1``),
    then ``SNAPSHOT_WORKERS`` reader processes (capture.snapshot_readers), which must also beat the
-   single reader of the same run; CPU seconds of the connector and of its readers are noted.
+   single reader of the same run, then the same with ``--compression lz4``; CPU seconds of the connector and
+   of its readers, and the bytes the log stores, are noted.
    ``python -m bench.capture_bench snapshot [ROWS] [WORKERS]`` runs only this part.
 """
 
@@ -136,6 +137,7 @@ FULL = Sizes(changes=300_000, runs=3, latency_seconds=10.0, low_rate_seconds=5.0
 QUICK = Sizes(changes=30_000, runs=1, latency_seconds=3.0, low_rate_seconds=2.0, drain_seconds=10.0,
               snapshot_rows=100_000)  # fmt: skip
 SNAPSHOT_TABLE = "snap"
+SNAPSHOT_COMPRESSION = "lz4"  # the parallel snapshot is also run with --compression lz4 (the log's syncs its limit)
 SNAPSHOT_WORKERS = 2  # reader processes of the parallel snapshot run (this machine has 2 CPUs; Postgres needs one)
 
 
@@ -846,6 +848,7 @@ class SnapshotRun:
     seconds: float  # wall clock, construction to return
     connector_cpu_s: float  # user + system CPU of this process (the connector) meanwhile
     readers_cpu_s: float  # ... of its reader processes (children, counted once they are joined)
+    stored_bytes: int  # the table topic's segment files afterwards
 
     def cpu_note(self, n: int) -> str:
         total = self.connector_cpu_s + self.readers_cpu_s
@@ -853,13 +856,16 @@ class SnapshotRun:
         return f"CPU {self.connector_cpu_s:.0f} s connector{readers} = {total * 1e6 / n:.0f} µs per row"
 
 
-def snapshot_run(ctx: Context, dsn: str, workers: int, n: int) -> SnapshotRun:
+def snapshot_run(ctx: Context, dsn: str, workers: int, n: int, compression: str | None = None) -> SnapshotRun:
     """One initial snapshot of the ``n``-row snapshot table alone (new slot, fresh log, ``workers``)."""
     config = CaptureConfig(dsn=dsn, slot="snap", topic_prefix="snapbench", exit_when_caught_up=True,
-                           snapshot_workers=workers,
+                           snapshot_workers=workers, compression=compression,
                            table_filter=TableFilter(include=[f"public.{SNAPSHOT_TABLE}"]))  # fmt: skip
     log_dir = ctx.workdir / "snapshot-log"
     shutil.rmtree(log_dir, ignore_errors=True)
+    # A new process first reaps the children earlier parts left as zombies (subprocess keeps the ones whose Popen was
+    # dropped unwaited, e.g. a stopped broker's JVM); reaped later, their CPU would count as the readers'.
+    subprocess.run(["true"], check=True)
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     with Log(log_dir) as log:
@@ -867,11 +873,12 @@ def snapshot_run(ctx: Context, dsn: str, workers: int, n: int) -> SnapshotRun:
     seconds = time.perf_counter() - started
     own_after, children_after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     execute(dsn, "SELECT pg_drop_replication_slot('snap')")
+    stored = sum(f.stat().st_size for f in log_dir.glob(f"snapbench.public.{SNAPSHOT_TABLE}-*/*.log"))
     shutil.rmtree(log_dir, ignore_errors=True)
     if stats.snapshot_rows != n:
         raise AssertionError(f"the snapshot read {stats.snapshot_rows:,} rows, not {n:,}")
     cpu = [a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime for a, b in ((own_after, own), (children_after, children))]
-    return SnapshotRun(seconds, cpu[0], cpu[1])
+    return SnapshotRun(seconds, cpu[0], cpu[1], stored)
 
 
 def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> None:
@@ -893,13 +900,17 @@ def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> No
     snapshot_readers.MIN_RANGE_BLOCKS = 64 if ctx.quick else min_blocks
     try:
         parallel = snapshot_run(ctx, dsn, SNAPSHOT_WORKERS, n)
+        packed = snapshot_run(ctx, dsn, SNAPSHOT_WORKERS, n, SNAPSHOT_COMPRESSION)
     finally:
         snapshot_readers.MIN_RANGE_BLOCKS = min_blocks
-    if parallel.readers_cpu_s <= 0:
+    if parallel.readers_cpu_s <= 0 or packed.readers_cpu_s <= 0:
         raise AssertionError("the parallel snapshot ran no reader process (table below the range threshold?)")
     parallel_s = parallel.seconds
     ctx.say(f"snapshot: connector, {SNAPSHOT_WORKERS} reader processes {n / parallel_s:,.0f} rows/s "
-            f"({parallel.cpu_note(n)})")  # fmt: skip
+            f"({parallel.cpu_note(n)}; {parallel.stored_bytes / 1e6:,.0f} MB stored)")  # fmt: skip
+    ctx.say(f"snapshot: connector, {SNAPSHOT_WORKERS} reader processes, --compression {SNAPSHOT_COMPRESSION} "
+            f"{n / packed.seconds:,.0f} rows/s ({packed.cpu_note(n)}; "
+            f"{packed.stored_bytes / 1e6:,.0f} MB stored)")  # fmt: skip
     table = f"table {SNAPSHOT_TABLE} with the bench table's 6 columns, {copy_bytes / 1e6:,.0f} MB as COPY text"
     copy_runs = f"COPY runs {', '.join(f'{n / s:,.0f}' for s, _ in copies)} rows/s"
     section.results += [
@@ -922,8 +933,20 @@ def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> No
             baseline_value=n / copy_s,
             min_ratio=0.5,
             note=f"--snapshot-workers {SNAPSHOT_WORKERS}: ctid ranges read by reader processes sharing the exported "
-            f"snapshot (capture.snapshot_readers); one snapshot run ({parallel_s:.1f} s, {parallel.cpu_note(n)}), "
-            "right after the single reader's",
+            f"snapshot (capture.snapshot_readers); one snapshot run ({parallel_s:.1f} s, {parallel.cpu_note(n)}; "
+            f"{parallel.stored_bytes / 1e6:,.0f} MB of record batches stored), right after the single reader's",
+        ),
+        measured(
+            f"snapshot of one {n:,}-row table into the durable log ({SNAPSHOT_WORKERS} reader processes, "
+            f"--compression {SNAPSHOT_COMPRESSION})",
+            n / packed.seconds,
+            "rows/s",
+            baseline_name="COPY … TO STDOUT of the same table, drained",
+            baseline_value=n / copy_s,
+            min_ratio=0.5,
+            note=f"the same with the record batches compressed ({SNAPSHOT_COMPRESSION}): one snapshot run "
+            f"({packed.seconds:.1f} s, {packed.cpu_note(n)}; {packed.stored_bytes / 1e6:,.0f} MB stored, "
+            f"{parallel.stored_bytes / max(packed.stored_bytes, 1):.1f}× fewer bytes), right after the previous one",
         ),
         measured(
             f"snapshot of one {n:,}-row table: {SNAPSHOT_WORKERS} reader processes against the single reader",

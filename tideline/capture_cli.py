@@ -298,6 +298,14 @@ def run(
             "(JSON values only; docs/capture.md).",
         ),
     ] = 1,
+    compression: Annotated[
+        str | None,
+        typer.Option(
+            "--compression",
+            help="Compression of the record batches written (Kafka's compression.type): none, gzip, lz4 or zstd. "
+            "Default: the log's own (uncompressed). lz4 makes a big snapshot several times smaller and faster.",
+        ),
+    ] = None,
     log_cleaner: Annotated[
         bool,
         typer.Option(
@@ -362,6 +370,7 @@ def run(
             signal_table=signal_table,
             incremental_chunk_size=incremental_chunk_size,
             snapshot_workers=snapshot_workers,
+            compression=compression,
         )
         if (replication_factor is not None or min_insync_replicas is not None) and State.kafka is None:
             raise fail("--replication-factor and --min-insync-replicas are Kafka topic settings: give --kafka")

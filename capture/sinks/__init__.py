@@ -120,11 +120,19 @@ class ReadBatch:
     values: list[bytes | None]
 
 
+COMPRESSION_CODECS = ("none", "gzip", "lz4", "zstd")  # what both sinks store (the embedded log has no snappy)
+
+
 class Sink(Protocol):
     """One log backend, as capture uses it (see the module docstring for the contract)."""
 
     def describe(self) -> str:
         """For log lines: which log this is (a directory, a bootstrap list)."""
+        ...
+
+    def set_compression(self, codec: str | None) -> None:
+        """Compress the record batches written from the next :meth:`open` on with ``codec`` (none, gzip, lz4, zstd;
+        None: the backend's own default)."""
         ...
 
     def open(self, transactional_id: str) -> None:

@@ -39,6 +39,7 @@ from eventstore.isolation import IsolationLevel, end_offset
 from eventstore.log import Log
 from eventstore.partitioner import partitions_for_keys
 from eventstore.producer import Producer
+from eventstore.record_batch import Codec
 from eventstore.schema_store import LogSchemaStore
 from eventstore.topic import TopicConfig
 from schemas.registry import SchemaStore
@@ -64,17 +65,20 @@ class EmbeddedLogSink:
         self._round_robin = RoundRobin()
         self._registered: set[tuple[str, int]] = set()  # partitions already in the open transaction
         self._queued: list[tuple[tuple[str, int], Future[tuple[int, int]]]] = []  # the transaction's appends
+        self._compression: Codec | None = None  # None: each topic's own compression setting
 
     def describe(self) -> str:
         return f"embedded log {self.log.path}"
+
+    def set_compression(self, codec: str | None) -> None:
+        self._compression = None if codec is None else Codec.parse(codec)
 
     def open(self, transactional_id: str) -> None:
         if self.producer is not None:
             self.producer.close()
         self._queued.clear()
-        self.producer = Producer(
-            self.log, transactional_id=transactional_id, linger_ms=0, batch_size=RECORD_BATCH_BYTES
-        )
+        self.producer = Producer(self.log, transactional_id=transactional_id, linger_ms=0,
+                                 batch_size=RECORD_BATCH_BYTES, compression=self._compression)  # fmt: skip
         self.producer.init_transactions()  # aborts what a killed predecessor left open, fences zombies
 
     def _producer(self) -> Producer:

@@ -52,7 +52,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from capture.sinks import Headers, ReadBatch, RoundRobin, TopicRecords, TopicSpec, check_cleanup_policy
+from capture.sinks import (
+    COMPRESSION_CODECS,
+    Headers,
+    ReadBatch,
+    RoundRobin,
+    TopicRecords,
+    TopicSpec,
+    check_cleanup_policy,
+)
 from eventstore.errors import ConfigError, TidelineError, TopicExistsError, UnknownTopicError
 from eventstore.kafka import KafkaAdmin, KafkaProducer, KafkaReader
 from eventstore.kafka.schema_store import KafkaSchemaStore
@@ -269,9 +277,15 @@ class KafkaLogSink:
         self._schemas: KafkaSchemaStore | None = None
         self._partitions: dict[str, int] = {}
         self._round_robin = RoundRobin()
+        self._compression: str | None = None  # None: the producer's default (none)
 
     def describe(self) -> str:
         return f"Kafka at {self.bootstrap_servers}"
+
+    def set_compression(self, codec: str | None) -> None:
+        if codec is not None and codec not in COMPRESSION_CODECS:
+            raise ConfigError(f"compression {codec!r}: choose {', '.join(COMPRESSION_CODECS)}")
+        self._compression = codec
 
     def open(self, transactional_id: str) -> None:
         """Become the writer with this identity: the producers of ``transactional_id`` and
@@ -285,6 +299,7 @@ class KafkaLogSink:
                 transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
                 linger_ms=LINGER_MS,
                 timeout_s=self.timeout_s,
+                **({"compression_type": self._compression} if self._compression is not None else {}),
             )
             self.producers.append(producer)
             producer.init_transactions()  # aborts what a killed predecessor left open, fences zombies
