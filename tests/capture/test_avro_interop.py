@@ -40,6 +40,7 @@ from schemas_serve_util import serving
 
 from capture.connector import ValueFormat
 from capture.converters import converter_for
+from capture.messages import Plugin
 from capture.tables import TableColumn, TableFilter, TableInfo
 from eventstore.consumer import Consumer as LogConsumer
 from eventstore.consumer import TopicPartition
@@ -135,7 +136,10 @@ def json_form(registry: SchemaRegistry, framed: bytes, decoded: Any) -> bytes:
 # ---------------------------------------------------------------------------- the test
 
 
-def test_confluent_clients_and_kcat_read_capture_avro(db: str, tmp_path: Path, kafka: LocalKafka) -> None:
+def test_confluent_clients_and_kcat_read_capture_avro(
+    db: str, tmp_path: Path, kafka: LocalKafka, plugin: Plugin
+) -> None:
+    """(Each plugin: the Avro values are the same whichever decoded the WAL.)"""
     kcat = shutil.which("kcat")
     assert kcat is not None, "kcat is missing: `make system` installs Debian's kcat"
     table = f"interop_{uuid.uuid4().hex[:8]}"
@@ -155,7 +159,7 @@ def test_confluent_clients_and_kcat_read_capture_avro(db: str, tmp_path: Path, k
     )
     avro_log, json_log = tmp_path / "avro", tmp_path / "json"
     for log_dir, slot, value_format in ((avro_log, "avro", ValueFormat.AVRO), (json_log, "json", ValueFormat.JSON)):
-        capture(log_dir, db, slot=slot, value_format=value_format, partitions=PARTITIONS)  # snapshot
+        capture(log_dir, db, slot=slot, value_format=value_format, partitions=PARTITIONS, plugin=plugin)  # snapshot
     sql(
         db,
         f"UPDATE {table} SET name = 'renamed', amount = -0.01, doc = '[1, {{\"x\": null}}]' WHERE id <= 3",
@@ -164,7 +168,7 @@ def test_confluent_clients_and_kcat_read_capture_avro(db: str, tmp_path: Path, k
         f"INSERT INTO {table} (id, name, tags) VALUES (200, 'late', '{{}}')",
     )
     for log_dir, slot, value_format in ((avro_log, "avro", ValueFormat.AVRO), (json_log, "json", ValueFormat.JSON)):
-        capture(log_dir, db, slot=slot, value_format=value_format, partitions=PARTITIONS)  # streaming
+        capture(log_dir, db, slot=slot, value_format=value_format, partitions=PARTITIONS, plugin=plugin)  # streaming
 
     records = topic_records(avro_log, topic)
     assert all(k is not None and k[:1] == b"\x00" for _, k, _ in records)

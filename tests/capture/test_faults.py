@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from capture_util import sql
 from workload import soak
 
 from capture.connector import CaptureConfig, Connector, SlotLostError
+from capture.messages import Plugin
 from capture.slots import current_wal_lsn
 from schemas.position import format_lsn, parse_lsn
 from tideline.faults import SmallFilesystem
@@ -52,7 +54,8 @@ def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPostgres]:
 
 @pytest.fixture
 def db(pg: LocalPostgres, request: pytest.FixtureRequest) -> str:
-    dsn = pg.create_database(f"f_{request.node.name[:24].lower()}")
+    name = request.node.name  # one database per test and parameter
+    dsn = pg.create_database(f"f_{name[:24].lower().replace('[', '_')}_{zlib.crc32(name.encode()):08x}")
     sql(dsn, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     return dsn
 
@@ -311,11 +314,12 @@ def json_id(value: bytes | None) -> int:
     return int(json.loads(value)["after"]["id"])
 
 
-def test_whole_kafka_cluster_restarted_mid_capture(db: str, kafka: LocalKafka, tmp_path: Path) -> None:
+def test_whole_kafka_cluster_restarted_mid_capture(db: str, kafka: LocalKafka, tmp_path: Path, plugin: Plugin) -> None:
     """Every broker stopped (controlled) and started again while capture writes to Kafka: the connector
-    aborts, reopens its producer once the cluster is back, and resumes; every change once."""
+    aborts, reopens its producer once the cluster is back, and resumes; every change once (each plugin)."""
     backend = Backend.kafka(kafka.bootstrap_servers, tmp_path / "state")
-    config = CaptureConfig(dsn=db, slot="kafkarestart", topic_prefix=backend.prefix, max_retry_time_s=180)
+    config = CaptureConfig(dsn=db, slot=f"kafkarestart_{plugin.value}", topic_prefix=backend.prefix,
+                           max_retry_time_s=180, plugin=plugin)  # fmt: skip
 
     def restart(k: int) -> float:
         at = time.monotonic()
@@ -326,7 +330,8 @@ def test_whole_kafka_cluster_restarted_mid_capture(db: str, kafka: LocalKafka, t
 
     recovered, _, _ = capture_through(db, backend, config, 400, restart, faults=FAULTS if soak() else 1)
     rows = assert_each_change_once(backend, db)
-    record_fault_result("kafka", "whole Kafka cluster (1 broker) stopped and started mid-capture",
+    suffix = "" if plugin is Plugin.WAL2JSON else f" ({plugin.value})"
+    record_fault_result("kafka", f"whole Kafka cluster (1 broker) stopped and started mid-capture{suffix}",
                         injected=len(recovered), survived=len(recovered), records_lost=0, duplicates=0,
                         recover_seconds=recovered, detail=f"{rows} rows")  # fmt: skip
 
