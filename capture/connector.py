@@ -125,7 +125,8 @@ class Connector:
             if log_ is None:
                 raise ConfigError("a connector needs a log (or a sink) to write to")
             sink = EmbeddedLogSink(log_)
-        sink.set_compression(config.compression)
+        if config.compression is not None:  # else the sink keeps its own (the log's default)
+            sink.set_compression(config.compression)
         self.config = config
         self.sink = sink
         self.log = log_

@@ -42,10 +42,14 @@ under a per-partition send lock (which also orders sequence numbers). ``_txn_loc
 guards the transaction state. A background thread sends batches whose linger expired;
 another (started on the first queued append) writes queued batches. A synchronous append
 waits until the queue is empty, so appends reach each partition in the order they were sent.
-A queued send is queued whole (its encoded batches as one item) or not at all, so an interrupt
-(Ctrl-C) while it waits for room leaves the queue consistent and fails the transaction. Futures
-are resolved with no lock held; a done-callback run by the writer thread may call the producer
-(a synchronous send or flush there appends the queue first, in that thread).
+A queued send is queued whole (its encoded batches as one item) or not at all, and a call that
+raises once its sequence numbers are given out (an interrupt, Ctrl-C, while it waits for room)
+fails the transaction. Futures are resolved with no lock held, by the writer thread: as in
+Kafka, a done-callback should be short; it may send (a queued send from it never waits for
+room; a synchronous send, flush, commit or abort there first appends what is queued, in that
+thread), but close() from it is refused, and a callback must not make a synchronous send to a
+partition another thread is sending to at that moment (that thread may be waiting for the
+writer while holding the partition's send lock).
 Transaction calls (begin/commit/abort) are meant for one thread at a time, as in Kafka.
 """
 
@@ -64,6 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from eventstore.errors import (
     ConfigError,
@@ -237,6 +242,13 @@ class Producer:
         elif not 0 <= partition < meta.partitions:
             raise InvalidRecordError(f"topic {topic!r} has partitions 0 … {meta.partitions - 1}, not {partition}")
         future: Future[RecordMetadata] = Future()
+        size = RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
+        limit = min(self.batch_size, meta.config.max_batch_bytes // 2)  # as _batch_starts
+        with self._lock:
+            pending = self._pending.get((topic, partition))
+            over = pending is not None and pending.size + size > limit
+        if over:  # the pending batch goes first: with this record it could pass the topic's limit
+            self._drain((topic, partition))
         full = False
         with self._lock:
             batch = self._pending.get((topic, partition))
@@ -248,8 +260,7 @@ class Producer:
             batch.headers.append(headers)
             batch.has_headers = batch.has_headers or headers is not None
             batch.futures.append(future)
-            batch.size += RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
-            limit = min(self.batch_size, meta.config.max_batch_bytes // 2)  # as _records_per_batch
+            batch.size += size
             full = batch.size >= limit or self.linger_ms == 0  # linger 0: send at once
         if full:
             self._drain((topic, partition))
@@ -520,6 +531,7 @@ class Producer:
         for batch in dropped:
             for f in batch.futures:
                 f.set_exception(TransactionAbortedError(f"transaction of {self.transactional_id!r} was aborted"))
+        self._wait_queue()  # (in the writer thread, a future's callback: appends the queue there and then)
         wait(waiting)
         with self._txn_lock:
             # after the wait: a queued append that failed meanwhile made it abortable (sequences given out unused)
@@ -653,7 +665,7 @@ class Producer:
         ts = now_ms() if timestamp is None else timestamp
         tp = (topic, partition)
         codec = self.compression if self.compression is not None else meta.config.compression
-        per_batch = self._records_per_batch(meta.config.max_batch_bytes, n, value_arr.nbytes + key_arr.nbytes)
+        starts = self._batch_starts(meta.config.max_batch_bytes, key_arr, value_arr)
         send = _QueuedSend(topic, partition, n)
         send.future.set_running_or_notify_cancel()  # running: a caller's cancel() cannot strand the writer
         if n == 0:
@@ -668,9 +680,10 @@ class Producer:
                 raise
             sequence = self._sequences.get(tp, 0)
             encoded: list[EncodedBatch] = []
-            for start in range(0, n, per_batch):  # all encoded before any is queued: a failure here queues nothing
-                hdr = hdr_arr.slice(start, per_batch) if hdr_arr is not None else None
-                records = build_records(key_arr.slice(start, per_batch), value_arr.slice(start, per_batch), None, hdr)
+            for start, end in zip(starts, [*starts[1:], n], strict=True):  # all encoded before any is queued
+                hdr = hdr_arr.slice(start, end - start) if hdr_arr is not None else None
+                records = build_records(key_arr.slice(start, end - start), value_arr.slice(start, end - start), None,
+                                        hdr)  # fmt: skip
                 encoded.append(encode_batch(records, first_timestamp=ts, max_timestamp=ts, codec=codec,
                                             producer_id=pid, producer_epoch=epoch, base_sequence=sequence,
                                             transactional=transactional))  # fmt: skip
@@ -685,11 +698,12 @@ class Producer:
 
     def _put(self, send: _QueuedSend, encoded: list[EncodedBatch]) -> None:
         """Queue ``send`` with its batches as one item (one ``deque.append``: queued whole or not at all), waiting
-        while the queue holds ``QUEUED_BATCHES`` batches or more (an empty queue takes a send of any size)."""
+        while the queue holds more than ``QUEUED_BATCHES`` batches with it (an empty queue takes a send of any
+        size; a send from a future's callback, in the writer thread itself, never waits)."""
+        in_writer = threading.current_thread() is self._writer
         with self._lock:
-            while self._queue and sum(len(b) for _, b in self._queue) + len(encoded) > QUEUED_BATCHES:
-                if self._closed:
-                    break
+            while (self._queue and not in_writer and not self._closed
+                   and sum(len(b) for _, b in self._queue) + len(encoded) > QUEUED_BATCHES):  # fmt: skip
                 self._queue_changed.wait()
             if self._closed:
                 raise TidelineError("producer is closed")
@@ -698,18 +712,18 @@ class Producer:
             self._queue_changed.notify_all()
 
     def _not_queued(self, send: _QueuedSend, error: BaseException) -> None:
-        """``_put`` of ``send`` raised. Unless the send got into the queue all the same (an interrupt after its
-        append), its sequence numbers were given out unused: the transaction must abort (with a new epoch), and the
-        send fails with ``error``."""
-        with self._lock:
-            if send.taken or any(queued is send for queued, _ in self._queue):
-                return  # queued: the writer resolves it
-            self._in_flight.discard(send.future)
+        """``send_batch_queued`` raised ``error`` once ``send``'s sequence numbers were given out: the transaction
+        must abort (with a new epoch) and every later call of it raises ``error``. Unless the send got into the
+        queue all the same (an interrupt after its append: the writer resolves it), its future fails too."""
         with self._txn_lock:
             self._queue_error = self._queue_error or error
             self._txn_error = self._txn_error or error
             if self._txn_state is _TxnState.IN_TRANSACTION:
                 self._txn_state = _TxnState.ABORTABLE
+        with self._lock:
+            if send.taken or any(queued is send for queued, _ in self._queue):
+                return
+            self._in_flight.discard(send.future)
         send.future.set_exception(error)
 
     def _raise_queue_error(self) -> None:
@@ -788,25 +802,36 @@ class Producer:
             self._sticky[topic] = (p + 1) % self.log.topic(topic).partitions
             return p
 
-    def _records_per_batch(self, max_batch_bytes: int, n: int, nbytes: int) -> int:
-        """Records per batch for ``n`` records of ``nbytes`` keys and values: about ``batch_size`` bytes a batch,
-        and no more than half the topic's ``max_batch_bytes`` (the estimate is rough), so a producer's batch size
-        above a topic's limit splits its batches rather than having them refused (Kafka's producer splits a batch
-        the broker refuses as too large); a single record above the limit is still refused."""
+    def _batch_starts(self, max_batch_bytes: int, keys: pa.Array, values: pa.Array) -> list[int]:
+        """Where each batch of these records starts: batches of about ``batch_size`` bytes of keys, values and
+        RECORD_OVERHEAD each, cut by the records' own sizes and never above half the topic's ``max_batch_bytes``,
+        so a producer's batch size above a topic's limit splits its batches rather than having them refused
+        (Kafka's producer splits a batch the broker refuses as too large); a record alone over the limit still is.
+        (Headers are not counted: the half is their room.)"""
+        n = len(values)
         target = min(self.batch_size, max_batch_bytes // 2)
-        return max(1, int(n * target / max(nbytes + RECORD_OVERHEAD * n, 1)))
+        if values.nbytes + keys.nbytes + RECORD_OVERHEAD * n <= target:
+            return [0] if n else []
+        sizes = (pc.binary_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+                 + pc.binary_length(keys).fill_null(0).to_numpy(zero_copy_only=False) + RECORD_OVERHEAD)  # fmt: skip
+        ends = np.cumsum(sizes)
+        starts, start = [], 0
+        while start < n:
+            starts.append(start)
+            before = int(ends[start - 1]) if start else 0
+            start = max(start + 1, int(np.searchsorted(ends, before + target, side="right")))
+        return starts
 
     def _append_split(
         self, topic: str, partition: int, keys: pa.Array, values: pa.Array, ts: int, headers: pa.Array | None = None
     ) -> int:
         """Append as batches of about ``batch_size`` bytes; return the first offset."""
         n = len(values)
-        limit = self.log.topic(topic).config.max_batch_bytes
-        per_batch = self._records_per_batch(limit, n, values.nbytes + keys.nbytes)
+        starts = self._batch_starts(self.log.topic(topic).config.max_batch_bytes, keys, values)
         first = -1
-        for start in range(0, n, per_batch):
-            hdr = headers.slice(start, per_batch) if headers is not None else None
-            records = build_records(keys.slice(start, per_batch), values.slice(start, per_batch), None, hdr)
+        for start, end in zip(starts, [*starts[1:], n], strict=True):
+            hdr = headers.slice(start, end - start) if headers is not None else None
+            records = build_records(keys.slice(start, end - start), values.slice(start, end - start), None, hdr)
             base = self._append(topic, partition, records, ts, ts)
             if first < 0:
                 first = base
@@ -847,6 +872,9 @@ class Producer:
         """
         if self._closed:
             return
+        if threading.current_thread() is self._writer:  # Kafka's producer refuses to wait for itself there too
+            raise InvalidTxnStateError("close() cannot be called from a queued send's callback (the producer's "
+                                       "writer thread runs it): close the producer from another thread")  # fmt: skip
         with self._txn_lock:
             open_txn = self._txn_state in (_TxnState.IN_TRANSACTION, _TxnState.ABORTABLE)
         try:

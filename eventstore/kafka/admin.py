@@ -47,7 +47,7 @@ DEFAULT_TIMEOUT_S = 10.0
 RETRY_BACKOFF_S = 0.1
 # A topic this admin created or saw that a broker's metadata answers as unknown: that broker's metadata cache lags
 # the controller (KRaft brokers follow the metadata log asynchronously; Kafka's clients take it as retriable). Asked
-# again for up to this long before it counts as gone.
+# again for up to this long before it counts as gone (so a topic deleted meanwhile is reported unknown after it).
 PROPAGATION_S = 10.0
 T = TypeVar("T")
 

@@ -691,8 +691,8 @@ def test_a_queued_sends_callback_may_call_the_producer(tmp_path: Path) -> None:
         called = threading.Event()
 
         def callback(_: Future[tuple[int, int]]) -> None:
-            try:
-                sent.append(producer.send_batch_queued("orders", [b"cb"], [b"k"], partition=1))
+            try:  # more than the queue's room: from the writer thread, a queued send never waits for room
+                sent.extend(producer.send_batch_queued("orders", [b"cb"], [b"k"], partition=1) for _ in range(6))
                 producer.send_batch("orders", [b"cb sync"], [b"k"], partition=1)
             finally:
                 called.set()
@@ -700,9 +700,10 @@ def test_a_queued_sends_callback_may_call_the_producer(tmp_path: Path) -> None:
         producer.send_batch_queued("orders", [b"queued"], [b"k"], partition=0).add_done_callback(callback)
         assert called.wait(timeout=10)  # (a callback that hung would hang the producer's writer thread)
         producer.commit_transaction()
-        assert len(sent) == 1 and sent[0].result(timeout=10)[1] == 1
-        assert sorted(values_seen(log, tps, "read_committed")) == [b"cb", b"cb sync", b"queued"]
-        goes_on(producer, log, tps, b"after", [b"cb", b"cb sync", b"queued"])
+        assert len(sent) == 6 and all(f.result(timeout=10)[1] == 1 for f in sent)
+        stored = [b"cb"] * 6 + [b"cb sync", b"queued"]
+        assert sorted(values_seen(log, tps, "read_committed")) == stored
+        goes_on(producer, log, tps, b"after", stored)
 
 
 class Interrupted(BaseException):
@@ -729,14 +730,29 @@ def test_a_queued_send_interrupted_while_waiting_for_room_fails_the_transaction(
         queued = [producer.send_batch_queued("orders", [b"q%d" % i] * 60, [b"k"] * 60, partition=0)
                   for i in range(3)]  # fmt: skip
         previous = signal.signal(signal.SIGALRM, interrupt)
+        caller = threading.get_ident()
+        full = threading.Event()
+
+        def interrupt_when_full() -> None:  # the caller is then waiting for room (each append takes 0.2 s)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not full.is_set():
+                with producer._lock:
+                    if sum(len(b) for _, b in producer._queue) >= 4:
+                        full.set()
+                time.sleep(0.01)
+            time.sleep(0.05)
+            signal.pthread_kill(caller, signal.SIGALRM)
+
+        interrupter = threading.Thread(target=interrupt_when_full, daemon=True)
         try:
-            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            interrupter.start()
             with pytest.raises(Interrupted):
-                for i in range(20):  # one waits for room well before 20 (4 batches queued at most)
+                for i in range(40):  # one waits for room well before 40 (4 batches queued at most)
                     producer.send_batch_queued("orders", [b"w%d" % i] * 60, [b"k"] * 60, partition=0)
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
+            interrupter.join()
             signal.signal(signal.SIGALRM, previous)
+        assert full.is_set()
         with pytest.raises(Interrupted):
             producer.commit_transaction()
         for f in queued:
@@ -765,6 +781,19 @@ def test_batches_are_split_under_a_topics_max_batch_bytes(tmp_path: Path) -> Non
         producer.commit_transaction()
         assert [f.result().offset for f in sent] == list(range(800, 1200))
         assert [v for _, v in offsets_and_values(log, "small", 0, "read_committed")] == values * 3
+        # skewed sizes: 300 small records then 10 of 3,000 bytes (an average would put 30 of the big ones in one
+        # batch); records sent one by one, a big one after 4,000 pending bytes (the pending batch goes first)
+        skewed = [b"s%03d" % i for i in range(300)] + [b"B" * 3000] * 10
+        producer.begin_transaction()
+        producer.send_batch_queued("small", skewed, [b"k"] * 310, partition=0).result(timeout=30)
+        producer.send_batch("small", skewed, [b"k"] * 310, partition=0)
+        one_by_one = [b"p" * 976] * 4 + [b"B" * 5000, b"after"]
+        sent = [producer.send("small", v, key=b"k", partition=0) for v in one_by_one]
+        producer.commit_transaction()
+        assert all(f.result().offset >= 0 for f in sent)
+        assert [v for _, v in offsets_and_values(log, "small", 0, "read_committed")] == (
+            values * 3 + skewed * 2 + one_by_one
+        )
         producer.begin_transaction()
         with pytest.raises(InvalidRecordError, match="max_batch_bytes"):
             producer.send_batch("small", [b"x" * 20_000], [b"k"], partition=0)
