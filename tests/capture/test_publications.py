@@ -31,6 +31,7 @@ from capture.publications import Publications
 from capture.tables import TableFilter
 from eventstore.errors import ConfigError
 from eventstore.log import Log
+from eventstore.record_batch import Codec, unpack_header
 from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,8 +263,10 @@ def test_cli_runs_pgoutput_and_status_shows_the_publications(db: str, tmp_path: 
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v numeric)", "INSERT INTO t VALUES (1, 'NaN'), (2, NULL)",
         "CREATE TABLE k (v text)")  # fmt: skip
     out = cli("capture", "run", "--dsn", db, "--slot", "clip", "--plugin", "pgoutput", "--exit-when-caught-up",
-              "--signal-table", SIGNALS, "--json", data_dir=data)  # fmt: skip
+              "--signal-table", SIGNALS, "--compression", "zstd", "--json", data_dir=data)  # fmt: skip
     assert json.loads(out.stdout)["snapshot_rows"] == 2
+    segment = next((data / "tideline.public.t-0").glob("*.log")).read_bytes()  # --compression reached the sink
+    assert unpack_header(segment).codec is Codec.ZSTD
     status = json.loads(cli("capture", "status", "--dsn", db, "--slot", "clip", "--json", data_dir=data).stdout)
     assert status["slot"]["plugin"] == "pgoutput"
     assert [(p["name"], p["tables"], p["publish"]) for p in status["publications"]] == [
