@@ -17,9 +17,9 @@ from typing import TypeVar
 from capture.messages import DecoderSettings, Plugin
 from capture.publications import PublicationMode, Publications
 from capture.signals import split_table_name
-from capture.sinks import COMPRESSION_CODECS
 from capture.tables import KeylessPolicy, TableFilter
 from eventstore.errors import ConfigError
+from eventstore.record_batch import Codec
 from eventstore.topic import validate_topic_name
 
 __all__ = ["CaptureConfig", "KeylessPolicy", "OffsetMismatch", "PublicationMode", "SnapshotMode", "ValueFormat"]
@@ -160,9 +160,9 @@ class CaptureConfig:
     # Reader processes of the initial snapshot (capture.snapshot_readers; Debezium's snapshot.max.threads):
     # 1 (default) reads every table in the connector's own connection; N > 1 splits big tables into ctid ranges.
     snapshot_workers: int = 1
-    # Compression of the record batches capture writes to its topics (not the schema registry's; Kafka's producer
-    # compression.type; Debezium users set it
-    # with producer.override.compression.type): none, gzip, lz4 or zstd (level 3, Kafka's default). None: the
+    # Compression of the record batches capture writes to its topics, not the schema registry's (Kafka's producer
+    # compression.type, which Debezium users set with producer.override.compression.type): none, gzip, lz4 or
+    # zstd (level 3, Kafka's default). None: the
     # log's own setting (the embedded log's topic compression, uncompressed by default; Kafka's producer default,
     # none). Debezium's envelopes are mostly field names: lz4 stores the bench's snapshot in 6.9× fewer bytes,
     # which makes a big snapshot faster where syncing the log is its limit (docs/capture.md, Performance).
@@ -205,8 +205,8 @@ class CaptureConfig:
             raise ConfigError(f"key state cache must be at least 1 MiB, not {self.key_state_cache_bytes} bytes")
         if self.signal_table is not None:
             split_table_name(self.signal_table)
-        if self.compression is not None and self.compression not in COMPRESSION_CODECS:
-            raise ConfigError(f"compression {self.compression!r}: choose {', '.join(COMPRESSION_CODECS)}")
+        if self.compression is not None:
+            Codec.parse(self.compression)  # what both sinks store (the embedded log's codecs, Kafka's names)
         if not 1 <= self.snapshot_workers <= MAX_SNAPSHOT_WORKERS:
             raise ConfigError(f"--snapshot-workers must be 1 to {MAX_SNAPSHOT_WORKERS}, not {self.snapshot_workers}")
         if self.snapshot_workers > 1 and self.value_format is not ValueFormat.JSON:

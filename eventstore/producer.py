@@ -243,25 +243,25 @@ class Producer:
             raise InvalidRecordError(f"topic {topic!r} has partitions 0 … {meta.partitions - 1}, not {partition}")
         future: Future[RecordMetadata] = Future()
         size = RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
-        limit = min(self.batch_size, meta.config.max_batch_bytes // 2)  # as _batch_starts
-        with self._lock:
-            pending = self._pending.get((topic, partition))
-            over = pending is not None and pending.size + size > limit
-        if over:  # the pending batch goes first: with this record it could pass the topic's limit
+        limit = self._batch_target(meta.config.max_batch_bytes)
+        while True:
+            with self._lock:
+                batch = self._pending.get((topic, partition))
+                if batch is None:
+                    batch = self._pending[(topic, partition)] = _PendingBatch(topic, partition, time.monotonic())
+                elif batch.size + size > limit:
+                    batch = None  # the pending batch goes first: with this record it could pass the topic's limit
+                if batch is not None:
+                    batch.keys.append(key)
+                    batch.values.append(value)
+                    batch.timestamps.append(now_ms() if timestamp is None else timestamp)
+                    batch.headers.append(headers)
+                    batch.has_headers = batch.has_headers or headers is not None
+                    batch.futures.append(future)
+                    batch.size += size
+                    full = batch.size >= limit or self.linger_ms == 0  # linger 0: send at once
+                    break
             self._drain((topic, partition))
-        full = False
-        with self._lock:
-            batch = self._pending.get((topic, partition))
-            if batch is None:
-                batch = self._pending[(topic, partition)] = _PendingBatch(topic, partition, time.monotonic())
-            batch.keys.append(key)
-            batch.values.append(value)
-            batch.timestamps.append(now_ms() if timestamp is None else timestamp)
-            batch.headers.append(headers)
-            batch.has_headers = batch.has_headers or headers is not None
-            batch.futures.append(future)
-            batch.size += size
-            full = batch.size >= limit or self.linger_ms == 0  # linger 0: send at once
         if full:
             self._drain((topic, partition))
         return future
@@ -715,16 +715,21 @@ class Producer:
         """``send_batch_queued`` raised ``error`` once ``send``'s sequence numbers were given out: the transaction
         must abort (with a new epoch) and every later call of it raises ``error``. Unless the send got into the
         queue all the same (an interrupt after its append: the writer resolves it), its future fails too."""
-        with self._txn_lock:
-            self._queue_error = self._queue_error or error
-            self._txn_error = self._txn_error or error
-            if self._txn_state is _TxnState.IN_TRANSACTION:
-                self._txn_state = _TxnState.ABORTABLE
+        self._fail_queued(error)
         with self._lock:
             if send.taken or any(queued is send for queued, _ in self._queue):
                 return
             self._in_flight.discard(send.future)
         send.future.set_exception(error)
+
+    def _fail_queued(self, error: BaseException) -> None:
+        """A queued send failed, or one's sequence numbers were given out unused: the transaction must abort (with
+        a new epoch: sequences restart), the rest of its queue is not written, and its calls raise ``error``."""
+        with self._txn_lock:
+            self._queue_error = self._queue_error or error
+            self._txn_error = self._txn_error or error
+            if self._txn_state is _TxnState.IN_TRANSACTION:
+                self._txn_state = _TxnState.ABORTABLE
 
     def _raise_queue_error(self) -> None:
         """A queued append of the open transaction failed: its error, as the log raised it."""
@@ -768,11 +773,7 @@ class Producer:
                     send.first = result.base_offset
             except BaseException as e:
                 send.error = send.error or e
-                with self._txn_lock:
-                    self._queue_error = self._queue_error or e
-                    self._txn_error = self._txn_error or e
-                    if self._txn_state is _TxnState.IN_TRANSACTION:  # abort with a new epoch: sequences restart
-                        self._txn_state = _TxnState.ABORTABLE
+                self._fail_queued(e)
         with self._lock:
             self._current = None
             self._in_flight.discard(send.future)
@@ -802,6 +803,10 @@ class Producer:
             self._sticky[topic] = (p + 1) % self.log.topic(topic).partitions
             return p
 
+    def _batch_target(self, max_batch_bytes: int) -> int:
+        """Bytes of a batch at most: ``batch_size``, and half the topic's ``max_batch_bytes`` (see _batch_starts)."""
+        return min(self.batch_size, max_batch_bytes // 2)
+
     def _batch_starts(self, max_batch_bytes: int, keys: pa.Array, values: pa.Array) -> list[int]:
         """Where each batch of these records starts: batches of about ``batch_size`` bytes of keys, values and
         RECORD_OVERHEAD each, cut by the records' own sizes and never above half the topic's ``max_batch_bytes``,
@@ -809,7 +814,7 @@ class Producer:
         (Kafka's producer splits a batch the broker refuses as too large); a record alone over the limit still is.
         (Headers are not counted: the half is their room.)"""
         n = len(values)
-        target = min(self.batch_size, max_batch_bytes // 2)
+        target = self._batch_target(max_batch_bytes)
         if values.nbytes + keys.nbytes + RECORD_OVERHEAD * n <= target:
             return [0] if n else []
         sizes = (pc.binary_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)

@@ -120,9 +120,6 @@ class ReadBatch:
     values: list[bytes | None]
 
 
-COMPRESSION_CODECS = ("none", "gzip", "lz4", "zstd")  # what both sinks store (the embedded log has no snappy)
-
-
 class Sink(Protocol):
     """One log backend, as capture uses it (see the module docstring for the contract)."""
 

@@ -30,13 +30,13 @@ from confluent_kafka.cimpl import NewTopic
 
 from eventstore.errors import ConfigError, TopicExistsError, UnknownTopicError
 from eventstore.kafka.config import (
-    LEADERSHIP_CODES,
     MIN_INSYNC_REPLICAS,
     KafkaUnavailableError,
     client_config,
     topic_config_from_kafka,
     topic_configs,
     translate,
+    while_leadership_moves,
 )
 from eventstore.log import MAX_PARTITIONS
 from eventstore.topic import TopicConfig, TopicMetadata, now_ms, validate_topic_name
@@ -341,17 +341,11 @@ class KafkaAdmin:
         self, action: Callable[[], T], *, what: str, topic: str | None, also: frozenset[int] = frozenset()
     ) -> T:
         """Run ``action``, again while it fails only because leadership is moving (or with ``also``),
-        up to ``timeout_s``."""
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                return action()
-            except KafkaException as e:
-                err = e.args[0] if e.args else None
-                moving = isinstance(err, KafkaError) and (err.code() in LEADERSHIP_CODES or err.code() in also)
-                if not moving or time.monotonic() >= deadline:
-                    translate(e, what=what, bootstrap=self.bootstrap_servers, topic=topic)
-            time.sleep(RETRY_BACKOFF_S)
+        up to ``timeout_s``; a failure translated."""
+        try:
+            return while_leadership_moves(action, timeout_s=self.timeout_s, also=also)
+        except KafkaException as e:
+            translate(e, what=what, bootstrap=self.bootstrap_servers, topic=topic)
 
     def _raise_create_error(self, error: KafkaException, name: str) -> None:
         err = error.args[0]

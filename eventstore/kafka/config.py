@@ -24,8 +24,8 @@ import dataclasses
 import logging
 import socket
 import time
-from collections.abc import Mapping
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -78,7 +78,8 @@ _INVALID_RECORD_CODES = frozenset({KafkaError.INVALID_RECORD, KafkaError.INVALID
 LEADERSHIP_CODES = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
                               KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH,
                               KafkaError.REPLICA_NOT_AVAILABLE, KafkaError.OFFSET_NOT_AVAILABLE})  # fmt: skip
-LEADERSHIP_RETRY_S = 0.05  # the first wait before asking again; doubled each time, up to the caller's timeout
+T = TypeVar("T")
+LEADERSHIP_RETRY_S = 0.1  # the wait before asking again
 
 
 class KafkaUnavailableError(TidelineError):
@@ -200,23 +201,24 @@ def translate(error: KafkaException | KafkaError, *, what: str, bootstrap: str, 
     raise TidelineError(f"Kafka: {what} failed: {reason}") from cause
 
 
-def watermarks(consumer: Any, tp: Any, *, timeout_s: float, cached: bool = False) -> tuple[int, int]:
-    """``consumer.get_watermark_offsets(tp)``, asked again (backing off, within ``timeout_s``) while the partition's
-    leader is moving or not yet known (:data:`LEADERSHIP_CODES`), as Kafka's clients do; other errors raised."""
+def while_leadership_moves(action: Callable[[], T], *, timeout_s: float, also: frozenset[int] = frozenset()) -> T:
+    """Run ``action``, again (every LEADERSHIP_RETRY_S) while it fails with a KafkaException of
+    :data:`LEADERSHIP_CODES` (or ``also``), for up to ``timeout_s``; any other failure, or the last one, raised."""
     deadline = time.monotonic() + timeout_s
-    wait_s = LEADERSHIP_RETRY_S
     while True:
         try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=max(deadline - time.monotonic(), 0.1),
-                                                       cached=cached)  # fmt: skip
-            return int(low), int(high)
+            return action()
         except KafkaException as e:
             err = e.args[0] if e.args else None
-            if not isinstance(err, KafkaError) or err.code() not in LEADERSHIP_CODES:
+            moving = isinstance(err, KafkaError) and (err.code() in LEADERSHIP_CODES or err.code() in also)
+            if not moving or time.monotonic() >= deadline:
                 raise
-            if time.monotonic() + wait_s > deadline:
-                raise
-            logging.getLogger(__name__).debug("Kafka: %s-%d: %s; asking again in %.2f s", tp.topic, tp.partition,
-                                              err.str(), wait_s)  # fmt: skip
-            time.sleep(wait_s)
-            wait_s = min(wait_s * 2, 1.0)
+        time.sleep(LEADERSHIP_RETRY_S)
+
+
+def watermarks(consumer: Any, tp: Any, *, timeout_s: float, cached: bool = False) -> tuple[int, int]:
+    """``consumer.get_watermark_offsets(tp)``, asked again while the partition's leader is moving or not yet known
+    (:func:`while_leadership_moves`), as Kafka's clients do; other errors raised."""
+    low, high = while_leadership_moves(lambda: consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=cached),
+                                       timeout_s=timeout_s)  # fmt: skip
+    return int(low), int(high)
