@@ -46,8 +46,14 @@ import sqlite3
 
 import psycopg
 
-from eventstore.errors import ConfigError, InvalidTxnStateError, LogStorageError, RetriableError, TidelineError
-from eventstore.kafka.config import KafkaUnavailableError
+from eventstore.errors import (
+    ConfigError,
+    InvalidTxnStateError,
+    KafkaUnavailableError,
+    LogStorageError,
+    RetriableError,
+    TidelineError,
+)
 
 
 class CaptureError(TidelineError):

@@ -108,3 +108,10 @@ class CommitFailedError(TidelineError):
 
 class WakeupError(TidelineError):
     """``Consumer.wakeup()`` was called: the blocking ``poll`` returns by raising this."""
+
+
+class KafkaUnavailableError(TidelineError):
+    """No broker of the given bootstrap servers answered in time: check the address and that Kafka runs.
+
+    Defined here, with the other errors, rather than in eventstore.kafka: code that only classifies errors
+    (capture.errors) need not import the Kafka client."""

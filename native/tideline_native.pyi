@@ -51,5 +51,10 @@ class SnapshotEncoder:
     def encode(self, rows: list[Any]) -> tuple[bytes, bytes, bytes | None, bytes | None, list[int]]: ...
 
 def splice_reads(
-    lead: bytes, afters: bytes, after_offsets: bytes, mid: bytes, first_index: int, tail: bytes
+    lead: bytes,
+    afters: bytes | memoryview,
+    after_offsets: bytes | memoryview,
+    mid: bytes,
+    first_index: int,
+    tail: bytes,
 ) -> tuple[bytes, bytes]: ...

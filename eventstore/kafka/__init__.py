@@ -12,9 +12,9 @@
 Every client uses ``partitioner=murmur2_random`` (see :mod:`eventstore.kafka.config`).
 """
 
+from eventstore.errors import KafkaUnavailableError
 from eventstore.kafka.admin import KafkaAdmin, KafkaPartitionInfo
 from eventstore.kafka.config import (
-    KafkaUnavailableError,
     client_config,
     probe_bootstrap,
     topic_config_from_kafka,

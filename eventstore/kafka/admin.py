@@ -28,10 +28,9 @@ from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._listoffsets import OffsetSpec
 from confluent_kafka.cimpl import NewTopic
 
-from eventstore.errors import ConfigError, TopicExistsError, UnknownTopicError
+from eventstore.errors import ConfigError, KafkaUnavailableError, TopicExistsError, UnknownTopicError
 from eventstore.kafka.config import (
     MIN_INSYNC_REPLICAS,
-    KafkaUnavailableError,
     client_config,
     topic_config_from_kafka,
     topic_configs,

@@ -33,6 +33,7 @@ from eventstore.errors import (
     ConfigError,
     InvalidRecordError,
     InvalidTxnStateError,
+    KafkaUnavailableError,
     ProducerFencedError,
     RetriableError,
     TidelineError,
@@ -80,10 +81,6 @@ LEADERSHIP_CODES = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LE
                               KafkaError.REPLICA_NOT_AVAILABLE, KafkaError.OFFSET_NOT_AVAILABLE})  # fmt: skip
 T = TypeVar("T")
 LEADERSHIP_RETRY_S = 0.1  # the wait before asking again
-
-
-class KafkaUnavailableError(TidelineError):
-    """No broker of the given bootstrap servers answered in time: check the address and that Kafka runs."""
 
 
 def client_config(bootstrap_servers: str, **settings: Any) -> dict[str, Any]:

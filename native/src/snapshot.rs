@@ -469,6 +469,27 @@ fn unescape(field: &[u8]) -> Option<Cow<'_, str>> {
     String::from_utf8(out).ok().map(Cow::Owned)
 }
 
+/// The bytes of ``obj``: a bytes object as it is, or any other C-contiguous buffer (a memoryview of what a reader
+/// sent, an Arrow buffer), held in ``view`` while the slice is used. The caller must not let the buffer be written
+/// meanwhile (the connector's received buffers belong to one batch and are never written again).
+fn buffer_bytes<'a>(
+    obj: &'a Bound<'_, PyAny>,
+    view: &'a mut Option<PyBuffer<u8>>,
+) -> PyResult<&'a [u8]> {
+    if let Ok(b) = obj.downcast::<PyBytes>() {
+        return Ok(b.as_bytes());
+    }
+    let held = view.insert(PyBuffer::<u8>::get(obj)?);
+    if !held.is_c_contiguous() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "splice_reads: a buffer is not contiguous",
+        ));
+    }
+    // SAFETY: a C-contiguous buffer of len_bytes() bytes, held by `view` (which outlives the slice) and not
+    // written while the slice is used (see above).
+    Ok(unsafe { std::slice::from_raw_parts(held.buf_ptr() as *const u8, held.len_bytes()) })
+}
+
 /// The connector's half: `after` images (Arrow binary buffers) → whole snapshot-read envelopes, numbered.
 ///
 /// Value ``i`` is ``lead + after_i + mid + (first_index + i) + tail``: ``lead`` ends in `"after":`,
@@ -480,12 +501,15 @@ fn unescape(field: &[u8]) -> Option<Cow<'_, str>> {
 pub fn splice_reads<'py>(
     py: Python<'py>,
     lead: &[u8],
-    afters: &[u8],
-    after_offsets: &[u8],
+    afters: &Bound<'py, PyAny>,
+    after_offsets: &Bound<'py, PyAny>,
     mid: &[u8],
     first_index: i64,
     tail: &[u8],
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let (mut afters_view, mut offsets_view) = (None, None);
+    let afters = buffer_bytes(afters, &mut afters_view)?;
+    let after_offsets = buffer_bytes(after_offsets, &mut offsets_view)?;
     let bad =
         || pyo3::exceptions::PyValueError::new_err("splice_reads: offsets do not fit the images");
     if after_offsets.len() < 4 || !after_offsets.len().is_multiple_of(4) {

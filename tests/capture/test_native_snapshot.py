@@ -39,6 +39,7 @@ from capture.errors import CaptureError
 from capture.events import EventEncoder, TxnContext
 from capture.pgtypes import SESSION_OPTIONS, text_converter
 from capture.snapshot_readers import (
+    PythonPath,
     ReaderSpec,
     copy_lines,
     copy_row_columns,
@@ -69,7 +70,7 @@ def native_values(enc: EventEncoder, table: TableInfo, lines: list[bytes]) -> tu
     native = native_encoder(ReaderSpec("", "", "cdc", "db", TableFilter(), 1, 1, native=True), table)
     assert native is not None
     convs = [text_converter(c.type_name, c.type_oid) for c in table.columns]
-    batch = encode_native_batch(enc, native, table, convs, lines, CTX, 0)
+    batch = encode_native_batch(PythonPath.of(enc, CTX), native, table, convs, lines, 0)
     assert batch.last is not None and batch.between == len(lines) - 2
     first_key, first, _ = enc.read_record(table, batch.first, CTX, 0, NOW)
     last_key, last, _ = enc.read_record(table, batch.last, CTX, len(lines) - 1, NOW)
@@ -259,7 +260,7 @@ def test_a_table_of_every_kind_reads_natively_as_the_python_path_reads_it(db: st
     assert len(lines) == 3005
     # one batch: the first and last lines take the Python path, every other row the native one (or its fallback)
     assert native_values(enc, table, lines) == reference
-    batch = encode_native_batch(enc, native, table, convs, lines, CTX, 0)
+    batch = encode_native_batch(PythonPath.of(enc, CTX), native, table, convs, lines, 0)
     _, _, _, _, fallback = native.encode(lines[1:-1])
     # positions among the rows between: ids 100001 (infinite timestamps, 24:00:00), 100002 (big: its size alone),
     # 100003 (a BC timestamp); 100004 (every value NULL, a text that reads \N) is native
@@ -281,10 +282,11 @@ def test_the_compiled_copy_reader_gives_the_batches_psycopg_lines_give(db: str) 
     for size, max_bytes in ((1000, 1 << 62), (7, 1 << 62), (1000, 20_000), (1, 1 << 62), (3005, 1 << 62)):
         with psycopg.connect(db, options=SESSION_OPTIONS) as c:
             c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            expected = [encode_native_batch(enc, native, table, convs, lines, CTX, 4)
+            expected = [encode_native_batch(PythonPath.of(enc, CTX), native, table, convs, lines, 4)
                         for lines in copy_lines(c, copy, size, max_bytes)]  # fmt: skip
-            got = [native_batch(enc, table, convs, CTX, 4, *read) for read in read_copy(c, native, libpq, copy, size,
-                                                                                     max_bytes)]  # fmt: skip
+            python = PythonPath.of(enc, CTX)
+            got = [native_batch(python, table, convs, 4, *read)
+                   for read in read_copy(c, native, libpq, copy, size, max_bytes)]  # fmt: skip
             assert c.execute("SELECT count(*) FROM kinds").fetchone() == (3005,)  # the connection is idle again
         assert repr(got) == repr(expected), (size, max_bytes)  # repr: NaN values (id 100001) equal themselves
         assert sum(b.rows for b in got) == 3005
