@@ -38,6 +38,9 @@ keeps it), a primary-key change, a table whose columns changed (the Python path 
 catalog again); anything malformed (the Python path raises the reference error); a
 transaction partly stored before a restart; Avro altogether.
 
+Checked against the reference as it runs when ``TIDELINE_NATIVE_VERIFY=1`` (capture.native_verify:
+the test suite does so for every test).
+
 Choice: ``CaptureConfig.core`` (``--core``, default from ``TIDELINE_CAPTURE_CORE``):
 ``auto`` uses the extension when it is importable and applies (JSON values, either plugin),
 ``python`` never, ``native`` requires it (a clear error when it is not built, or for Avro).
@@ -55,6 +58,8 @@ from capture.converters import JsonConverter
 from capture.decoders.pgoutput import PgOutputDecoder, Relation
 from capture.keystate import DELETE_MARKER
 from capture.messages import Plugin
+from capture.native_verify import ReferenceCheck
+from capture.native_verify import enabled as verify_enabled
 from eventstore.errors import ConfigError
 from eventstore.topic import now_ms
 
@@ -156,6 +161,8 @@ class NativeCore:
         # whole-connector conditions under which no table is handled natively
         self._columns_filtered = bool(builder.filter.exclude_columns or builder.filter.mask_columns)
         self.changes = 0  # handled natively (status, tests)
+        # TIDELINE_NATIVE_VERIFY: every run checked against the Python reference (capture.native_verify)
+        self.verify = ReferenceCheck(builder, pgoutput) if verify_enabled() else None
 
     # ------------------------------------------------------------------ tables
 
@@ -245,12 +252,18 @@ class NativeCore:
                 self._resync_relations()
         if ctx.per_table is None:
             ctx.per_table = {}
+        now = now_ms()
+        first = index
         handled, index, total_order, counts, outputs = self.core.process(
             messages, start, RUN_LIMIT, ctx.xid, ctx.commit_lsn, ctx.ts_ms, ctx.snapshot, ctx.total_order,
-            ctx.per_table, index, now_ms(), DELETE_MARKER,
+            ctx.per_table, index, now, DELETE_MARKER,
         )  # fmt: skip
         if not handled:
             return 0, index
+        if self.verify is not None:
+            registered = {name: (self._tables[tid], self._topics[tid]) for name, tid in self._ids.items()}
+            self.verify.check(messages[start : start + handled], ctx, first, now, registered,
+                              (index, total_order, counts, outputs), dict(enumerate(self._topics)))  # fmt: skip
         ctx.total_order = total_order
         for qualified, n in counts:
             ctx.per_table[qualified] = n

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from capture import native_verify
 from tideline.faults import FaultUnavailable, SmallFilesystem, small_filesystem
 from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
@@ -45,6 +46,17 @@ def postgres(_no_ambient_postgres: None) -> Iterator[LocalPostgres]:
     finally:
         cluster.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _native_core_checked() -> Iterator[None]:
+    """Every run of the native capture core is checked against the Python reference (capture.native_verify):
+    every payload the suite's connectors hand the core, in this process and in the ones tests start, goes
+    through both paths, and a difference fails the test that captured it. ``TIDELINE_NATIVE_VERIFY=0`` turns it
+    off (to time something)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(native_verify.ENV, os.environ.get(native_verify.ENV, "1"))
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
