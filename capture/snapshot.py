@@ -46,7 +46,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from capture.config import CaptureConfig, CoreChoice, SnapshotMode
+from capture.config import CaptureConfig, CoreChoice, SnapshotMode, ValueFormat
 from capture.errors import PermanentCaptureError
 from capture.events import EventBuilder, TxnContext
 from capture.messages import Column
@@ -58,12 +58,15 @@ from capture.slots import SlotState, drop_slot
 from capture.snapshot_readers import (
     SNAPSHOT_FETCH_ROWS,
     NativeBatch,
+    PythonPath,
     RangeBatch,
     ReaderLockTimeout,
     ReaderSpec,
     SnapshotReaderDied,
     SnapshotReaders,
     TidRange,
+    copy_batches,
+    native_encoder,
     tid_ranges,
 )
 from capture.status import Stats
@@ -333,6 +336,7 @@ class SnapshotSource:
             with psycopg.connect(self.config.dsn, options=SESSION_OPTIONS) as c:
                 c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 c.execute(f"SET TRANSACTION SNAPSHOT '{snapshot_name}'")
+                spec = self._reader_spec(snapshot_name, consistent_point, reads)
                 for t_i, table in enumerate(tables):
                     outbox = table.qualified == self.config.outbox_table
                     self._appends.wait()  # the sink is this thread's again (a topic may be created)
@@ -343,11 +347,14 @@ class SnapshotSource:
                     self._check_not_rewritten(c, table)
                     ranges = [] if outbox else self._ranges(c, table)
                     if not ranges:
-                        self._read(c, table, t_i, outbox, reads)
+                        native = None if outbox else self._native_encoder(spec, table)
+                        if native is not None:
+                            self._read_native(c, table, native, reads)
+                        else:
+                            self._read(c, table, t_i, outbox, reads)
                         continue
                     if readers is None:
                         readers, self._prestarted = self._prestarted, None
-                        spec = self._reader_spec(snapshot_name, consistent_point, reads)
                         if readers is None:
                             readers = SnapshotReaders(self.config.snapshot_workers, spec)
                         else:
@@ -388,6 +395,22 @@ class SnapshotSource:
                     reads.skip()
                 else:
                     reads.row(table, columns)
+            self._batch_done()
+
+    def _native_encoder(self, spec: ReaderSpec, table: TableInfo) -> Any | None:
+        """The compiled encoder for reading ``table`` on the connector's connection (None: the Python path): as a
+        reader process decides (capture.snapshot_readers.native_encoder), with JSON values."""
+        if self.config.value_format is not ValueFormat.JSON:
+            return None
+        return native_encoder(spec, table)
+
+    def _read_native(self, c: psycopg.Connection[Any], table: TableInfo, native: Any, reads: SnapshotReads) -> None:
+        """One table through the connector's own connection, as a reader process reads a range (``COPY``, the
+        compiled encoder, batches of NATIVE_BATCH_ROWS spliced and appended as Arrow arrays)."""
+        topic = self.builder.topic(table)
+        python = PythonPath.of(self.builder, reads.marked["true"])  # the rows the encoder leaves to Python
+        for batch in copy_batches(c, python, native, table, select_columns_sql(table), 0):
+            reads.native_batch(table, topic, batch)
             self._batch_done()
 
     def _ranges(self, c: psycopg.Connection[Any], table: TableInfo) -> list[TidRange]:

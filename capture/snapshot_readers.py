@@ -399,25 +399,31 @@ def native_encoder(spec: ReaderSpec, table: TableInfo) -> Any | None:
 def _read_range_native(
     db: psycopg.Connection[Any], pipe: Connection, python: PythonPath, native: Any, task: TidRange
 ) -> None:  # fmt: skip
-    table = task.table
-    convs = [text_converter(c.type_name, c.type_oid) for c in table.columns]
     rows = 0
-    sql = f"COPY ({select_columns_sql(table, task.where())}) TO STDOUT"
-    libpq = libpq_copy_functions()
-    batches: Iterator[NativeBatch]
-    if libpq is None:  # libpq's functions not found: the lines through psycopg, encoded in compiled code
-        batches = (encode_native_batch(python, native, table, convs, lines, task.number)
-                   for lines in copy_lines(db, sql, NATIVE_BATCH_ROWS, NATIVE_BATCH_BYTES))  # fmt: skip
-    else:
-        batches = (native_batch(python, table, convs, task.number, *read)
-                   for read in read_copy(db, native, libpq, sql, NATIVE_BATCH_ROWS, NATIVE_BATCH_BYTES))  # fmt: skip
-    for batch in batches:
+    select = select_columns_sql(task.table, task.where())
+    for batch in copy_batches(db, python, native, task.table, select, task.number):
         rows += batch.rows
         buffers = batch.buffers()
         pipe.send_bytes(pickle.dumps(("native", batch.without_buffers(), len(buffers)), protocol=5))
         for buffer in buffers:
             pipe.send_bytes(buffer)
     pipe.send_bytes(pickle.dumps(("done", task.number, rows), protocol=5))
+
+
+def copy_batches(db: psycopg.Connection[Any], python: PythonPath, native: Any, table: TableInfo, select: str,
+                 number: int) -> Iterator[NativeBatch]:  # fmt: skip
+    """The rows of ``select`` (a :func:`capture.tables.select_columns_sql` of ``table``) read with ``COPY … TO STDOUT``
+    and encoded by the compiled encoder ``native``, :data:`NATIVE_BATCH_ROWS` at a time, as :class:`NativeBatch` es
+    numbered ``number`` (a reader's range; the connector's own reads: 0)."""
+    convs = [text_converter(c.type_name, c.type_oid) for c in table.columns]
+    sql = f"COPY ({select}) TO STDOUT"
+    libpq = libpq_copy_functions()
+    if libpq is None:  # libpq's functions not found: the lines through psycopg, encoded in compiled code
+        for lines in copy_lines(db, sql, NATIVE_BATCH_ROWS, NATIVE_BATCH_BYTES):
+            yield encode_native_batch(python, native, table, convs, lines, number)
+        return
+    for read in read_copy(db, native, libpq, sql, NATIVE_BATCH_ROWS, NATIVE_BATCH_BYTES):
+        yield native_batch(python, table, convs, number, *read)
 
 
 @functools.cache

@@ -38,6 +38,7 @@ from capture.converters import JsonConverter
 from capture.errors import CaptureError
 from capture.events import EventEncoder, TxnContext
 from capture.pgtypes import SESSION_OPTIONS, text_converter
+from capture.snapshot import SnapshotSource
 from capture.snapshot_readers import (
     PythonPath,
     ReaderSpec,
@@ -382,12 +383,26 @@ def comparable(log_dir: Path, topic: str) -> list[tuple[bytes, bytes]]:
     return sorted(out)
 
 
-def test_a_native_parallel_snapshot_equals_one_on_the_python_path(db: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_native_snapshot_equals_one_on_the_python_path(db: str, tmp_path: Path, workers: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Reader processes (2), or the connector's own connection (1), reading natively or on the Python path."""
     sql(db, KINDS_TABLE, KINDS_ROWS, UNUSUAL_ROWS, "CREATE TABLE loose (a int, b text)",
         "INSERT INTO loose SELECT g % 100, 'b' || g FROM generate_series(1, 5000) g", "VACUUM ANALYZE")  # fmt: skip
+    own_native: list[str] = []  # tables the connector's own connection read natively
+    read_native = SnapshotSource._read_native
+
+    def counting(self: SnapshotSource, c: Any, table: TableInfo, *args: Any) -> None:
+        own_native.append(table.name)
+        read_native(self, c, table, *args)
+
+    monkeypatch.setattr(SnapshotSource, "_read_native", counting)
     native, python = tmp_path / "native", tmp_path / "python"
-    a = capture(native, db, slot="native", snapshot_workers=2, state_dir=tmp_path / "sn")
-    b = capture(python, db, slot="python", snapshot_workers=2, state_dir=tmp_path / "sp", core=CoreChoice.PYTHON)
+    a = capture(native, db, slot="native", snapshot_workers=workers, state_dir=tmp_path / "sn")
+    assert sorted(own_native) == (["kinds", "loose"] if workers == 1 else [])
+    b = capture(python, db, slot="python", snapshot_workers=workers, state_dir=tmp_path / "sp",
+                core=CoreChoice.PYTHON)  # fmt: skip
+    assert sorted(own_native) == (["kinds", "loose"] if workers == 1 else [])  # --core python: none
     assert a.snapshot_rows == b.snapshot_rows == 3005 + 5000
     for topic in ("cdc.public.kinds", "cdc.public.loose"):
         assert comparable(native, topic) == comparable(python, topic), topic
