@@ -49,12 +49,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from capture.avro import AvroEncoder
 from capture.config import ENV as ENV  # re-exported: where the choice comes from
 from capture.config import CoreChoice, ValueFormat
-from capture.converters import JsonConverter
+from capture.converters import AvroConverter, JsonConverter
 from capture.decoders.pgoutput import PgOutputDecoder, Relation
 from capture.keystate import DELETE_MARKER
 from capture.messages import Plugin
+from capture.native_avro import layout_of
 from eventstore.errors import ConfigError
 from eventstore.topic import now_ms
 
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
     from capture.status import Stats
     from capture.tables import TableCatalog, TableInfo
     from capture.writer import LogWriter
+    from schemas.tables import TableSchemaIds
 
 try:
     import tideline_native
@@ -88,10 +91,10 @@ def available() -> bool:
 
 def check_native(config: CaptureConfig) -> None:
     """``--core native``: raise :class:`NativeUnavailableError` unless the extension is built and covers the
-    configuration (JSON values, either plugin)."""
-    if config.value_format is not ValueFormat.JSON:
+    configuration (JSON or Avro values, either plugin)."""
+    if config.value_format not in (ValueFormat.JSON, ValueFormat.AVRO):
         raise NativeUnavailableError(
-            f"--core native covers JSON values, not --value-format {config.value_format.value}: "
+            f"--core native covers JSON and Avro values, not --value-format {config.value_format.value}: "
             "use --core auto or python"
         )
     if not BUILT:
@@ -117,9 +120,9 @@ def native_core_for(
         check_native(config)
     elif not BUILT:
         return None
-    if not isinstance(builder.converter, JsonConverter):
+    if not isinstance(builder.converter, JsonConverter | AvroConverter):
         if config.core is CoreChoice.NATIVE:
-            raise NativeUnavailableError("--core native covers the JSON value converter only")
+            raise NativeUnavailableError("--core native covers the JSON and Avro value converters only")
         return None
     if config.plugin is Plugin.PGOUTPUT and not isinstance(decoder, PgOutputDecoder):
         raise TypeError("the native core for pgoutput needs the stream's PgOutputDecoder")
@@ -146,11 +149,21 @@ class NativeCore:
         self.stats = stats
         # pgoutput: the decoder whose Relation messages the core mirrors (None: wal2json payloads)
         self.pgoutput = pgoutput
-        self.core = tideline_native.Core(builder.prefix, builder.db, "wal2json" if pgoutput is None else "pgoutput")
+        # Avro: the encoder whose registered schemas the core writes with (None: JSON values)
+        self.avro: AvroEncoder | None = (
+            builder.converter.encoder if isinstance(builder.converter, AvroConverter) else None
+        )
+        self.core = tideline_native.Core(
+            builder.prefix,
+            builder.db,
+            "wal2json" if pgoutput is None else "pgoutput",
+            "json" if self.avro is None else "avro",
+        )
         self._relations: dict[int, Relation] = {}  # pgoutput: relation OID → the Relation the core holds
         self._relations_read = 0
         self._ids: dict[tuple[str, str], int] = {}
         self._tables: list[TableInfo] = []
+        self._schema_ids: list[TableSchemaIds | None] = []  # Avro: the ids each registration writes with
         self._topics: list[str] = []
         self._generation = catalog.generation
         # whole-connector conditions under which no table is handled natively
@@ -160,22 +173,29 @@ class NativeCore:
     # ------------------------------------------------------------------ tables
 
     def sync(self, table: TableInfo) -> None:
-        """After the Python path handled a change of ``table``: let the core handle the next ones."""
+        """After the Python path handled a change of ``table``: let the core handle the next ones.
+
+        Avro: the registration carries the schema ids ``AvroEncoder.ids(table)`` gives (the Python path
+        registered them with that change); when they differ from the ones the core has, it is registered
+        again, so the core never frames with an id the Python path would no longer write."""
+        if table.qualified == self.config.outbox_table or self._columns_filtered:
+            return
         key = (table.schema, table.name)
         tid = self._ids.get(key)
-        if tid is not None and self._tables[tid] is table:
+        ids = None if self.avro is None else self.avro.ids(table)
+        if tid is not None and self._tables[tid] is table and self._schema_ids[tid] is ids:
             if self.pgoutput is not None:
                 self._sync_relation(tid, table)
-            return
-        if table.qualified == self.config.outbox_table or self._columns_filtered:
             return
         if tid is None:
             tid = self._ids[key] = len(self._tables)
             self._tables.append(table)
             self._topics.append(self.builder.topic(table))
+            self._schema_ids.append(ids)
         else:
             self._tables[tid] = table
             self._topics[tid] = self.builder.topic(table)
+            self._schema_ids[tid] = ids
         self.core.register_table(
             tid,
             table.schema,
@@ -184,7 +204,14 @@ class NativeCore:
             list(table.key),
             list(table.toastable_columns),
             table.replica_identity,
-        )
+        )  # an Avro layout it had is gone: the core handles the table again once it has the new one
+        if ids is not None:
+            layout = layout_of(ids, table)
+            if layout is not None:  # None: a layout the core cannot write; the Python path keeps the table
+                self.core.register_avro(
+                    tid, layout.key_id, layout.value_id, layout.columns, layout.envelope, layout.source,
+                    layout.transaction,
+                )  # fmt: skip
         if self.pgoutput is not None:
             self._sync_relation(tid, table)
 
