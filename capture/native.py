@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 
 from capture.avro import AvroEncoder
 from capture.config import ENV as ENV  # re-exported: where the choice comes from
-from capture.config import CoreChoice, ValueFormat
+from capture.config import CoreChoice
 from capture.converters import AvroConverter, JsonConverter
 from capture.decoders.pgoutput import PgOutputDecoder, Relation
 from capture.keystate import DELETE_MARKER
@@ -90,13 +90,8 @@ def available() -> bool:
 
 
 def check_native(config: CaptureConfig) -> None:
-    """``--core native``: raise :class:`NativeUnavailableError` unless the extension is built and covers the
-    configuration (JSON or Avro values, either plugin)."""
-    if config.value_format not in (ValueFormat.JSON, ValueFormat.AVRO):
-        raise NativeUnavailableError(
-            f"--core native covers JSON and Avro values, not --value-format {config.value_format.value}: "
-            "use --core auto or python"
-        )
+    """``--core native``: raise :class:`NativeUnavailableError` unless the extension is built (it covers both
+    value formats and both plugins)."""
     if not BUILT:
         raise NativeUnavailableError(
             "--core native: the extension tideline_native is not built; run `make native` (cargo and maturin) or "

@@ -20,14 +20,14 @@ server's stream with both cores and compare the records decoded with the log's r
 from __future__ import annotations
 
 import random
-import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import test_native_core
 import test_native_core_pgoutput as pgo
@@ -151,9 +151,28 @@ def avro_pipeline(
             decoder.close()
 
 
+# The generators' integers span 64 bits and their reals doubles (JSON does not care); Avro's int and float do:
+# here mostly the values PostgreSQL can hold (the out-of-range ones stay among the unusual values).
+INT_RANGES = {21: (-(2**15), 2**15 - 1), 23: (-(2**31), 2**31 - 1), 26: (0, 2**32 - 1)}
+float4s = st.floats(width=32, allow_nan=False, allow_infinity=False).map(lambda f: str(np.float32(f)))
+wal2json_tokens = test_native_core.canonical_tokens
+pgoutput_texts = pgo.text_values
+
+
+def in_range(values: Callable[[int], st.SearchStrategy[str]]) -> Callable[[int], st.SearchStrategy[str]]:
+    def tokens(oid: int) -> st.SearchStrategy[str]:
+        if oid in INT_RANGES:
+            return st.integers(*INT_RANGES[oid]).map(str)
+        return float4s if oid == 700 else values(oid)
+
+    return tokens
+
+
 @pytest.fixture(autouse=True)
 def avro_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(test_native_core, "pipeline", avro_pipeline)
+    monkeypatch.setattr(test_native_core, "canonical_tokens", in_range(wal2json_tokens))
+    monkeypatch.setattr(pgo, "text_values", in_range(pgoutput_texts))
 
 
 @pytest.fixture
