@@ -6,7 +6,8 @@ source hands it a run of XLogData messages inside a transaction, as they came of
 (header and payload: no Python object per message; the header's data start is a pgoutput row
 message's LSN); the extension parses each payload, converts its values, renders
 the envelope and the key — the same bytes the Python reference path (capture.decoders.wal2json
-or capture.decoders.pgoutput → capture.events → capture.converters.JsonConverter) writes —
+or capture.decoders.pgoutput → capture.events → capture.converters.JsonConverter or
+AvroConverter) writes —
 and stops at the first payload it does not handle, which then takes the Python path; then
 the next run starts. The results come back per table as lists (keys, values, the key-state
 changes), added to the batch with one call each: no ChangeMessage, Column, image dict or
@@ -14,7 +15,7 @@ Event is made for a natively handled change.
 
 Native: INSERT, UPDATE and DELETE records (wal2json) or Insert, Update and Delete messages
 (pgoutput) of a registered table (a captured table, not the outbox table, no excluded or
-masked columns, the JSON value format) whose values are all NULL or of a built-in type with a
+masked columns) whose values are all NULL or of a built-in type with a
 fixed OID: integers, numeric, real/double, boolean, the text types, json/jsonb, uuid, bytea,
 date, timestamp(tz), time(tz), box — in the forms PostgreSQL prints under the connector's
 session settings (pgoutput: the types' text output, NaN and ±Infinity of numeric and
@@ -23,6 +24,16 @@ the Relation message the decoder holds for a table (:meth:`NativeCore.sync`, aft
 path handled a change of it) and forgets it as soon as the decoder has read any Relation
 message for that OID again (checked at the start of every run), so the core always decodes
 with the Relation the Python decoder would use.
+
+Avro (``--value-format avro``): the core writes the Confluent-framed Avro keys and envelopes
+itself (native/src/avro.rs). A table's registration carries what capture.native_avro reads from
+the schemas the Python path registered for its current columns (``AvroEncoder.ids``): the key
+and value schema ids, each row field's Avro kind, catalog type OID and union branches, and the
+envelope's, ``source``'s and ``transaction``'s fields in order; it is replaced whenever the
+table's catalog entry or those ids change (:meth:`NativeCore.sync`), so the core never frames
+with a stale id. Native per value: the kinds schemas.pgvalues writes for the types above (int,
+long, float, double, boolean, string, json/uuid/timetz as strings, bytes, decimal(p,s) and its
+DecimalSpecial branch, VariableScaleDecimal, date, timestamp, timestamptz, time).
 
 Python (the reference path, for that payload only, in stream order): BEGIN/COMMIT records,
 TRUNCATE, logical messages; pgoutput's Relation, Type, Origin and Stream messages, and every
@@ -36,11 +47,13 @@ reads it as 0); a missing (unchanged-TOAST, pgoutput ``u``) column, a row big en
 TOASTed (≥ 1 KiB of TOAST-able values: the TOAST cache
 keeps it), a primary-key change, a table whose columns changed (the Python path reads the
 catalog again); anything malformed (the Python path raises the reference error); a
-transaction partly stored before a restart; Avro altogether.
+transaction partly stored before a restart; Avro: a column whose type OID differs from the
+catalog's, NULL in a key column, a numeric that does not fit its numeric(p,s) or needs more
+than 38 digits, an integer outside its Avro int/long, a real too large for float.
 
 Choice: ``CaptureConfig.core`` (``--core``, default from ``TIDELINE_CAPTURE_CORE``):
-``auto`` uses the extension when it is importable and applies (JSON values, either plugin),
-``python`` never, ``native`` requires it (a clear error when it is not built, or for Avro).
+``auto`` uses the extension when it is importable (JSON or Avro values, either plugin),
+``python`` never, ``native`` requires it (a clear error when it is not built).
 
 Thread-safety: none; owned by the connector thread.
 """
@@ -49,7 +62,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from capture.avro import AvroEncoder
+from capture.avro import AvroEncoder, SchemaChangeError
 from capture.config import ENV as ENV  # re-exported: where the choice comes from
 from capture.config import CoreChoice
 from capture.converters import AvroConverter, JsonConverter
@@ -72,8 +85,8 @@ if TYPE_CHECKING:
 try:
     import tideline_native
 
-    # a build older than its sources (no pgoutput in it) counts as not built: `make native` rebuilds it
-    BUILT = hasattr(tideline_native.Core, "register_relation")
+    # a build older than its sources (no Avro in it) counts as not built: `make native` rebuilds it
+    BUILT = hasattr(tideline_native.Core, "register_avro")
 except ImportError:  # not built: the Python path (or a clear error when --core native asks for it)
     BUILT = False
 
@@ -170,14 +183,14 @@ class NativeCore:
     def sync(self, table: TableInfo) -> None:
         """After the Python path handled a change of ``table``: let the core handle the next ones.
 
-        Avro: the registration carries the schema ids ``AvroEncoder.ids(table)`` gives (the Python path
-        registered them with that change); when they differ from the ones the core has, it is registered
-        again, so the core never frames with an id the Python path would no longer write."""
+        Avro: the registration carries the schema ids ``AvroEncoder.ids(table)`` gives (those the Python path
+        writes this change with); when they differ from the ones the core has, the table is registered again,
+        so the core never frames with an id the Python path would no longer write."""
         if table.qualified == self.config.outbox_table or self._columns_filtered:
             return
         key = (table.schema, table.name)
         tid = self._ids.get(key)
-        ids = None if self.avro is None else self.avro.ids(table)
+        ids = self._current_ids(table)
         if tid is not None and self._tables[tid] is table and self._schema_ids[tid] is ids:
             if self.pgoutput is not None:
                 self._sync_relation(tid, table)
@@ -209,6 +222,17 @@ class NativeCore:
                 )  # fmt: skip
         if self.pgoutput is not None:
             self._sync_relation(tid, table)
+
+    def _current_ids(self, table: TableInfo) -> TableSchemaIds | None:
+        """Avro: the table's registered schemas, as the Python path is about to write its change with (called
+        before it: the same registrations, in the same order). None: JSON values, or columns the subject refuses
+        (the Python path raises that error with this change, before writing anything)."""
+        if self.avro is None:
+            return None
+        try:
+            return self.avro.ids(table)
+        except SchemaChangeError:
+            return None
 
     def _sync_relation(self, tid: int, table: TableInfo) -> None:
         """pgoutput: give the core the Relation message the decoder holds for ``table`` (its row messages are

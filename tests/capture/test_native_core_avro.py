@@ -294,6 +294,21 @@ def test_an_altered_table_is_written_with_its_new_schema_ids() -> None:
     assert [e["after"].get("w") for e in decoded(values)] == [None] * 3 + [10, 11, 12]
 
 
+def test_a_refused_schema_change_is_the_python_paths_error() -> None:
+    """A column retyped in a way the subject's compatibility refuses: the same SchemaChangeError, after the same
+    records, with the native core as without it."""
+    before = TableInfo.make("public", "alt", (TableColumn("id", "integer", 23), TableColumn("v", "integer", 23)),
+                            ("id",), "primary key", "d")  # fmt: skip
+    after = TableInfo.make("public", "alt", (TableColumn("id", "integer", 23), TableColumn("v", "text", 25)),
+                           ("id",), "primary key", "d")  # fmt: skip
+    old = [row_record("I", 700, TS, 0x1000040 + i, before, {"id": str(i), "v": str(i)}, None) for i in range(3)]
+    new = row_record("I", 700, TS, 0x1000080, after, {"id": "9", "v": q("nine")}, None)
+    outcome = differential([before, after], [BEGIN, *old, new, COMMIT], [])
+    assert outcome.error is not None and outcome.error[0] == "SchemaChangeError", outcome.error
+    assert outcome.native_changes == 2
+    assert len(outcome.topics["d.public.alt"][1]) == 3
+
+
 # ---------------------------------------------------------------------------- pgoutput
 
 
