@@ -21,7 +21,7 @@
 
 use std::borrow::Cow;
 
-use crate::convert::{self, Kind};
+use crate::convert::{self, Input, Kind};
 use crate::json;
 use crate::UNAVAILABLE;
 
@@ -208,14 +208,6 @@ impl AvroTable {
             _ => self.columns.iter().find(|c| c.name == name),
         }
     }
-}
-
-/// A plugin's value of one column.
-#[derive(Clone, Copy)]
-pub enum Input<'t> {
-    Null,
-    Wal2json(&'t str), // the raw JSON token
-    Text(&'t str),     // pgoutput: the type's text output
 }
 
 /// A column value as its row field's encoding (union branch included); its size as

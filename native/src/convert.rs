@@ -28,6 +28,14 @@ pub enum Kind {
 
 pub const NOT_NATIVE: Kind = Kind::NotNative;
 
+/// A plugin's value of one column.
+#[derive(Clone, Copy)]
+pub enum Input<'t> {
+    Null,
+    Wal2json(&'t str), // the raw JSON token
+    Text(&'t str),     // pgoutput: the type's text output
+}
+
 /// How a non-null value of the type with this OID is converted (capture.pgtypes._TYPES).
 pub fn kind_of(oid: i64) -> Kind {
     match oid {

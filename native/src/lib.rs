@@ -874,9 +874,9 @@ fn columns<'a>(items: Option<&Vec<Obj<'a>>>, format: Format) -> Option<Vec<Col<'
             return None; // a duplicate column name: the reference keeps the first position, the last value
         }
         let input = if value.get() == "null" {
-            avro::Input::Null
+            convert::Input::Null
         } else {
-            avro::Input::Wal2json(value.get())
+            convert::Input::Wal2json(value.get())
         };
         out.push(column(name, position, oid, input, format)?);
     }
@@ -888,7 +888,7 @@ pub(crate) fn column<'a>(
     name: std::borrow::Cow<'a, str>,
     position: usize,
     oid: i64,
-    input: avro::Input,
+    input: convert::Input,
     format: Format,
 ) -> Option<Col<'a>> {
     let mut value = Vec::new();
@@ -900,18 +900,18 @@ pub(crate) fn column<'a>(
         Format::Json => {
             let kind = convert::kind_of(oid);
             match input {
-                avro::Input::Null => {
+                convert::Input::Null => {
                     value.extend_from_slice(b"null");
                     (16, false)
                 }
                 _ if kind == NOT_NATIVE => return None,
-                avro::Input::Wal2json(raw) => {
+                convert::Input::Wal2json(raw) => {
                     let size = convert::value(kind, raw, &mut value)?;
                     let unavailable =
                         matches!(kind, Kind::Text) && json::str_of(raw)? == UNAVAILABLE;
                     (size, unavailable)
                 }
-                avro::Input::Text(text) => {
+                convert::Input::Text(text) => {
                     let size = convert::text_value(kind, text, &mut value)?;
                     (size, kind == Kind::Text && text == UNAVAILABLE)
                 }

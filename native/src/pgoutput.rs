@@ -20,8 +20,7 @@
 
 use std::borrow::Cow;
 
-use crate::avro::Input;
-use crate::convert::{Kind, NOT_NATIVE};
+use crate::convert::{Input, Kind, NOT_NATIVE};
 use crate::{Action, Change, Col, Format};
 
 /// One column of a registered Relation message.
