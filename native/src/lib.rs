@@ -4,8 +4,10 @@
 //!
 //! Contract: for every payload it handles, the bytes it returns are exactly those the Python
 //! reference path (`capture.decoders.wal2json` or `capture.decoders.pgoutput` → `capture.events` →
-//! `capture.converters.JsonConverter`) would produce. Each plugin's reader turns a payload into a
-//! plugin-neutral [`Change`] (row images of converted columns); [`build`] makes its events. Anything it is not sure about — a record that is not an INSERT/UPDATE/DELETE, a
+//! `capture.converters.JsonConverter`, or `AvroConverter` with `value_format="avro"`: see `avro.rs`)
+//! would produce. Each plugin's reader turns a payload into a plugin-neutral [`Change`] (row images
+//! of columns converted to the core's format); [`build`] makes its events. Anything it is not sure
+//! about — a record that is not an INSERT/UPDATE/DELETE, a
 //! table not registered, a type it does not convert, a malformed or unusual field, a row big enough
 //! to be TOASTed, a missing (unchanged TOAST) column, a key change — makes it stop *before* that
 //! payload and say so: the caller runs that payload through the Python path and calls again. It
