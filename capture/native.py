@@ -6,7 +6,8 @@ source hands it a run of XLogData messages inside a transaction, as they came of
 (header and payload: no Python object per message; the header's data start is a pgoutput row
 message's LSN); the extension parses each payload, converts its values, renders
 the envelope and the key — the same bytes the Python reference path (capture.decoders.wal2json
-or capture.decoders.pgoutput → capture.events → capture.converters.JsonConverter) writes —
+or capture.decoders.pgoutput → capture.events → capture.converters.JsonConverter or
+AvroConverter) writes —
 and stops at the first payload it does not handle, which then takes the Python path; then
 the next run starts. The results come back per table as lists (keys, values, the key-state
 changes), added to the batch with one call each: no ChangeMessage, Column, image dict or
@@ -14,7 +15,7 @@ Event is made for a natively handled change.
 
 Native: INSERT, UPDATE and DELETE records (wal2json) or Insert, Update and Delete messages
 (pgoutput) of a registered table (a captured table, not the outbox table, no excluded or
-masked columns, the JSON value format) whose values are all NULL or of a built-in type with a
+masked columns) whose values are all NULL or of a built-in type with a
 fixed OID: integers, numeric, real/double, boolean, the text types, json/jsonb, uuid, bytea,
 date, timestamp(tz), time(tz), box — in the forms PostgreSQL prints under the connector's
 session settings (pgoutput: the types' text output, NaN and ±Infinity of numeric and
@@ -23,6 +24,16 @@ the Relation message the decoder holds for a table (:meth:`NativeCore.sync`, aft
 path handled a change of it) and forgets it as soon as the decoder has read any Relation
 message for that OID again (checked at the start of every run), so the core always decodes
 with the Relation the Python decoder would use.
+
+Avro (``--value-format avro``): the core writes the Confluent-framed Avro keys and envelopes
+itself (native/src/avro.rs). A table's registration carries what capture.native_avro reads from
+the schemas the Python path registered for its current columns (``AvroEncoder.ids``): the key
+and value schema ids, each row field's Avro kind, catalog type OID and union branches, and the
+envelope's, ``source``'s and ``transaction``'s fields in order; it is replaced whenever the
+table's catalog entry or those ids change (:meth:`NativeCore.sync`), so the core never frames
+with a stale id. Native per value: the kinds schemas.pgvalues writes for the types above (int,
+long, float, double, boolean, string, json/uuid/timetz as strings, bytes, decimal(p,s) and its
+DecimalSpecial branch, VariableScaleDecimal, date, timestamp, timestamptz, time).
 
 Python (the reference path, for that payload only, in stream order): BEGIN/COMMIT records,
 TRUNCATE, logical messages; pgoutput's Relation, Type, Origin and Stream messages, and every
@@ -36,14 +47,16 @@ reads it as 0); a missing (unchanged-TOAST, pgoutput ``u``) column, a row big en
 TOASTed (≥ 1 KiB of TOAST-able values: the TOAST cache
 keeps it), a primary-key change, a table whose columns changed (the Python path reads the
 catalog again); anything malformed (the Python path raises the reference error); a
-transaction partly stored before a restart; Avro altogether.
+transaction partly stored before a restart; Avro: a column whose type OID differs from the
+catalog's, NULL in a key column, a numeric that does not fit its numeric(p,s) or needs more
+than 38 digits, an integer outside its Avro int/long, a real too large for float.
 
 Checked against the reference as it runs when ``TIDELINE_NATIVE_VERIFY=1`` (capture.native_verify:
 the test suite does so for every test).
 
 Choice: ``CaptureConfig.core`` (``--core``, default from ``TIDELINE_CAPTURE_CORE``):
-``auto`` uses the extension when it is importable and applies (JSON values, either plugin),
-``python`` never, ``native`` requires it (a clear error when it is not built, or for Avro).
+``auto`` uses the extension when it is importable (JSON or Avro values, either plugin),
+``python`` never, ``native`` requires it (a clear error when it is not built).
 
 Thread-safety: none; owned by the connector thread.
 """
@@ -52,12 +65,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from capture.avro import AvroEncoder, SchemaChangeError
 from capture.config import ENV as ENV  # re-exported: where the choice comes from
-from capture.config import CoreChoice, ValueFormat
-from capture.converters import JsonConverter
+from capture.config import CoreChoice
+from capture.converters import AvroConverter, JsonConverter
 from capture.decoders.pgoutput import PgOutputDecoder, Relation
 from capture.keystate import DELETE_MARKER
 from capture.messages import Plugin
+from capture.native_avro import layout_of
 from capture.native_verify import ReferenceCheck
 from capture.native_verify import enabled as verify_enabled
 from eventstore.errors import ConfigError
@@ -70,12 +85,13 @@ if TYPE_CHECKING:
     from capture.status import Stats
     from capture.tables import TableCatalog, TableInfo
     from capture.writer import LogWriter
+    from schemas.tables import TableSchemaIds
 
 try:
     import tideline_native
 
-    # a build older than its sources (no pgoutput in it) counts as not built: `make native` rebuilds it
-    BUILT = hasattr(tideline_native.Core, "register_relation")
+    # a build older than its sources (no Avro in it) counts as not built: `make native` rebuilds it
+    BUILT = hasattr(tideline_native.Core, "register_avro")
 except ImportError:  # not built: the Python path (or a clear error when --core native asks for it)
     BUILT = False
 
@@ -92,13 +108,8 @@ def available() -> bool:
 
 
 def check_native(config: CaptureConfig) -> None:
-    """``--core native``: raise :class:`NativeUnavailableError` unless the extension is built and covers the
-    configuration (JSON values, either plugin)."""
-    if config.value_format is not ValueFormat.JSON:
-        raise NativeUnavailableError(
-            f"--core native covers JSON values, not --value-format {config.value_format.value}: "
-            "use --core auto or python"
-        )
+    """``--core native``: raise :class:`NativeUnavailableError` unless the extension is built (it covers both
+    value formats and both plugins)."""
     if not BUILT:
         raise NativeUnavailableError(
             "--core native: the extension tideline_native is not built; run `make native` (cargo and maturin) or "
@@ -122,9 +133,9 @@ def native_core_for(
         check_native(config)
     elif not BUILT:
         return None
-    if not isinstance(builder.converter, JsonConverter):
+    if not isinstance(builder.converter, JsonConverter | AvroConverter):
         if config.core is CoreChoice.NATIVE:
-            raise NativeUnavailableError("--core native covers the JSON value converter only")
+            raise NativeUnavailableError("--core native covers the JSON and Avro value converters only")
         return None
     if config.plugin is Plugin.PGOUTPUT and not isinstance(decoder, PgOutputDecoder):
         raise TypeError("the native core for pgoutput needs the stream's PgOutputDecoder")
@@ -151,11 +162,21 @@ class NativeCore:
         self.stats = stats
         # pgoutput: the decoder whose Relation messages the core mirrors (None: wal2json payloads)
         self.pgoutput = pgoutput
-        self.core = tideline_native.Core(builder.prefix, builder.db, "wal2json" if pgoutput is None else "pgoutput")
+        # Avro: the encoder whose registered schemas the core writes with (None: JSON values)
+        self.avro: AvroEncoder | None = (
+            builder.converter.encoder if isinstance(builder.converter, AvroConverter) else None
+        )
+        self.core = tideline_native.Core(
+            builder.prefix,
+            builder.db,
+            "wal2json" if pgoutput is None else "pgoutput",
+            "json" if self.avro is None else "avro",
+        )
         self._relations: dict[int, Relation] = {}  # pgoutput: relation OID → the Relation the core holds
         self._relations_read = 0
         self._ids: dict[tuple[str, str], int] = {}
         self._tables: list[TableInfo] = []
+        self._schema_ids: list[TableSchemaIds | None] = []  # Avro: the ids each registration writes with
         self._topics: list[str] = []
         self._generation = catalog.generation
         # whole-connector conditions under which no table is handled natively
@@ -167,22 +188,29 @@ class NativeCore:
     # ------------------------------------------------------------------ tables
 
     def sync(self, table: TableInfo) -> None:
-        """After the Python path handled a change of ``table``: let the core handle the next ones."""
+        """After the Python path handled a change of ``table``: let the core handle the next ones.
+
+        Avro: the registration carries the schema ids ``AvroEncoder.ids(table)`` gives (those the Python path
+        writes this change with); when they differ from the ones the core has, the table is registered again,
+        so the core never frames with an id the Python path would no longer write."""
+        if table.qualified == self.config.outbox_table or self._columns_filtered:
+            return
         key = (table.schema, table.name)
         tid = self._ids.get(key)
-        if tid is not None and self._tables[tid] is table:
+        ids = self._current_ids(table)
+        if tid is not None and self._tables[tid] is table and self._schema_ids[tid] is ids:
             if self.pgoutput is not None:
                 self._sync_relation(tid, table)
-            return
-        if table.qualified == self.config.outbox_table or self._columns_filtered:
             return
         if tid is None:
             tid = self._ids[key] = len(self._tables)
             self._tables.append(table)
             self._topics.append(self.builder.topic(table))
+            self._schema_ids.append(ids)
         else:
             self._tables[tid] = table
             self._topics[tid] = self.builder.topic(table)
+            self._schema_ids[tid] = ids
         self.core.register_table(
             tid,
             table.schema,
@@ -191,9 +219,27 @@ class NativeCore:
             list(table.key),
             list(table.toastable_columns),
             table.replica_identity,
-        )
+        )  # an Avro layout it had is gone: the core handles the table again once it has the new one
+        if ids is not None:
+            layout = layout_of(ids, table)
+            if layout is not None:  # None: a layout the core cannot write; the Python path keeps the table
+                self.core.register_avro(
+                    tid, layout.key_id, layout.value_id, layout.columns, layout.envelope, layout.source,
+                    layout.transaction,
+                )  # fmt: skip
         if self.pgoutput is not None:
             self._sync_relation(tid, table)
+
+    def _current_ids(self, table: TableInfo) -> TableSchemaIds | None:
+        """Avro: the table's registered schemas, as the Python path is about to write its change with (called
+        before it: the same registrations, in the same order). None: JSON values, or columns the subject refuses
+        (the Python path raises that error with this change, before writing anything)."""
+        if self.avro is None:
+            return None
+        try:
+            return self.avro.ids(table)
+        except SchemaChangeError:
+            return None
 
     def _sync_relation(self, tid: int, table: TableInfo) -> None:
         """pgoutput: give the core the Relation message the decoder holds for ``table`` (its row messages are

@@ -8,7 +8,7 @@ VERSION: str
 Output = tuple[int, int, list[bytes | None], list[bytes | None], int, list[bytes], list[Any], list[bytes]]
 
 class Core:
-    def __init__(self, prefix: str, db: str, plugin: str = "wal2json") -> None: ...
+    def __init__(self, prefix: str, db: str, plugin: str = "wal2json", value_format: str = "json") -> None: ...
     def register_table(
         self,
         table_id: int,
@@ -18,6 +18,16 @@ class Core:
         key: list[str],
         toastable: list[str],
         replica_identity: str,
+    ) -> None: ...
+    def register_avro(
+        self,
+        table_id: int,
+        key_id: int,
+        value_id: int,
+        columns: list[tuple[str, int, str, int, int, int, int]],
+        envelope: list[tuple[str, int, int]],
+        source: list[tuple[str, str, int, int]],
+        transaction: list[tuple[str, str, int, int]],
     ) -> None: ...
     def unregister_table(self, schema: str, name: str) -> None: ...
     def register_relation(

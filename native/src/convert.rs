@@ -28,6 +28,14 @@ pub enum Kind {
 
 pub const NOT_NATIVE: Kind = Kind::NotNative;
 
+/// A plugin's value of one column.
+#[derive(Clone, Copy)]
+pub enum Input<'t> {
+    Null,
+    Wal2json(&'t str), // the raw JSON token
+    Text(&'t str),     // pgoutput: the type's text output
+}
+
 /// How a non-null value of the type with this OID is converted (capture.pgtypes._TYPES).
 pub fn kind_of(oid: i64) -> Kind {
     match oid {
@@ -353,7 +361,7 @@ pub fn write_f64(out: &mut Vec<u8>, value: f64) -> bool {
     true
 }
 
-fn hex_digit(c: u8) -> Option<u8> {
+pub(crate) fn hex_digit(c: u8) -> Option<u8> {
     match c {
         b'0'..=b'9' => Some(c - b'0'),
         b'a'..=b'f' => Some(c - b'a' + 10),
@@ -391,7 +399,7 @@ fn number(b: &[u8]) -> Option<u32> {
 }
 
 /// `YYYY-MM-DD` with a real calendar date in years 1–9999 (what Python's date can hold).
-fn date(b: &[u8]) -> Option<(u32, u32, u32)> {
+pub(crate) fn date(b: &[u8]) -> Option<(u32, u32, u32)> {
     if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
         return None;
     }
@@ -408,10 +416,10 @@ fn date(b: &[u8]) -> Option<(u32, u32, u32)> {
 }
 
 /// Hours, minutes, seconds, microseconds.
-type Clock = (u32, u32, u32, u32);
+pub(crate) type Clock = (u32, u32, u32, u32);
 
 /// `HH:MM:SS(.f{1,6})?` at the start: (h, m, s, microseconds) and what follows.
-fn clock(b: &[u8]) -> Option<(Clock, &[u8])> {
+pub(crate) fn clock(b: &[u8]) -> Option<(Clock, &[u8])> {
     if b.len() < 8 || b[2] != b':' || b[5] != b':' {
         return None;
     }
@@ -433,7 +441,7 @@ fn clock(b: &[u8]) -> Option<(Clock, &[u8])> {
 }
 
 /// The rest of a timestamp or time: empty (None inside) or `±HH(:MM(:SS)?)?` as signed seconds.
-fn offset(b: &[u8]) -> Option<Option<i32>> {
+pub(crate) fn offset(b: &[u8]) -> Option<Option<i32>> {
     if b.is_empty() {
         return Some(None);
     }

@@ -4,18 +4,22 @@
 //!
 //! Contract: for every payload it handles, the bytes it returns are exactly those the Python
 //! reference path (`capture.decoders.wal2json` or `capture.decoders.pgoutput` → `capture.events` →
-//! `capture.converters.JsonConverter`) would produce. Each plugin's reader turns a payload into a
-//! plugin-neutral [`Change`] (row images of converted columns); [`build`] makes its events. Anything it is not sure about — a record that is not an INSERT/UPDATE/DELETE, a
+//! `capture.converters.JsonConverter`, or `AvroConverter` with `value_format="avro"`: see `avro.rs`)
+//! would produce. Each plugin's reader turns a payload into a plugin-neutral [`Change`] (row images
+//! of columns converted to the core's format); [`build`] makes its events. Anything it is not sure
+//! about — a record that is not an INSERT/UPDATE/DELETE, a
 //! table not registered, a type it does not convert, a malformed or unusual field, a row big enough
 //! to be TOASTed, a missing (unchanged TOAST) column, a key change — makes it stop *before* that
 //! payload and say so: the caller runs that payload through the Python path and calls again. It
 //! never raises for bad input; the Python path raises the reference error.
 
+mod avro;
 mod convert;
 mod json;
 mod pgoutput;
 mod snapshot;
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use pyo3::prelude::*;
@@ -40,13 +44,15 @@ struct Table {
     key: Vec<String>,
     toastable: Vec<String>,
     replica_full: bool,
+    avro: Option<avro::AvroTable>, // what its Avro keys and values are written with (Avro only)
 }
 
-/// One converted column of a row image: its name and its JSON value.
+/// One converted column of a row image: its name and its value in the core's format (JSON text, or
+/// the Avro encoding of its row field, union branch included).
 #[derive(Clone)]
 pub(crate) struct Col<'a> {
     pub name: std::borrow::Cow<'a, str>,
-    pub json: Vec<u8>,
+    pub value: Vec<u8>,
     pub size: usize, // capture.events.ToastCache.size_of's measure of the Python value
     pub unavailable: bool, // a text value equal to the UNAVAILABLE marker
 }
@@ -106,14 +112,33 @@ struct Core {
     by_name: HashMap<(String, String), usize>,
     tables: Vec<Option<Table>>,
     relations: HashMap<u32, Relation>, // pgoutput: relation OID → its Relation message and table
+    avro: bool, // Avro keys and values (tables handled only once their Avro layout is registered)
+}
+
+/// The format the core writes a table's values in, with what it needs for it.
+#[derive(Clone, Copy)]
+pub(crate) enum Format<'t> {
+    Json,
+    Avro(&'t avro::AvroTable),
 }
 
 #[pymethods]
 impl Core {
-    /// ``plugin``: ``"wal2json"`` (format-version 2 records) or ``"pgoutput"`` (protocol messages).
+    /// ``plugin``: ``"wal2json"`` (format-version 2 records) or ``"pgoutput"`` (protocol messages);
+    /// ``value_format``: ``"json"`` or ``"avro"`` (a table's changes are handled once :meth:`register_avro`
+    /// gave its layout).
     #[new]
-    #[pyo3(signature = (prefix, db, plugin="wal2json"))]
-    fn new(prefix: String, db: String, plugin: &str) -> PyResult<Self> {
+    #[pyo3(signature = (prefix, db, plugin="wal2json", value_format="json"))]
+    fn new(prefix: String, db: String, plugin: &str, value_format: &str) -> PyResult<Self> {
+        let avro = match value_format {
+            "json" => false,
+            "avro" => true,
+            other => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "value_format must be json or avro, not {other:?}"
+                )))
+            }
+        };
         let plugin = match plugin {
             "wal2json" => Plugin::Wal2json,
             "pgoutput" => Plugin::Pgoutput,
@@ -130,6 +155,7 @@ impl Core {
             by_name: HashMap::new(),
             tables: Vec::new(),
             relations: HashMap::new(),
+            avro,
         })
     }
 
@@ -163,6 +189,7 @@ impl Core {
             .zip(key_flags)
             .map(|((name, oid), is_key)| RelColumn {
                 name,
+                oid,
                 kind: convert::kind_of(oid),
                 is_key,
             })
@@ -210,7 +237,110 @@ impl Core {
             key,
             toastable,
             replica_full: replica_identity == "f",
+            avro: None,
         });
+    }
+
+    /// Avro: how a registered table's keys and values are written (after each :meth:`register_table` of it).
+    /// ``columns``: per row field in order ``(name, type OID, kind, precision, scale, null branch, value
+    /// branch)`` (kind: ``schemas.pgavro.Kind``'s value, or anything else for a kind only NULL is written
+    /// of; branches: the union indexes, -1 for none); ``envelope``: ``(name, null branch, value branch)``
+    /// per envelope field in order; ``source`` and ``transaction``: ``(name, "string" | "long", null branch,
+    /// value branch)`` per field in order.
+    #[allow(clippy::too_many_arguments)]
+    fn register_avro(
+        &mut self,
+        table_id: usize,
+        key_id: u32,
+        value_id: u32,
+        columns: Vec<(String, i64, String, u32, u32, i64, i64)>,
+        envelope: Vec<(String, i64, i64)>,
+        source: Vec<(String, String, i64, i64)>,
+        transaction: Vec<(String, String, i64, i64)>,
+    ) -> PyResult<()> {
+        let bad = |what: &str, name: &str| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "register_avro: unknown {what} {name:?}"
+            ))
+        };
+        let scalar = |name: &str| avro::Scalar::named(name).ok_or_else(|| bad("field type", name));
+        let columns = columns
+            .into_iter()
+            .map(
+                |(name, oid, kind, precision, scale, null, value)| avro::AvroColumn {
+                    name,
+                    oid,
+                    kind: avro::AvroKind::named(&kind, precision, scale),
+                    layout: avro::Layout::of(null, value),
+                },
+            )
+            .collect();
+        let envelope = envelope
+            .into_iter()
+            .map(|(name, null, value)| {
+                let layout = avro::Layout::of(null, value);
+                Ok(match name.as_str() {
+                    "before" => avro::EnvelopeField::Before(layout),
+                    "after" => avro::EnvelopeField::After(layout),
+                    "source" => avro::EnvelopeField::Source(layout),
+                    "op" => avro::EnvelopeField::Op(layout),
+                    "ts_ms" => avro::EnvelopeField::TsMs(layout),
+                    "transaction" => avro::EnvelopeField::Transaction(layout),
+                    other => return Err(bad("envelope field", other)),
+                })
+            })
+            .collect::<PyResult<_>>()?;
+        let source = source
+            .into_iter()
+            .map(|(name, kind, null, value)| {
+                let field = match name.as_str() {
+                    "version" => avro::SourceField::Version,
+                    "connector" => avro::SourceField::Connector,
+                    "name" => avro::SourceField::Name,
+                    "ts_ms" => avro::SourceField::TsMs,
+                    "snapshot" => avro::SourceField::Snapshot,
+                    "db" => avro::SourceField::Db,
+                    "schema" => avro::SourceField::Schema,
+                    "table" => avro::SourceField::Table,
+                    "txId" => avro::SourceField::TxId,
+                    "commit_lsn" => avro::SourceField::CommitLsn,
+                    "lsn" => avro::SourceField::Lsn,
+                    "event_index" => avro::SourceField::EventIndex,
+                    other => return Err(bad("source field", other)),
+                };
+                Ok((field, scalar(&kind)?, avro::Layout::of(null, value)))
+            })
+            .collect::<PyResult<_>>()?;
+        let transaction = transaction
+            .into_iter()
+            .map(|(name, kind, null, value)| {
+                let field = match name.as_str() {
+                    "id" => avro::TxnField::Id,
+                    "total_order" => avro::TxnField::TotalOrder,
+                    "data_collection_order" => avro::TxnField::DataCollectionOrder,
+                    other => return Err(bad("transaction field", other)),
+                };
+                Ok((field, scalar(&kind)?, avro::Layout::of(null, value)))
+            })
+            .collect::<PyResult<_>>()?;
+        let table = self
+            .tables
+            .get_mut(table_id)
+            .and_then(|t| t.as_mut())
+            .ok_or_else(|| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "register_avro: table {table_id} is not registered"
+                ))
+            })?;
+        table.avro = Some(avro::AvroTable {
+            key_id,
+            value_id,
+            columns,
+            envelope,
+            source,
+            transaction,
+        });
+        Ok(())
     }
 
     /// Forget a table (the caller's catalog no longer lets the core handle it).
@@ -250,7 +380,7 @@ impl Core {
         let mut outs: Vec<Out> = Vec::new();
         let mut slot_of: HashMap<usize, usize> = HashMap::new();
         let mut counts: HashMap<usize, i64> = HashMap::new();
-        let mut source_prefix: HashMap<usize, Vec<u8>> = HashMap::new();
+        let mut sources: HashMap<usize, Source> = HashMap::new();
         let mut handled = 0usize;
         let end = messages.len().min(start.saturating_add(limit));
         let mut i = start;
@@ -275,7 +405,10 @@ impl Core {
                     let Some(table_id) = self.route(&record.obj) else {
                         break;
                     };
-                    let Some(change) = wal2json_change(&record) else {
+                    let Some(format) = self.format_of(table_id) else {
+                        break;
+                    };
+                    let Some(change) = wal2json_change(&record, format) else {
                         break;
                     };
                     (table_id, change)
@@ -287,10 +420,10 @@ impl Core {
                     else {
                         break;
                     };
-                    if self.tables.get(relation.table).is_none_or(|t| t.is_none()) {
+                    let Some(format) = self.format_of(relation.table) else {
                         break;
-                    }
-                    let Some(change) = pgoutput::change(payload, lsn, relation) else {
+                    };
+                    let Some(change) = pgoutput::change(payload, lsn, relation, format) else {
                         break;
                     };
                     (relation.table, change)
@@ -307,30 +440,25 @@ impl Core {
                     None => 0,
                 },
             };
-            let prefix = source_prefix.entry(table_id).or_insert_with(|| {
-                source_prefix_of(
-                    &self.prefix,
-                    &self.db,
-                    table,
-                    ts_ms,
-                    snapshot,
-                    xid,
-                    commit_lsn,
-                )
-            });
-            let built = match build(
-                change,
-                table,
-                prefix,
+            let source = match sources.entry(table_id) {
+                Entry::Occupied(found) => found.into_mut(),
+                Entry::Vacant(slot) => {
+                    match self.source_of(table, ts_ms, snapshot, xid, commit_lsn) {
+                        Some(source) => slot.insert(source),
+                        None => break,
+                    }
+                }
+            };
+            let position = Position {
                 xid,
                 commit_lsn,
                 total_order,
-                before_count,
+                table_count: before_count,
                 index,
                 now_ms,
-            ) {
-                Some(b) => b,
-                None => break,
+            };
+            let Some(built) = build(change, table, source, &position) else {
+                break;
             };
             // commit the change's effects
             index += 1;
@@ -424,6 +552,49 @@ impl Core {
 }
 
 impl Core {
+    /// The format a registered table's values are written in (None: not registered, or Avro without its layout).
+    fn format_of(&self, table_id: usize) -> Option<Format<'_>> {
+        let table = self.tables.get(table_id)?.as_ref()?;
+        if !self.avro {
+            return Some(Format::Json);
+        }
+        table.avro.as_ref().map(Format::Avro)
+    }
+
+    /// A table's `source` for one call (None: a value its Avro schema cannot hold).
+    fn source_of(
+        &self,
+        table: &Table,
+        ts_ms: i64,
+        snapshot: &str,
+        xid: Option<i64>,
+        commit_lsn: u64,
+    ) -> Option<Source> {
+        let Some(spec) = &table.avro else {
+            return Some(Source::Json(source_prefix_of(
+                &self.prefix,
+                &self.db,
+                table,
+                ts_ms,
+                snapshot,
+                xid,
+                commit_lsn,
+            )));
+        };
+        let values = avro::SourceValues {
+            version: VERSION,
+            name: &self.prefix,
+            ts_ms,
+            snapshot,
+            db: &self.db,
+            schema: &table.schema,
+            table: &table.name,
+            xid,
+            commit_lsn: i64::try_from(commit_lsn).ok()?,
+        };
+        avro::SourceTemplate::new(&spec.source, &values).map(Source::Avro)
+    }
+
     /// The registered table a payload is a row change of (None: not an I/U/D record of one).
     fn route(&self, obj: &Obj) -> Option<usize> {
         let action = raw_str(obj.get("action")?)?;
@@ -471,7 +642,7 @@ fn source_prefix_of(
 
 /// A wal2json I/U/D record → its change (the columns its action reads, converted), or None when it
 /// must take the Python path. The record-level fields are checked as the reference decoder checks them.
-fn wal2json_change<'a>(record: &Record<'a>) -> Option<Change<'a>> {
+fn wal2json_change<'a>(record: &Record<'a>, format: Format) -> Option<Change<'a>> {
     let rec = &record.obj;
     let action = raw_str(rec.get("action")?)?;
     let xid_raw = rec.get("xid")?;
@@ -493,12 +664,18 @@ fn wal2json_change<'a>(record: &Record<'a>) -> Option<Change<'a>> {
     }
     // the reference converts an identity wherever it is (an INSERT's too), and checks its names
     let identity = match &record.identity {
-        Some(_) => Some(columns(record.identity.as_ref())?),
+        Some(_) => Some(columns(record.identity.as_ref(), format)?),
         None => None,
     };
     let (action, after) = match &*action {
-        "I" => (Action::Insert, Some(columns(record.columns.as_ref())?)),
-        "U" => (Action::Update, Some(columns(record.columns.as_ref())?)),
+        "I" => (
+            Action::Insert,
+            Some(columns(record.columns.as_ref(), format)?),
+        ),
+        "U" => (
+            Action::Update,
+            Some(columns(record.columns.as_ref(), format)?),
+        ),
         "D" => (Action::Delete, None),
         _ => return None,
     };
@@ -510,42 +687,85 @@ fn wal2json_change<'a>(record: &Record<'a>) -> Option<Change<'a>> {
     })
 }
 
-/// The events of one row change of ``table``, or None when it must take the Python path.
-#[allow(clippy::too_many_arguments)]
-fn build(
-    change: Change,
-    table: &Table,
-    source_prefix: &[u8],
+/// A table's `source` within one call: the JSON path's text up to the change's LSN, or the Avro template.
+enum Source {
+    Json(Vec<u8>),
+    Avro(avro::SourceTemplate),
+}
+
+/// The transaction's and the change's counters an event carries.
+struct Position {
     xid: Option<i64>,
     commit_lsn: u64,
     total_order: i64,
     table_count: i64,
     index: i64,
     now_ms: i64,
-) -> Option<Built> {
-    let mut source = Vec::with_capacity(source_prefix.len() + 48);
-    source.extend_from_slice(source_prefix);
-    source.extend_from_slice(b",\"lsn\":");
-    write_int(&mut source, change.lsn);
-    source.extend_from_slice(b",\"event_index\":");
-    write_int(&mut source, index);
-    source.push(b'}');
-    let txn = |order: i64, n: i64| -> Option<Vec<u8>> {
-        xid.map(|x| {
-            let mut t = Vec::with_capacity(96);
-            t.extend_from_slice(b"{\"id\":\"");
-            write_int(&mut t, x);
-            t.push(b':');
-            write_int(&mut t, commit_lsn);
-            t.extend_from_slice(b"\",\"total_order\":");
-            write_int(&mut t, order);
-            t.extend_from_slice(b",\"data_collection_order\":");
-            write_int(&mut t, n);
-            t.push(b'}');
-            t
-        })
+}
+
+/// The events of one row change of ``table``, or None when it must take the Python path.
+fn build(change: Change, table: &Table, source: &Source, at: &Position) -> Option<Built> {
+    let lsn = change.lsn;
+    let (order, per_table) = (at.total_order + 1, at.table_count + 1);
+    let render =
+        |op: &str, before: Option<&Vec<Col>>, after: Option<&Vec<Col>>| -> Option<Vec<u8>> {
+            match source {
+                Source::Json(prefix) => {
+                    let mut s = Vec::with_capacity(prefix.len() + 48);
+                    s.extend_from_slice(prefix);
+                    s.extend_from_slice(b",\"lsn\":");
+                    write_int(&mut s, lsn);
+                    s.extend_from_slice(b",\"event_index\":");
+                    write_int(&mut s, at.index);
+                    s.push(b'}');
+                    let txn = at.xid.map(|x| {
+                        let mut t = Vec::with_capacity(96);
+                        t.extend_from_slice(b"{\"id\":\"");
+                        write_int(&mut t, x);
+                        t.push(b':');
+                        write_int(&mut t, at.commit_lsn);
+                        t.extend_from_slice(b"\",\"total_order\":");
+                        write_int(&mut t, order);
+                        t.extend_from_slice(b",\"data_collection_order\":");
+                        write_int(&mut t, per_table);
+                        t.push(b'}');
+                        t
+                    });
+                    Some(envelope(
+                        op.as_bytes(),
+                        before,
+                        after,
+                        &s,
+                        txn.as_deref(),
+                        at.now_ms,
+                    ))
+                }
+                Source::Avro(template) => {
+                    let id = at.xid.map(|x| format!("{x}:{}", at.commit_lsn));
+                    let change = avro::Change {
+                        op,
+                        before,
+                        after,
+                        lsn: i64::try_from(lsn).ok()?,
+                        index: at.index,
+                        now_ms: at.now_ms,
+                        transaction: id.as_deref().map(|id| (id, order, per_table)),
+                    };
+                    avro::envelope(table.avro.as_ref()?, template, &change)
+                }
+            }
+        };
+    // the record key (Some(None): a keyless table's; None: the Python path must write it)
+    let key_of = |image: &Vec<Col>| -> Option<Option<Vec<u8>>> {
+        if table.key.is_empty() {
+            return Some(None);
+        }
+        match source {
+            Source::Json(_) => Some(json_key(table, image)),
+            Source::Avro(_) => Some(Some(avro::key(table.avro.as_ref()?, &table.key, image)?)),
+        }
     };
-    let counted = xid.is_some();
+    let counted = at.xid.is_some();
     let known = |c: &Col| table.columns.iter().any(|k| *k == c.name);
     match change.action {
         Action::Insert => {
@@ -558,18 +778,11 @@ fn build(
                     return None;
                 }
             }
-            let key = key_of(table, &after);
+            let key = key_of(&after)?;
             if key.is_some() && toast_sized(table, &after)? {
                 return None;
             }
-            let value = envelope(
-                b"c",
-                None,
-                Some(&after),
-                &source,
-                txn(total_order + 1, table_count + 1).as_deref(),
-                now_ms,
-            );
+            let value = render("c", None, Some(&after))?;
             let keystate = key.as_ref().map(|_| false);
             Some(Built {
                 table: table.id,
@@ -587,15 +800,8 @@ fn build(
             if !before.iter().all(known) {
                 return None;
             }
-            let key = key_of(table, &before)?;
-            let value = envelope(
-                b"d",
-                Some(&before),
-                None,
-                &source,
-                txn(total_order + 1, table_count + 1).as_deref(),
-                now_ms,
-            );
+            let key = key_of(&before)??;
+            let value = render("d", Some(&before), None)?;
             Some(Built {
                 table: table.id,
                 values: vec![Some(value), None],
@@ -618,8 +824,8 @@ fn build(
                     return None;
                 }
             }
-            let old_key = key_of(table, identity.as_ref().unwrap_or(&after))?;
-            let key = key_of(table, &after)?;
+            let old_key = key_of(identity.as_ref().unwrap_or(&after))??;
+            let key = key_of(&after)??;
             if key != old_key || toast_sized(table, &after)? {
                 return None; // a key change, or a row big enough to be TOASTed
             }
@@ -628,14 +834,7 @@ fn build(
             } else {
                 None
             };
-            let value = envelope(
-                b"u",
-                before,
-                Some(&after),
-                &source,
-                txn(total_order + 1, table_count + 1).as_deref(),
-                now_ms,
-            );
+            let value = render("u", before, Some(&after))?;
             Some(Built {
                 table: table.id,
                 values: vec![Some(value)],
@@ -665,10 +864,10 @@ fn toast_sized(table: &Table, after: &[Col]) -> Option<bool> {
 }
 
 /// A record's column array, converted; None when absent or on anything unusual.
-fn columns<'a>(items: Option<&Vec<Obj<'a>>>) -> Option<Vec<Col<'a>>> {
+fn columns<'a>(items: Option<&Vec<Obj<'a>>>, format: Format) -> Option<Vec<Col<'a>>> {
     let items = items?;
     let mut out: Vec<Col<'a>> = Vec::with_capacity(items.len());
-    for obj in items {
+    for (position, obj) in items.iter().enumerate() {
         let name = raw_str(obj.get("name")?)?;
         raw_str(obj.get("type")?)?;
         let oid = raw_i64(obj.get("typeoid")?)?;
@@ -676,31 +875,61 @@ fn columns<'a>(items: Option<&Vec<Obj<'a>>>) -> Option<Vec<Col<'a>>> {
         if out.iter().any(|c| c.name == name) {
             return None; // a duplicate column name: the reference keeps the first position, the last value
         }
-        let mut json = Vec::new();
-        let (size, unavailable) = if value.get() == "null" {
-            json.extend_from_slice(b"null");
-            (16, false)
+        let input = if value.get() == "null" {
+            convert::Input::Null
         } else {
-            let kind = convert::kind_of(oid);
-            if kind == NOT_NATIVE {
-                return None;
-            }
-            let size = convert::value(kind, value.get(), &mut json)?;
-            let unavailable = matches!(kind, Kind::Text) && raw_str(value)? == UNAVAILABLE;
-            (size, unavailable)
+            convert::Input::Wal2json(value.get())
         };
-        out.push(Col {
-            name,
-            json,
-            size,
-            unavailable,
-        });
+        out.push(column(name, position, oid, input, format)?);
     }
     Some(out)
 }
 
+/// One column's value in the table's format (None: the Python path must convert it).
+pub(crate) fn column<'a>(
+    name: std::borrow::Cow<'a, str>,
+    position: usize,
+    oid: i64,
+    input: convert::Input,
+    format: Format,
+) -> Option<Col<'a>> {
+    let mut value = Vec::new();
+    let (size, unavailable) = match format {
+        Format::Avro(table) => {
+            let spec = table.column(&name, position)?;
+            avro::column_value(spec, oid, input, &mut value)?
+        }
+        Format::Json => {
+            let kind = convert::kind_of(oid);
+            match input {
+                convert::Input::Null => {
+                    value.extend_from_slice(b"null");
+                    (16, false)
+                }
+                _ if kind == NOT_NATIVE => return None,
+                convert::Input::Wal2json(raw) => {
+                    let size = convert::value(kind, raw, &mut value)?;
+                    let unavailable =
+                        matches!(kind, Kind::Text) && json::str_of(raw)? == UNAVAILABLE;
+                    (size, unavailable)
+                }
+                convert::Input::Text(text) => {
+                    let size = convert::text_value(kind, text, &mut value)?;
+                    (size, kind == Kind::Text && text == UNAVAILABLE)
+                }
+            }
+        }
+    };
+    Some(Col {
+        name,
+        value,
+        size,
+        unavailable,
+    })
+}
+
 /// The record key: JSON ``{<key column>: value, …}`` in key order (null for a column the image lacks).
-fn key_of(table: &Table, image: &[Col]) -> Option<Vec<u8>> {
+fn json_key(table: &Table, image: &[Col]) -> Option<Vec<u8>> {
     if table.key.is_empty() {
         return None;
     }
@@ -713,7 +942,7 @@ fn key_of(table: &Table, image: &[Col]) -> Option<Vec<u8>> {
         json::write_str(&mut out, k);
         out.push(b':');
         match image.iter().find(|c| c.name == k.as_str()) {
-            Some(c) => out.extend_from_slice(&c.json),
+            Some(c) => out.extend_from_slice(&c.value),
             None => out.extend_from_slice(b"null"),
         }
     }
@@ -732,7 +961,7 @@ fn image_json(out: &mut Vec<u8>, image: Option<&Vec<Col>>) {
                 }
                 json::write_str(out, &c.name);
                 out.push(b':');
-                out.extend_from_slice(&c.json);
+                out.extend_from_slice(&c.value);
             }
             out.push(b'}');
         }

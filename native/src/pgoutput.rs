@@ -20,12 +20,13 @@
 
 use std::borrow::Cow;
 
-use crate::convert::{self, Kind, NOT_NATIVE};
-use crate::{Action, Change, Col, UNAVAILABLE};
+use crate::convert::{Input, Kind, NOT_NATIVE};
+use crate::{Action, Change, Col, Format};
 
 /// One column of a registered Relation message.
 pub struct RelColumn {
     pub name: String,
+    pub oid: i64,
     pub kind: Kind,
     pub is_key: bool, // flags & 1: part of the replica identity key
 }
@@ -77,7 +78,12 @@ pub fn relation_oid(payload: &[u8]) -> Option<u32> {
 }
 
 /// The change of an I/U/D message of ``relation`` at ``lsn`` (the XLogData WAL start), or None.
-pub fn change<'r>(payload: &[u8], lsn: u64, relation: &'r Relation) -> Option<Change<'r>> {
+pub fn change<'r>(
+    payload: &[u8],
+    lsn: u64,
+    relation: &'r Relation,
+    format: Format,
+) -> Option<Change<'r>> {
     let mut r = Reader { data: payload };
     let tag = r.byte()?;
     r.uint32()?; // relation OID: the caller looked it up
@@ -86,19 +92,23 @@ pub fn change<'r>(payload: &[u8], lsn: u64, relation: &'r Relation) -> Option<Ch
             if r.byte()? != b'N' {
                 return None;
             }
-            (Action::Insert, Some(tuple(&mut r, relation, false)?), None)
+            (
+                Action::Insert,
+                Some(tuple(&mut r, relation, false, format)?),
+                None,
+            )
         }
         b'U' => {
             let mut marker = r.byte()?;
             let mut identity = None;
             if marker == b'K' || marker == b'O' {
-                identity = Some(tuple(&mut r, relation, marker == b'K')?);
+                identity = Some(tuple(&mut r, relation, marker == b'K', format)?);
                 marker = r.byte()?;
             }
             if marker != b'N' {
                 return None;
             }
-            let after = tuple(&mut r, relation, false)?;
+            let after = tuple(&mut r, relation, false, format)?;
             // no old tuple: the key did not change; the reference takes the new row's key columns
             let identity = identity.unwrap_or_else(|| {
                 after
@@ -122,7 +132,7 @@ pub fn change<'r>(payload: &[u8], lsn: u64, relation: &'r Relation) -> Option<Ch
             (
                 Action::Delete,
                 None,
-                Some(tuple(&mut r, relation, marker == b'K')?),
+                Some(tuple(&mut r, relation, marker == b'K', format)?),
             )
         }
         _ => return None,
@@ -140,13 +150,18 @@ pub fn change<'r>(payload: &[u8], lsn: u64, relation: &'r Relation) -> Option<Ch
 
 /// TupleData → columns: NULL is null, an unchanged TOAST value left out, text converted; a 'K' tuple
 /// keeps its key columns only (the others are NULL there, and not converted).
-fn tuple<'r>(r: &mut Reader, relation: &'r Relation, keys_only: bool) -> Option<Vec<Col<'r>>> {
+fn tuple<'r>(
+    r: &mut Reader,
+    relation: &'r Relation,
+    keys_only: bool,
+    format: Format,
+) -> Option<Vec<Col<'r>>> {
     if r.uint16()? != relation.columns.len() {
         return None;
     }
     let mut out = Vec::with_capacity(relation.columns.len());
-    for column in &relation.columns {
-        match r.byte()? {
+    for (position, column) in relation.columns.iter().enumerate() {
+        let input = match r.byte()? {
             b't' => {
                 let length = r.uint32()? as usize;
                 let raw = r.take(length)?;
@@ -156,30 +171,19 @@ fn tuple<'r>(r: &mut Reader, relation: &'r Relation, keys_only: bool) -> Option<
                 if column.kind == NOT_NATIVE {
                     return None;
                 }
-                let text = std::str::from_utf8(raw).ok()?;
-                let mut json = Vec::with_capacity(raw.len() + 2);
-                let size = convert::text_value(column.kind, text, &mut json)?;
-                out.push(Col {
-                    name: Cow::Borrowed(&column.name),
-                    json,
-                    size,
-                    unavailable: column.kind == Kind::Text && text == UNAVAILABLE,
-                });
+                Input::Text(std::str::from_utf8(raw).ok()?)
             }
             b'n' => {
                 if keys_only && !column.is_key {
                     continue;
                 }
-                out.push(Col {
-                    name: Cow::Borrowed(&column.name),
-                    json: b"null".to_vec(),
-                    size: 16,
-                    unavailable: false,
-                });
+                Input::Null
             }
             b'u' => continue, // left out, as wal2json omits it: the Python path fills it
             _ => return None, // binary ('b') or unknown: the reference raises
-        }
+        };
+        let name = Cow::Borrowed(column.name.as_str());
+        out.push(crate::column(name, position, column.oid, input, format)?);
     }
     Some(out)
 }
