@@ -109,6 +109,7 @@ import logging
 import os
 import pickle
 import re
+import select
 import struct
 import subprocess
 import sys
@@ -494,7 +495,10 @@ def copy_lines(db: psycopg.Connection[Any], sql: str, size: int, max_bytes: int 
     lines: list[Any] = []  # memoryviews (psycopg's bindings give each line as one)
     held = 0
     while True:
-        n, data = get(0)  # blocking: one line per call
+        n, data = get(1)  # one line per call; 0: none buffered, wait on the socket (see _next_result)
+        if n == 0:
+            _wait_readable(pgconn)
+            continue
         if n < 0:
             break
         lines.append(data)
@@ -512,7 +516,9 @@ def _start_copy(db: psycopg.Connection[Any], sql: str) -> Any:
     """Send ``sql`` (a ``COPY … TO STDOUT``) on ``db``'s libpq connection; that connection, once in COPY OUT."""
     pgconn = db.pgconn
     pgconn.send_query(sql.encode())
-    started = pgconn.get_result()
+    while pgconn.flush() != 0:  # a non-blocking connection: what send_query left unsent
+        select.select([], [pgconn.socket], [])
+    started = _next_result(pgconn)
     if started is None or started.status != pq.ExecStatus.COPY_OUT:
         error = _drain_results(pgconn, started)
         raise error if error is not None else psycopg.OperationalError(f"{sql}: no COPY data came")
@@ -528,6 +534,24 @@ def _end_copy(pgconn: Any, sql: str, *, ended: bool) -> None:
             f"{sql}: reading COPY data failed: {pgconn.get_error_message()}")  # fmt: skip
 
 
+def _next_result(pgconn: Any) -> Any:
+    """``pgconn``'s next result, once it has arrived: waited for on the socket (``select``, the GIL released), not
+    inside libpq's ``PQgetResult``, which psycopg's binding calls holding the GIL. The connector's own connection
+    reads a table this way too, and a thread blocked there would stop every other thread of the process (its
+    append thread; in the tests, an in-process TCP proxy, which deadlocked on it). A lost connection raises
+    :class:`psycopg.OperationalError` (from ``consume_input``)."""
+    pgconn.consume_input()
+    while pgconn.is_busy():
+        _wait_readable(pgconn)
+    return pgconn.get_result()
+
+
+def _wait_readable(pgconn: Any) -> None:
+    """Until the server sent more (the GIL released meanwhile), then read it into libpq's buffer."""
+    select.select([pgconn.socket], [], [])
+    pgconn.consume_input()
+
+
 def _drain_results(pgconn: Any, first: Any) -> Exception | None:
     """Read the command's remaining results; the first error among them (and ``first``) as psycopg's exception —
     :class:`psycopg.OperationalError` when the connection is gone (libpq's own result then has no SQLSTATE)."""
@@ -536,7 +560,7 @@ def _drain_results(pgconn: Any, first: Any) -> Exception | None:
     while True:
         if result is not None and result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.COPY_OUT):
             error = error or psycopg.errors.error_from_result(result, encoding="utf-8")
-        result = pgconn.get_result()
+        result = _next_result(pgconn)
         if result is None:
             break
     if pgconn.status != pq.ConnStatus.OK:
