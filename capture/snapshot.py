@@ -56,6 +56,8 @@ from capture.recovery import Reconciliation
 from capture.replication import ReplicationConnection
 from capture.slots import SlotState, drop_slot
 from capture.snapshot_readers import (
+    NATIVE_BATCH_BYTES,
+    NATIVE_BATCH_ROWS,
     SNAPSHOT_FETCH_ROWS,
     NativeBatch,
     PythonPath,
@@ -409,7 +411,9 @@ class SnapshotSource:
         compiled encoder, batches of NATIVE_BATCH_ROWS spliced and appended as Arrow arrays)."""
         topic = self.builder.topic(table)
         python = PythonPath.of(self.builder, reads.marked["true"])  # the rows the encoder leaves to Python
-        for batch in copy_batches(c, python, native, table, select_columns_sql(table), 0):
+        spec = self._reader_spec("", 0, reads)  # its batch bounds
+        for batch in copy_batches(c, python, native, table, select_columns_sql(table), 0, spec.batch_rows,
+                                  spec.batch_bytes):  # fmt: skip
             reads.native_batch(table, topic, batch)
             self._batch_done()
 
@@ -421,9 +425,13 @@ class SnapshotSource:
         return tid_ranges(table, int(row[0]) if row else 0, self.config.snapshot_workers)
 
     def _reader_spec(self, snapshot_name: str, consistent_point: int, reads: SnapshotReads) -> ReaderSpec:
+        """What the readers need; a native batch is bounded by the connector's own batch (``batch_events``,
+        ``batch_bytes`` — of COPY text here), so memory follows the configuration as on the Python path."""
         return ReaderSpec(self.config.dsn, snapshot_name, self.builder.prefix, self.builder.db,
                           self.config.table_filter, consistent_point, reads.ts_ms,
-                          native=self.config.core is not CoreChoice.PYTHON)  # fmt: skip
+                          native=self.config.core is not CoreChoice.PYTHON,
+                          batch_rows=min(NATIVE_BATCH_ROWS, self.config.batch_events),
+                          batch_bytes=min(NATIVE_BATCH_BYTES, self.config.batch_bytes))  # fmt: skip
 
     def _read_ranges(self, readers: SnapshotReaders, table: TableInfo, ranges: list[TidRange],
                      reads: SnapshotReads) -> None:  # fmt: skip

@@ -144,7 +144,8 @@ log = logging.getLogger("capture.connector")
 Buffer = bytes | memoryview  # a native batch's buffers: bytes in the reader, memory of Arrow's pool once received
 
 SNAPSHOT_FETCH_ROWS = 5_000  # rows per FETCH, and per batch sent to the connector (the Python path)
-# Rows of a native batch at most. The connector's work per batch (its first and last rows encoded by the Python path,
+# Rows of a native batch at most (fewer when the connector's batch_events is: see ReaderSpec). The connector's work
+# per batch (its first and last rows encoded by the Python path,
 # the key state's run chunk, the append's hand-over) is spread over more rows: with 5,000,000 bench rows (2 readers,
 # lz4) 5,000 gave 1.2M rows/s, 20,000 1.4M, 30,000 1.4-1.6M, 50,000 1.4-1.5M; 100,000 1.2-1.4M (a batch's values,
 # about 50 MB, then come from fresh memory the kernel must zero).
@@ -186,6 +187,8 @@ class ReaderSpec:
     consistent_point: int  # source.lsn and commit_lsn of every read
     ts_ms: int  # source.ts_ms of every read
     native: bool = False  # read with COPY and encode in compiled code where the table allows (see "Native")
+    batch_rows: int = NATIVE_BATCH_ROWS  # a native batch's rows at most (the connector's batch_events, if fewer)
+    batch_bytes: int = NATIVE_BATCH_BYTES  # ... and COPY text (its batch_bytes, if fewer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,7 +324,7 @@ def reader_main(spec: ReaderSpec, tasks: Connection, pipe: Connection) -> None:
                 name = task.table.qualified
                 if name not in natives:
                     natives[name] = native_encoder(spec, task.table)
-                _read_range(db, pipe, python, task, locked, natives[name])
+                _read_range(db, pipe, python, task, locked, natives[name], spec)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the connector is gone: nothing to report to
     except BaseException as e:
@@ -359,7 +362,7 @@ def _process_main() -> None:
 
 def _read_range(
     db: psycopg.Connection[Any], pipe: Connection, python: PythonPath, task: TidRange, locked: set[str],
-    native: Any | None,
+    native: Any | None, spec: ReaderSpec,
 ) -> None:  # fmt: skip
     table = task.table
     name = qualified_name(table)
@@ -367,7 +370,7 @@ def _read_range(
         db.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE".encode())  # under lock_timeout: see "Locks"
         locked.add(name)
     if native is not None:
-        _read_range_native(db, pipe, python, native, task)
+        _read_range_native(db, pipe, python, native, task, spec)
         return
     encoder, ctx = python.get()
     cursor = f"tideline_range_{task.number}"
@@ -398,11 +401,12 @@ def native_encoder(spec: ReaderSpec, table: TableInfo) -> Any | None:
 
 
 def _read_range_native(
-    db: psycopg.Connection[Any], pipe: Connection, python: PythonPath, native: Any, task: TidRange
+    db: psycopg.Connection[Any], pipe: Connection, python: PythonPath, native: Any, task: TidRange, spec: ReaderSpec
 ) -> None:  # fmt: skip
     rows = 0
     select = select_columns_sql(task.table, task.where())
-    for batch in copy_batches(db, python, native, task.table, select, task.number):
+    for batch in copy_batches(db, python, native, task.table, select, task.number, spec.batch_rows,
+                              spec.batch_bytes):  # fmt: skip
         rows += batch.rows
         buffers = batch.buffers()
         pipe.send_bytes(pickle.dumps(("native", batch.without_buffers(), len(buffers)), protocol=5))
@@ -412,18 +416,18 @@ def _read_range_native(
 
 
 def copy_batches(db: psycopg.Connection[Any], python: PythonPath, native: Any, table: TableInfo, select: str,
-                 number: int) -> Iterator[NativeBatch]:  # fmt: skip
+                 number: int, rows: int, max_bytes: int) -> Iterator[NativeBatch]:  # fmt: skip
     """The rows of ``select`` (a :func:`capture.tables.select_columns_sql` of ``table``) read with ``COPY … TO STDOUT``
-    and encoded by the compiled encoder ``native``, :data:`NATIVE_BATCH_ROWS` at a time, as :class:`NativeBatch` es
-    numbered ``number`` (a reader's range; the connector's own reads: 0)."""
+    and encoded by the compiled encoder ``native``, ``rows`` at a time (fewer once they hold ``max_bytes`` of COPY
+    text), as :class:`NativeBatch` es numbered ``number`` (a reader's range; the connector's own reads: 0)."""
     convs = [text_converter(c.type_name, c.type_oid) for c in table.columns]
     sql = f"COPY ({select}) TO STDOUT"
     libpq = libpq_copy_functions()
     if libpq is None:  # libpq's functions not found: the lines through psycopg, encoded in compiled code
-        for lines in copy_lines(db, sql, NATIVE_BATCH_ROWS, NATIVE_BATCH_BYTES):
+        for lines in copy_lines(db, sql, rows, max_bytes):
             yield encode_native_batch(python, native, table, convs, lines, number)
         return
-    for read in read_copy(db, native, libpq, sql, NATIVE_BATCH_ROWS, NATIVE_BATCH_BYTES):
+    for read in read_copy(db, native, libpq, sql, rows, max_bytes):
         yield native_batch(python, table, convs, number, *read)
 
 

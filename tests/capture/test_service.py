@@ -39,12 +39,12 @@ def cli(*args: str, data_dir: Path, check: bool = True) -> subprocess.CompletedP
     )
 
 
-def wait_for(predicate: object, timeout: float = 30.0) -> None:
+def wait_for(predicate: object, timeout: float = 30.0, every: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():  # type: ignore[operator]
             return
-        time.sleep(0.1)
+        time.sleep(every)
     raise AssertionError("timed out waiting")
 
 
@@ -212,14 +212,14 @@ with Log(sys.argv[1]) as log:
 
 def test_snapshot_killed_midway_restarts_without_visible_duplicates(db: str, tmp_path: Path) -> None:
     data = tmp_path / "log"
-    rows = 100_000
+    rows = 500_000  # the native snapshot reads about a million rows a second: enough for the kill to land midway
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)", f"INSERT INTO t SELECT g, repeat('v', 100) FROM generate_series(1, {rows}) g")  # fmt: skip # noqa: E501
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", SNAPSHOT_CHILD, str(data), db], env=env, stderr=subprocess.DEVNULL)
     try:
         # wait until the snapshot has appended data (uncommitted) to the table topic, then kill it
         seg = data / "cdc.public.t-0" / "00000000000000000000.log"
-        wait_for(lambda: seg.exists() and seg.stat().st_size > 2 << 20, timeout=60)
+        wait_for(lambda: seg.exists() and seg.stat().st_size > 2 << 20, timeout=60, every=0.005)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         assert events(data, "cdc.public.t") == []  # read_committed: nothing of the half snapshot
