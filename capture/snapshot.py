@@ -353,7 +353,7 @@ class SnapshotSource:
                     if not ranges:
                         native = None if outbox else self._native_encoder(spec, table)
                         if native is not None:
-                            self._read_native(c, table, native, reads)
+                            self._read_native(c, table, native, reads, spec)
                         else:
                             self._read(c, table, t_i, outbox, reads)
                         continue
@@ -408,12 +408,12 @@ class SnapshotSource:
             return None
         return native_encoder(spec, table)
 
-    def _read_native(self, c: psycopg.Connection[Any], table: TableInfo, native: Any, reads: SnapshotReads) -> None:
+    def _read_native(self, c: psycopg.Connection[Any], table: TableInfo, native: Any, reads: SnapshotReads,
+                     spec: ReaderSpec) -> None:  # fmt: skip
         """One table through the connector's own connection, as a reader process reads a range (``COPY``, the
         compiled encoder, batches of NATIVE_BATCH_ROWS spliced and appended as Arrow arrays)."""
         topic = self.builder.topic(table)
         python = PythonPath.of(self.builder, reads.marked["true"])  # the rows the encoder leaves to Python
-        spec = self._reader_spec("", 0, reads)  # its batch bounds
         for batch in copy_batches(c, python, native, table, select_columns_sql(table), 0, spec.batch_rows,
                                   spec.batch_bytes):  # fmt: skip
             # The keys as SQLite rows, as on the Python path, not a key run: a TRUNCATE's tombstones follow the key
