@@ -9,9 +9,10 @@ the envelope and the key — the same bytes the Python reference path (capture.d
 or capture.decoders.pgoutput → capture.events → capture.converters.JsonConverter or
 AvroConverter) writes —
 and stops at the first payload it does not handle, which then takes the Python path; then
-the next run starts. The results come back per table as lists (keys, values, the key-state
-changes), added to the batch with one call each: no ChangeMessage, Column, image dict or
-Event is made for a natively handled change.
+the next run starts. The results come back per table as Arrow binary arrays' buffers (keys and
+values: no Python object per record) and the key-state changes (a Python key each: the key
+state's own API), added to the batch with one call each: no ChangeMessage, Column, image dict,
+Event or record bytes object is made for a natively handled change.
 
 Native: INSERT, UPDATE and DELETE records (wal2json) or Insert, Update and Delete messages
 (pgoutput) of a registered table (a captured table, not the outbox table, no excluded or
@@ -65,6 +66,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from capture.avro import AvroEncoder, SchemaChangeError
 from capture.config import ENV as ENV  # re-exported: where the choice comes from
 from capture.config import CoreChoice
@@ -96,6 +100,19 @@ except ImportError:  # not built: the Python path (or a clear error when --core 
     BUILT = False
 
 RUN_LIMIT = 512  # payloads per native call at most (the batch's byte bound is checked after each run)
+
+
+def binary_array(buffers: tuple[bytes, bytes, bytes | None, int, int]) -> pa.Array:
+    """An Arrow binary array from the core's buffers ``(data, offsets, validity or None, null count, length)``."""
+    data, offsets, validity, nulls, length = buffers
+    bitmap = None if validity is None else pa.py_buffer(validity)
+    return pa.Array.from_buffers(pa.binary(), length, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
+
+
+def changed_keys(keys: pa.Array) -> list[bytes]:
+    """The distinct keys of a run's records (a delete's tombstone repeats its key; a keyless table has none)."""
+    distinct: list[bytes] = pc.unique(keys.drop_null()).to_pylist()
+    return distinct
 
 
 class NativeUnavailableError(ConfigError):
@@ -314,13 +331,15 @@ class NativeCore:
         for qualified, n in counts:
             ctx.per_table[qualified] = n
         writer, keystate, toast = self.writer, self.writer.keystate, self.builder.toast
-        for tid, _changes, keys, values, nbytes, ks_keys, ks_values, toast_keys in outputs:
+        for tid, _changes, key_buffers, value_buffers, nbytes, ks_keys, ks_values in outputs:
             table, topic = self._tables[tid], self._topics[tid]
+            keys, values = binary_array(key_buffers), binary_array(value_buffers)
             writer.ensure_table_topic(table, topic)
-            writer.add_many(topic, keys, values, nbytes)
+            writer.add_arrays(topic, keys, values, nbytes)
             if ks_keys:
                 keystate.put_many(topic, ks_keys, ks_values)
-            toast.drop_many(topic, toast_keys)
+            if toast.entries:  # each change's row is small: its key leaves the cache (objects made only then)
+                toast.drop_many(topic, changed_keys(keys))
             self.stats.events += len(values)
         self.changes += handled
         return handled, index

@@ -143,16 +143,19 @@ class ReferenceCheck:
                     index += 1
         finally:
             builder.keystate, builder.toast = saved
+        from capture.native import binary_array, changed_keys  # capture.native imports this module
+
         got: dict[str, tuple[list[bytes | None], list[bytes | None]]] = {}
         changes: dict[tuple[str, bytes], Any] = {}
         dropped: set[tuple[str, bytes]] = set()
-        for tid, _n, keys, values, _nbytes, ks_keys, ks_values, toast_keys in outputs:
+        for tid, _n, key_buffers, value_buffers, _nbytes, ks_keys, ks_values in outputs:
             topic = topic_of[tid]
+            keys = binary_array(key_buffers)
             got_keys, got_values = got.setdefault(topic, ([], []))
-            got_keys.extend(keys)
-            got_values.extend(values)
+            got_keys.extend(keys.to_pylist())
+            got_values.extend(binary_array(value_buffers).to_pylist())
             changes.update(((topic, k), v) for k, v in zip(ks_keys or (), ks_values or (), strict=True))
-            dropped.update((topic, k) for k in toast_keys or ())
+            dropped.update((topic, k) for k in changed_keys(keys))  # each change drops its key (its row is small)
         self._compare_records(expected, got)
         if changes != keystate.changes:
             raise NativeMismatchError(f"key-state changes differ: native {_brief(changes)} != python "

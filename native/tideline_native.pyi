@@ -5,7 +5,9 @@ from typing import Any
 VERSION: str
 
 # One output per table of a run: (table_id, changes, keys, values, nbytes, keystate_keys, keystate_values, toast_keys)
-Output = tuple[int, int, list[bytes | None], list[bytes | None], int, list[bytes], list[Any], list[bytes]]
+# an Arrow binary array's buffers: data, offsets (i32 little-endian), validity bitmap (None: no nulls), nulls, length
+Column = tuple[bytes, bytes, bytes | None, int, int]
+Output = tuple[int, int, Column, Column, int, list[bytes], list[Any]]
 
 class Core:
     def __init__(self, prefix: str, db: str, plugin: str = "wal2json", value_format: str = "json") -> None: ...

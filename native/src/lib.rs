@@ -80,16 +80,80 @@ enum Plugin {
     Pgoutput,
 }
 
-/// Outputs of one table within one call.
+/// Outputs of one table within one call: its records' keys and values as Arrow binary arrays (no Python
+/// object per record), and the key-state changes (the key state takes a Python key each).
 struct Out {
     table: usize,
     count: i64,
-    keys: Vec<PyObject>,
-    values: Vec<PyObject>,
+    keys: BinaryColumn,
+    values: BinaryColumn,
     nbytes: usize,
     ks_keys: Vec<PyObject>,
     ks_vals: Vec<PyObject>,
-    toast_keys: Vec<PyObject>,
+}
+
+/// An Arrow binary array under construction: the values back to back, ``len + 1`` little-endian i32 offsets
+/// (the first 0), and a validity bitmap (bit ``i`` of byte ``i / 8`` set: value ``i`` is not null).
+struct BinaryColumn {
+    data: Vec<u8>,
+    offsets: Vec<u8>,
+    validity: Vec<u8>,
+    len: usize,
+    nulls: usize,
+}
+
+/// ``(data, offsets, validity or None when nothing is null, null count, length)`` of a :class:`BinaryColumn`.
+type ColumnBuffers<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Option<Bound<'py, PyBytes>>,
+    usize,
+    usize,
+);
+
+impl BinaryColumn {
+    fn new() -> Self {
+        BinaryColumn {
+            data: Vec::new(),
+            offsets: 0i32.to_le_bytes().to_vec(),
+            validity: Vec::new(),
+            len: 0,
+            nulls: 0,
+        }
+    }
+
+    /// Whether ``more`` bytes of values still fit the i32 offsets of an Arrow binary array.
+    fn fits(&self, more: usize) -> bool {
+        self.data.len().saturating_add(more) <= i32::MAX as usize
+    }
+
+    fn push(&mut self, value: Option<&[u8]>) {
+        if self.len.is_multiple_of(8) {
+            self.validity.push(0);
+        }
+        match value {
+            Some(v) => {
+                self.data.extend_from_slice(v);
+                self.validity[self.len / 8] |= 1 << (self.len % 8);
+            }
+            None => self.nulls += 1,
+        }
+        self.len += 1;
+        let end =
+            i32::try_from(self.data.len()).expect("checked by fits() before the change was taken");
+        self.offsets.extend_from_slice(&end.to_le_bytes());
+    }
+
+    fn into_buffers(self, py: Python<'_>) -> ColumnBuffers<'_> {
+        let validity = (self.nulls > 0).then(|| PyBytes::new(py, &self.validity));
+        (
+            PyBytes::new(py, &self.data),
+            PyBytes::new(py, &self.offsets),
+            validity,
+            self.nulls,
+            self.len,
+        )
+    }
 }
 
 /// A change the core produced (built before any state moves, so a late fallback changes nothing).
@@ -358,7 +422,10 @@ impl Core {
     /// Int64 send time, then the plugin's payload.
     ///
     /// Returns ``(handled, index, total_order, per_table_counts, outputs)``; ``outputs`` is a list of
-    /// ``(table_id, changes, keys, values, nbytes, keystate_keys, keystate_values, toast_keys)``.
+    /// ``(table_id, changes, keys, values, nbytes, keystate_keys, keystate_values)``: ``keys`` and ``values``
+    /// the records' as Arrow binary arrays' buffers ``(data, offsets, validity or None, null count, length)``
+    /// (a keyless table's keys all null, a tombstone's value null). Every change with a key drops that key from
+    /// the TOAST cache (its row is small): the caller takes them from ``keys``.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (messages, start, limit, xid, commit_lsn, ts_ms, snapshot, total_order, per_table, index, now_ms, delete_marker))]
     fn process<'py>(
@@ -460,6 +527,18 @@ impl Core {
             let Some(built) = build(change, table, source, &position) else {
                 break;
             };
+            // the table's arrays must still hold the change (i32 offsets); else it starts the next run
+            let size: usize = built
+                .values
+                .iter()
+                .map(|v| v.as_ref().map_or(0, Vec::len))
+                .sum();
+            let key_size = built.key.as_ref().map_or(0, Vec::len) * built.values.len();
+            if let Some(&slot) = slot_of.get(&built.table) {
+                if !outs[slot].values.fits(size) || !outs[slot].keys.fits(key_size) {
+                    break;
+                }
+            }
             // commit the change's effects
             index += 1;
             if built.counted {
@@ -470,43 +549,29 @@ impl Core {
                 outs.push(Out {
                     table: built.table,
                     count: 0,
-                    keys: Vec::new(),
-                    values: Vec::new(),
+                    keys: BinaryColumn::new(),
+                    values: BinaryColumn::new(),
                     nbytes: 0,
                     ks_keys: Vec::new(),
                     ks_vals: Vec::new(),
-                    toast_keys: Vec::new(),
                 });
                 outs.len() - 1
             });
             let out = &mut outs[slot];
             out.count += 1;
-            let key_obj: Option<PyObject> = built
-                .key
-                .as_ref()
-                .map(|k| PyBytes::new(py, k).into_any().unbind());
-            let key_len = built.key.as_ref().map_or(0, |b| b.len());
-            for v in built.values {
-                out.nbytes += key_len + v.as_ref().map_or(0, |b| b.len());
-                out.keys.push(match &key_obj {
-                    Some(obj) => obj.clone_ref(py),
-                    None => py.None(),
-                });
-                out.values.push(match v {
-                    Some(b) => PyBytes::new(py, &b).into_any().unbind(),
-                    None => py.None(),
-                });
+            let key = built.key.as_deref();
+            for v in &built.values {
+                out.nbytes += key.map_or(0, <[u8]>::len) + v.as_ref().map_or(0, Vec::len);
+                out.keys.push(key);
+                out.values.push(v.as_deref());
             }
-            if let Some(obj) = key_obj {
-                if let Some(delete) = built.keystate {
-                    out.ks_keys.push(obj.clone_ref(py));
-                    out.ks_vals.push(if delete {
-                        delete_marker.clone_ref(py)
-                    } else {
-                        py.None()
-                    });
-                }
-                out.toast_keys.push(obj);
+            if let (Some(key), Some(delete)) = (key, built.keystate) {
+                out.ks_keys.push(PyBytes::new(py, key).into_any().unbind());
+                out.ks_vals.push(if delete {
+                    delete_marker.clone_ref(py)
+                } else {
+                    py.None()
+                });
             }
             handled += 1;
             i += 1;
@@ -523,12 +588,11 @@ impl Core {
             let tuple = (
                 o.table,
                 o.count,
-                PyList::new(py, o.keys)?,
-                PyList::new(py, o.values)?,
+                o.keys.into_buffers(py),
+                o.values.into_buffers(py),
                 o.nbytes,
                 PyList::new(py, o.ks_keys)?,
                 PyList::new(py, o.ks_vals)?,
-                PyList::new(py, o.toast_keys)?,
             );
             outputs.push(tuple.into_pyobject(py)?.into_any().unbind());
         }

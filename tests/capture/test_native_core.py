@@ -165,7 +165,7 @@ def run(core: CoreChoice, tables: list[TableInfo], payloads: list[bytes], cuts: 
         ctx = source._ctx
         return Outcome(
             error,
-            {t: (list(r.keys), list(r.values), r.headers) for t, r in writer._records.items()},
+            {t: (*r.lists(), r.headers) for t, r in writer._records.items()},
             # repr: the values as the Python path holds them, NaN included (Decimal('NaN') != itself)
             {(names[tid], key): "DELETE" if v is DELETE_MARKER else repr(v)
              for (tid, key), v in keystate._keys.items()},

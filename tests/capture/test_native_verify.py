@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from capture_util import capture as capture_into
 from capture_util import drop_slots, fresh_database, records, sql
@@ -18,7 +19,7 @@ from capture_util import drop_slots, fresh_database, records, sql
 import capture.native
 from capture.config import CoreChoice, SnapshotMode
 from capture.messages import Plugin
-from capture.native import NativeCore
+from capture.native import NativeCore, binary_array
 from capture.native_verify import ENV, NativeMismatchError, ReferenceCheck, enabled
 from tideline.pgharness import LocalPostgres
 
@@ -90,9 +91,13 @@ class TamperedCore:
     def process(self, *args: Any) -> Any:
         handled, index, total_order, counts, outputs = self._core.process(*args)
         if outputs:
-            tid, n, keys, values, nbytes, ks_keys, ks_values, toast_keys = outputs[0]
-            values = [values[0].replace(b'"owner', b'"0wner', 1), *values[1:]]
-            outputs = [(tid, n, keys, values, nbytes, ks_keys, ks_values, toast_keys), *outputs[1:]]
+            tid, n, keys, values, nbytes, ks_keys, ks_values = outputs[0]
+            records = binary_array(values).to_pylist()
+            altered = pa.array([records[0].replace(b'"owner', b'"0wner', 1), *records[1:]], pa.binary())
+            validity, offsets, data = altered.buffers()
+            values = (data.to_pybytes(), offsets.to_pybytes(), None if validity is None else validity.to_pybytes(),
+                      altered.null_count, len(altered))  # fmt: skip
+            outputs = [(tid, n, keys, values, nbytes, ks_keys, ks_values), *outputs[1:]]
         return handled, index, total_order, counts, outputs
 
 
