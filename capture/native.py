@@ -2,17 +2,19 @@
 
 ``tideline_native`` is a Rust extension (PyO3, built by maturin from ``native/``: ``make
 native``). :class:`NativeCore` drives it for the streaming source (capture.streaming): the
-source hands it a run of XLogData messages inside a transaction, as they came off the wire
-(header and payload: no Python object per message; the header's data start is a pgoutput row
+source hands it a run of XLogData messages inside a transaction, as they came off the wire, in
+one buffer (capture.replication.XLogRun, read by the extension's ``read_xlog`` with libpq's own
+calls: no Python object per message; the header's data start is a pgoutput row
 message's LSN); the extension parses each payload, converts its values, renders
 the envelope and the key — the same bytes the Python reference path (capture.decoders.wal2json
 or capture.decoders.pgoutput → capture.events → capture.converters.JsonConverter or
 AvroConverter) writes —
 and stops at the first payload it does not handle, which then takes the Python path; then
 the next run starts. The results come back per table as Arrow binary arrays' buffers (keys and
-values: no Python object per record) and the key-state changes (a Python key each: the key
-state's own API), added to the batch with one call each: no ChangeMessage, Column, image dict,
-Event or record bytes object is made for a natively handled change.
+values: no Python object per record) and the key-state changes as two key sets, the keys put and
+the keys deleted (capture.keystate.KeySet: a buffer and its spans, written by SQLite a set per
+statement), added with one call each: no ChangeMessage, Column, image dict, Event, record or key
+bytes object is made for a natively handled change.
 
 Native: INSERT, UPDATE and DELETE records (wal2json) or Insert, Update and Delete messages
 (pgoutput) of a registered table (a captured table, not the outbox table, no excluded or
@@ -74,7 +76,7 @@ from capture.config import ENV as ENV  # re-exported: where the choice comes fro
 from capture.config import CoreChoice
 from capture.converters import AvroConverter, JsonConverter
 from capture.decoders.pgoutput import PgOutputDecoder, Relation
-from capture.keystate import DELETE_MARKER
+from capture.keystate import KeySet
 from capture.messages import Plugin
 from capture.native_avro import layout_of
 from capture.native_verify import ReferenceCheck
@@ -86,6 +88,7 @@ if TYPE_CHECKING:
     from capture.config import CaptureConfig
     from capture.events import EventBuilder, TxnContext
     from capture.messages import Decoder
+    from capture.replication import XLogRun
     from capture.status import Stats
     from capture.tables import TableCatalog, TableInfo
     from capture.writer import LogWriter
@@ -299,10 +302,10 @@ class NativeCore:
 
     # ------------------------------------------------------------------ runs
 
-    def run(self, messages: list[bytes], start: int, ctx: TxnContext, index: int) -> tuple[int, int]:
+    def run(self, messages: XLogRun, start: int, ctx: TxnContext, index: int) -> tuple[int, int]:
         """Handle ``messages[start:]`` of the transaction ``ctx`` from event ``index`` on, until one needs the
-        Python path. ``messages``: XLogData messages as they came (capture.replication.XLogRun: b"w", the
-        header, whose data start is a pgoutput row's LSN, then the payload).
+        Python path. ``messages``: XLogData messages as they came, in one buffer (capture.replication.XLogRun:
+        b"w", the header, whose data start is a pgoutput row's LSN, then the payload).
         Returns ``(messages handled, next event index)``; the events are in the batch."""
         if self.catalog.generation != self._generation:
             self._resync()
@@ -318,26 +321,27 @@ class NativeCore:
         now = now_ms()
         first = index
         handled, index, total_order, counts, outputs = self.core.process(
-            messages, start, RUN_LIMIT, ctx.xid, ctx.commit_lsn, ctx.ts_ms, ctx.snapshot, ctx.total_order,
-            ctx.per_table, index, now, DELETE_MARKER,
+            messages.data, messages.offsets, start, RUN_LIMIT, ctx.xid, ctx.commit_lsn, ctx.ts_ms, ctx.snapshot,
+            ctx.total_order, ctx.per_table, index, now,
         )  # fmt: skip
         if not handled:
             return 0, index
         if self.verify is not None:
             registered = {name: (self._tables[tid], self._topics[tid]) for name, tid in self._ids.items()}
-            self.verify.check(messages[start : start + handled], ctx, first, now, registered,
+            self.verify.check([messages.message(i) for i in range(start, start + handled)], ctx, first, now, registered,
                               (index, total_order, counts, outputs), dict(enumerate(self._topics)))  # fmt: skip
         ctx.total_order = total_order
         for qualified, n in counts:
             ctx.per_table[qualified] = n
         writer, keystate, toast = self.writer, self.writer.keystate, self.builder.toast
-        for tid, _changes, key_buffers, value_buffers, nbytes, ks_keys, ks_values in outputs:
+        for tid, _changes, key_buffers, value_buffers, nbytes, puts, deletes in outputs:
             table, topic = self._tables[tid], self._topics[tid]
             keys, values = binary_array(key_buffers), binary_array(value_buffers)
             writer.ensure_table_topic(table, topic)
             writer.add_arrays(topic, keys, values, nbytes)
-            if ks_keys:
-                keystate.put_many(topic, ks_keys, ks_values)
+            if puts is not None or deletes is not None:
+                keystate.put_sets(topic, None if puts is None else KeySet(*puts),
+                                  None if deletes is None else KeySet(*deletes))  # fmt: skip
             if toast.entries:  # each change's row is small: its key leaves the cache (objects made only then)
                 toast.drop_many(topic, changed_keys(keys))
             self.stats.events += len(values)

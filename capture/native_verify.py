@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from capture.decoders.wal2json import Wal2JsonDecoder
 from capture.errors import CaptureError
-from capture.keystate import DELETE_MARKER
+from capture.keystate import DELETE_MARKER, KeySet
 from capture.messages import Kind
 from capture.replication import XLOG_BODY, XLOG_HEADER
 
@@ -148,13 +148,14 @@ class ReferenceCheck:
         got: dict[str, tuple[list[bytes | None], list[bytes | None]]] = {}
         changes: dict[tuple[str, bytes], Any] = {}
         dropped: set[tuple[str, bytes]] = set()
-        for tid, _n, key_buffers, value_buffers, _nbytes, ks_keys, ks_values in outputs:
+        for tid, _n, key_buffers, value_buffers, _nbytes, puts, deletes in outputs:
             topic = topic_of[tid]
             keys = binary_array(key_buffers)
             got_keys, got_values = got.setdefault(topic, ([], []))
             got_keys.extend(keys.to_pylist())
             got_values.extend(binary_array(value_buffers).to_pylist())
-            changes.update(((topic, k), v) for k, v in zip(ks_keys or (), ks_values or (), strict=True))
+            for keys_of, marker in ((puts, None), (deletes, DELETE_MARKER)):  # each key's last change
+                changes.update(((topic, k), marker) for k in (KeySet(*keys_of).keys() if keys_of else ()))
             dropped.update((topic, k) for k in changed_keys(keys))  # each change drops its key (its row is small)
         self._compare_records(expected, got)
         if changes != keystate.changes:

@@ -23,19 +23,28 @@ Thread-safety: none; one connection belongs to one connector thread.
 
 from __future__ import annotations
 
+import array
+import itertools
 import select
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import overload
 
 import psycopg
 from psycopg.pq.abc import PGconn
 
+from capture import libpq as pqlib
 from capture.messages import Plugin
 from capture.pgtypes import SESSION_OPTIONS
 from schemas.position import format_lsn, parse_lsn
+
+_read_xlog: Callable[[int, int, int, int, bytes | None, int, int], tuple[int, bytes, bytes, bytes | None]] | None
+try:
+    from tideline_native import read_xlog as _read_xlog
+except ImportError:  # not built, or built before it had read_xlog: messages come through psycopg
+    _read_xlog = None
 
 __all__ = ["CreatedSlot", "Keepalive", "ReplicationConnection", "XLogData", "XLogRun", "format_lsn", "parse_lsn"]
 
@@ -43,6 +52,7 @@ PG_EPOCH_OFFSET_US = 946_684_800_000_000  # 2000-01-01 in Unix microseconds
 XLOG_HEADER = struct.Struct("!QQQ")  # after the 'w': data start, WAL end, send time
 XLOG_BODY = 1 + XLOG_HEADER.size  # where an XLogData message's payload starts
 KEEPALIVE = struct.Struct("!QQB")
+RUN_BYTES = 8 << 20  # a run read ahead for the native core holds at most about this much (and one message)
 STATUS = struct.Struct("!cQQQqB")
 
 
@@ -66,26 +76,42 @@ class XLogData:
 
 
 class XLogRun(Sequence[XLogData]):
-    """XLogData messages as they came off the wire ('w', header, payload), each decoded only when asked for:
-    the native core reads headers and payloads itself (capture.native), so no Python object is made per
-    message it handles."""
+    """XLogData messages as they came off the wire ('w', header, payload), in one buffer: ``data``, and where
+    each starts in it and the last ends, ``offsets`` (native-endian u32, one more than the messages). A message
+    is decoded into an :class:`XLogData` only when asked for: the native core reads the buffer itself
+    (capture.native), so no Python object is made per message it handles."""
 
-    __slots__ = ("raw",)
+    __slots__ = ("_at", "data", "offsets")
 
-    def __init__(self, raw: list[bytes]) -> None:
-        self.raw = raw  # every one an XLogData message: b"w" + XLOG_HEADER + payload
+    def __init__(self, data: bytes, offsets: bytes) -> None:
+        self.data = data
+        self.offsets = offsets
+        self._at = memoryview(offsets).cast("I")
+        if len(self._at) < 1 or self._at[0] != 0 or self._at[-1] != len(data):
+            raise ValueError(f"XLogRun: offsets {list(self._at[:3])}… do not span the {len(data)} bytes of data")
+
+    @classmethod
+    def of(cls, messages: Sequence[bytes]) -> XLogRun:
+        """A run of these raw messages (each b"w" + XLOG_HEADER + payload)."""
+        return cls(b"".join(messages), array.array("I", [0, *itertools.accumulate(map(len, messages))]).tobytes())
 
     def __len__(self) -> int:
-        return len(self.raw)
+        return len(self._at) - 1
+
+    def message(self, i: int) -> bytes:
+        """The ``i``-th message as it came."""
+        if not 0 <= i < len(self._at) - 1:
+            raise IndexError(f"XLogRun: no message {i} of {len(self._at) - 1}")
+        return self.data[self._at[i] : self._at[i + 1]]
 
     @overload
     def __getitem__(self, i: int) -> XLogData: ...
     @overload
-    def __getitem__(self, i: slice) -> XLogRun: ...
-    def __getitem__(self, i: int | slice) -> XLogData | XLogRun:
+    def __getitem__(self, i: slice) -> list[XLogData]: ...
+    def __getitem__(self, i: int | slice) -> XLogData | list[XLogData]:
         if isinstance(i, slice):
-            return XLogRun(self.raw[i])
-        raw = self.raw[i]
+            return [self[j] for j in range(*i.indices(len(self)))]
+        raw = self.message(i if i >= 0 else len(self) + i)
         start, end, _ = XLOG_HEADER.unpack_from(raw, 1)
         return XLogData(start, end, raw[XLOG_BODY:])
 
@@ -133,17 +159,36 @@ class ReplicationConnection:
             self._ahead = self.read(0.0)
         return self._ahead is not None
 
-    def read_ready(self, limit: int) -> list[bytes]:
-        """Up to ``limit`` XLogData messages that have arrived already (no waiting), as they came (see
-        :class:`XLogRun`); a keepalive met on the way stops it and is the next :meth:`read`'s. The native
-        core's read-ahead: the per-message loop kept short (what libpq has buffered first; the socket is
-        looked at only when that runs out), no object made per message."""
+    def read_run(self, first: XLogData, limit: int) -> XLogRun:
+        """``first`` and the XLogData messages that have arrived after it already (no waiting), up to ``limit``
+        in all, as one :class:`XLogRun`; a keepalive met on the way stops it and is the next :meth:`read`'s.
+        The native core's read-ahead: read by the extension with libpq's own calls (``read_xlog``: one buffer,
+        no Python object per message), or, where libpq's functions are not found (capture.libpq) or the
+        extension is not built, through psycopg (what libpq has buffered first; the socket is looked at only
+        when that runs out)."""
+        if self._ahead is not None:  # read by pending(): it comes right after ``first``
+            if not isinstance(self._ahead, XLogData):
+                return XLogRun.of([first.raw()])  # the keepalive stays the next read()'s
+            second, self._ahead = self._ahead, None
+            return XLogRun.of([first.raw(), second.raw(), *self._read_ready(limit - 2)])
+        functions = None if _read_xlog is None else pqlib.functions(pqlib.STREAM)
+        if functions is None or _read_xlog is None:  # (mypy: both tested)
+            return XLogRun.of([first.raw(), *self._read_ready(limit - 1)])
+        pg = self.conn.pgconn
+        get, free, consume = functions
+        address: int = pg.pgconn_ptr  # type: ignore[attr-defined]  # every implementation has it (its stub not)
+        status, data, offsets, ahead = _read_xlog(address, get, free, consume, first.raw(), limit, RUN_BYTES)
+        if status < 0:
+            raise psycopg.OperationalError(f"replication stream ended: {_end_reason(pg)}")
+        if ahead is not None:
+            self._ahead = _message(ahead)
+        return XLogRun(data, offsets)
+
+    def _read_ready(self, limit: int) -> list[bytes]:
+        """Up to ``limit`` XLogData messages that have arrived already, through psycopg (see :meth:`read_run`)."""
         out: list[bytes] = []
         if self._ahead is not None:
-            if not isinstance(self._ahead, XLogData):
-                return out
-            out.append(self._ahead.raw())
-            self._ahead = None
+            return out
         pg = self.conn.pgconn
         get = pg.get_copy_data
         while len(out) < limit:

@@ -99,10 +99,8 @@ from __future__ import annotations
 
 import array
 import contextlib
-import ctypes
 import dataclasses
 import fcntl
-import functools
 import gc
 import itertools
 import logging
@@ -123,6 +121,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import pq
 
+from capture import libpq as pqlib
 from capture.errors import CaptureError, is_connection_error
 from capture.messages import Column
 from capture.pgtypes import SESSION_OPTIONS, dumps_values, text_converter
@@ -431,37 +430,12 @@ def copy_batches(db: psycopg.Connection[Any], python: PythonPath, native: Any, t
         yield native_batch(python, table, convs, number, *read)
 
 
-@functools.cache
 def libpq_copy_functions() -> tuple[int, int] | None:
     """The addresses of ``PQgetCopyData`` and ``PQfreemem`` in the libpq psycopg uses in this process, for
-    :func:`read_copy`; None where they cannot be told for sure (then the lines go through psycopg).
-
-    psycopg's ``python`` implementation loads libpq with ctypes: that library. The ``binary`` one links the
-    libpq it ships (``psycopg_binary.libs/libpq-….so``), the ``c`` one the system's: the one such library
-    mapped into this process (Linux's ``/proc/self/maps``), opened again with ctypes (the same copy)."""
-    try:
-        if pq.__impl__ == "python":
-            from psycopg.pq import _pq_ctypes
-
-            lib = _pq_ctypes.pq  # type: ignore[attr-defined]  # the module's CDLL, not in its stub
-        else:
-            lib = ctypes.CDLL(_mapped_libpq(pq.__impl__))
-        get, free = (ctypes.cast(f, ctypes.c_void_p).value for f in (lib.PQgetCopyData, lib.PQfreemem))
-    except (OSError, AttributeError, ImportError, LookupError) as e:
-        log.info("capture: COPY lines are read through psycopg (libpq's copy functions not found: %s)", e)
-        return None
-    return (get, free) if get and free else None
-
-
-def _mapped_libpq(impl: str) -> str:
-    """The path of the libpq psycopg's ``binary`` or ``c`` implementation uses, among the files mapped here."""
-    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-        paths = {parts[5] for parts in (line.split(maxsplit=5) for line in maps) if len(parts) == 6}
-    libs = {p.strip() for p in paths if os.path.basename(p.strip()).startswith("libpq")}
-    ours = {p for p in libs if ("psycopg_binary" in p) == (impl == "binary")}
-    if len(ours) != 1:
-        raise LookupError(f"{len(ours)} libpq libraries of psycopg's {impl} implementation are mapped: {sorted(ours)}")
-    return ours.pop()
+    :func:`read_copy` (capture.libpq); None where they cannot be told for sure (then the lines go through
+    psycopg)."""
+    found = pqlib.functions(pqlib.COPY)
+    return None if found is None else (found[0], found[1])
 
 
 NativeRead = tuple[bytes, bytes | None, int, tuple[Any, ...], list[bytes]]

@@ -135,17 +135,17 @@ class StreamingSource:
                 continue
             assert isinstance(msg, XLogData)
             # With the native core: the messages that have arrived already, so that it gets runs of them.
-            batch = [msg] if native is None else XLogRun([msg.raw(), *repl.read_ready(READ_AHEAD)])
+            batch = [msg] if native is None else repl.read_run(msg, READ_AHEAD)
             if self._handle(batch, repl, target):
                 return
 
     def _handle(self, batch: Sequence[XLogData], repl: ReplicationConnection, target: int | None) -> bool:
         """XLogData messages in stream order: runs of them through the native core while it handles them,
         the others one by one through the Python path. True: ``target`` is stored, stop. The core reads the
-        messages as they came (an :class:`XLogRun`'s, else made again from the XLogData)."""
+        messages as they came (an :class:`XLogRun`'s buffer, else one made again from the XLogData)."""
         writer = self.writer
         native = self.native
-        messages: list[bytes] | None = None  # as they came: b"w", header (the data start: a row's LSN), payload
+        run: XLogRun | None = None  # as they came: b"w", header (the data start: a row's LSN), payload
         p = 0
         while p < len(batch):
             ctx = self._ctx
@@ -155,9 +155,9 @@ class StreamingSource:
                 and self.incremental.chunk is None  # an open chunk must see every change (IncrementalSnapshot.seen)
                 and not self.offsets.covers(ctx.commit_lsn, self._index)
             ):
-                if messages is None:
-                    messages = batch.raw if isinstance(batch, XLogRun) else [m.raw() for m in batch]
-                handled, self._index = native.run(messages, p, ctx, self._index)
+                if run is None:
+                    run = batch if isinstance(batch, XLogRun) else XLogRun.of([m.raw() for m in batch])
+                handled, self._index = native.run(run, p, ctx, self._index)
                 if handled:
                     p += handled
                     self.stats.server_wal_end = max(self.stats.server_wal_end, batch[p - 1].wal_end)

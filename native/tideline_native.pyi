@@ -4,10 +4,12 @@ from typing import Any
 
 VERSION: str
 
-# One output per table of a run: (table_id, changes, keys, values, nbytes, keystate_keys, keystate_values, toast_keys)
+# One output per table of a run: (table_id, changes, keys, values, nbytes, puts, deletes)
 # an Arrow binary array's buffers: data, offsets (i32 little-endian), validity bitmap (None: no nulls), nulls, length
 Column = tuple[bytes, bytes, bytes | None, int, int]
-Output = tuple[int, int, Column, Column, int, list[bytes], list[Any]]
+# a key set (capture.keystate.KeySet): the keys back to back, a JSON array of start << 32 | length (start 1-based)
+KeySet = tuple[bytes, str]
+Output = tuple[int, int, Column, Column, int, KeySet | None, KeySet | None]
 
 class Core:
     def __init__(self, prefix: str, db: str, plugin: str = "wal2json", value_format: str = "json") -> None: ...
@@ -38,7 +40,8 @@ class Core:
     def forget_relation(self, oid: int) -> None: ...
     def process(
         self,
-        messages: list[bytes],
+        data: bytes,
+        offsets: bytes,
         start: int,
         limit: int,
         xid: int | None,
@@ -49,12 +52,21 @@ class Core:
         per_table: dict[str, int],
         index: int,
         now_ms: int,
-        delete_marker: object,
     ) -> tuple[int, int, int, list[tuple[str, int]], list[Output]]: ...
     @staticmethod
     def json_string(text: str) -> bytes: ...
     @staticmethod
     def json_float(value: float) -> bytes | None: ...
+
+def read_xlog(
+    conn: int,
+    get_copy_data: int,
+    free_mem: int,
+    consume_input: int,
+    first: bytes | None,
+    limit: int,
+    max_bytes: int,
+) -> tuple[int, bytes, bytes, bytes | None]: ...
 
 class SnapshotEncoder:
     def __init__(self, names: list[str], type_oids: list[int], key: list[str], toastable: list[str]) -> None: ...

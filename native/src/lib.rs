@@ -18,12 +18,13 @@ mod convert;
 mod json;
 mod pgoutput;
 mod snapshot;
+mod stream;
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict};
 
 use convert::{Kind, NOT_NATIVE};
 use json::{parse_obj, parse_record, raw_i64, raw_str, Obj, Record};
@@ -81,15 +82,54 @@ enum Plugin {
 }
 
 /// Outputs of one table within one call: its records' keys and values as Arrow binary arrays (no Python
-/// object per record), and the key-state changes (the key state takes a Python key each).
+/// object per record), and the key-state changes in order (key, deleted), handed over as two key sets.
 struct Out {
     table: usize,
     count: i64,
     keys: BinaryColumn,
     values: BinaryColumn,
     nbytes: usize,
-    ks_keys: Vec<PyObject>,
-    ks_vals: Vec<PyObject>,
+    keystate: Vec<(Vec<u8>, bool)>,
+}
+
+/// A set of keys as the key state applies it in one SQL statement (capture.keystate.KeySet): the keys back
+/// to back, and a JSON array with one integer per key, ``start << 32 | length`` (``start`` 1-based, as
+/// SQLite's ``substr`` counts a blob's bytes).
+type KeySet<'py> = (Bound<'py, PyBytes>, String);
+
+/// The key-state changes of a run as two key sets, the keys put (small rows: nothing to keep) and the keys
+/// deleted: each key in at most one of them, as its last change in the run left it (None: an empty set).
+#[allow(clippy::type_complexity)]
+fn key_sets<'py>(
+    py: Python<'py>,
+    changes: &[(Vec<u8>, bool)],
+) -> PyResult<(Option<KeySet<'py>>, Option<KeySet<'py>>)> {
+    let mut seen: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
+    let mut sets: [(Vec<u8>, String); 2] =
+        [(Vec::new(), String::new()), (Vec::new(), String::new())];
+    for (key, deleted) in changes.iter().rev() {
+        if !seen.insert(key.as_slice()) {
+            continue; // a later change of the key decides
+        }
+        let (data, spans) = &mut sets[usize::from(*deleted)];
+        let start = u64::try_from(data.len() + 1).expect("usize fits u64");
+        let length = u64::try_from(key.len()).expect("usize fits u64");
+        if start >= 1 << 31 || length >= 1 << 32 {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "key sets: a key of {length} bytes at byte {start} (the spans hold 31-bit starts)"
+            )));
+        }
+        spans.push(if spans.is_empty() { '[' } else { ',' });
+        spans.push_str(itoa::Buffer::new().format(start << 32 | length));
+        data.extend_from_slice(key);
+    }
+    let [puts, deletes] = sets.map(|(data, mut spans)| {
+        (!spans.is_empty()).then(|| {
+            spans.push(']');
+            (PyBytes::new(py, &data), spans)
+        })
+    });
+    Ok((puts, deletes))
 }
 
 /// An Arrow binary array under construction: the values back to back, ``len + 1`` little-endian i32 offsets
@@ -417,21 +457,25 @@ impl Core {
         }
     }
 
-    /// Handle ``messages[start:]`` until one needs the Python path, or ``limit`` are handled. Each is an
-    /// XLogData message as it came: b"w", Int64 data start (a pgoutput row message's LSN), Int64 WAL end,
-    /// Int64 send time, then the plugin's payload.
+    /// Handle the messages of a run from ``start`` on until one needs the Python path, or ``limit`` are
+    /// handled. The run is one buffer, ``data``, and where each message starts in it and the last ends,
+    /// ``offsets`` (native-endian u32: what :func:`read_xlog` returns). Each is an XLogData message as it
+    /// came: b"w", Int64 data start (a pgoutput row message's LSN), Int64 WAL end, Int64 send time, then the
+    /// plugin's payload.
     ///
     /// Returns ``(handled, index, total_order, per_table_counts, outputs)``; ``outputs`` is a list of
-    /// ``(table_id, changes, keys, values, nbytes, keystate_keys, keystate_values)``: ``keys`` and ``values``
-    /// the records' as Arrow binary arrays' buffers ``(data, offsets, validity or None, null count, length)``
-    /// (a keyless table's keys all null, a tombstone's value null). Every change with a key drops that key from
-    /// the TOAST cache (its row is small): the caller takes them from ``keys``.
+    /// ``(table_id, changes, keys, values, nbytes, puts, deletes)``: ``keys`` and ``values`` the records' as
+    /// Arrow binary arrays' buffers ``(data, offsets, validity or None, null count, length)`` (a keyless
+    /// table's keys all null, a tombstone's value null); ``puts`` and ``deletes`` the key state's changes as
+    /// two key sets (:func:`key_sets`; None: empty). Every change with a key drops that key from the TOAST
+    /// cache (its row is small): the caller takes them from ``keys``.
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (messages, start, limit, xid, commit_lsn, ts_ms, snapshot, total_order, per_table, index, now_ms, delete_marker))]
+    #[pyo3(signature = (data, offsets, start, limit, xid, commit_lsn, ts_ms, snapshot, total_order, per_table, index, now_ms))]
     fn process<'py>(
         &self,
         py: Python<'py>,
-        messages: &Bound<'py, PyList>,
+        data: &[u8],
+        offsets: &[u8],
         start: usize,
         limit: usize,
         xid: Option<i64>,
@@ -442,20 +486,18 @@ impl Core {
         per_table: &Bound<'py, PyDict>,
         mut index: i64,
         now_ms: i64,
-        delete_marker: PyObject,
     ) -> PyResult<Processed> {
         let mut outs: Vec<Out> = Vec::new();
         let mut slot_of: HashMap<usize, usize> = HashMap::new();
         let mut counts: HashMap<usize, i64> = HashMap::new();
         let mut sources: HashMap<usize, Source> = HashMap::new();
         let mut handled = 0usize;
-        let end = messages.len().min(start.saturating_add(limit));
+        let count = (offsets.len() / 4).saturating_sub(1);
+        let end = count.min(start.saturating_add(limit));
         let mut i = start;
         while i < end {
-            let item = messages.get_item(i)?;
-            let message = match item.downcast::<PyBytes>() {
-                Ok(b) => b.as_bytes(),
-                Err(_) => break,
+            let Some(message) = stream::message(data, offsets, i) else {
+                break;
             };
             if message.len() < XLOG_BODY || message[0] != b'w' {
                 break;
@@ -552,8 +594,7 @@ impl Core {
                     keys: BinaryColumn::new(),
                     values: BinaryColumn::new(),
                     nbytes: 0,
-                    ks_keys: Vec::new(),
-                    ks_vals: Vec::new(),
+                    keystate: Vec::new(),
                 });
                 outs.len() - 1
             });
@@ -566,12 +607,7 @@ impl Core {
                 out.values.push(v.as_deref());
             }
             if let (Some(key), Some(delete)) = (key, built.keystate) {
-                out.ks_keys.push(PyBytes::new(py, key).into_any().unbind());
-                out.ks_vals.push(if delete {
-                    delete_marker.clone_ref(py)
-                } else {
-                    py.None()
-                });
+                out.keystate.push((key.to_vec(), delete));
             }
             handled += 1;
             i += 1;
@@ -585,14 +621,15 @@ impl Core {
         }
         let mut outputs = Vec::with_capacity(outs.len());
         for o in outs {
+            let (puts, deletes) = key_sets(py, &o.keystate)?;
             let tuple = (
                 o.table,
                 o.count,
                 o.keys.into_buffers(py),
                 o.values.into_buffers(py),
                 o.nbytes,
-                PyList::new(py, o.ks_keys)?,
-                PyList::new(py, o.ks_vals)?,
+                puts,
+                deletes,
             );
             outputs.push(tuple.into_pyobject(py)?.into_any().unbind());
         }
@@ -1062,6 +1099,7 @@ fn tideline_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Core>()?;
     m.add_class::<snapshot::SnapshotEncoder>()?;
     m.add_function(wrap_pyfunction!(snapshot::splice_reads, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::read_xlog, m)?)?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -21,7 +21,7 @@ from workload import soak
 
 from capture.converters import JsonConverter
 from capture.events import EventBuilder, ToastCache
-from capture.keystate import TABLE_TOPIC, KeyState
+from capture.keystate import TABLE_TOPIC, KeySet, KeyState
 from capture.sinks import TopicRecords, TopicSpec
 from capture.sinks.embedded import EmbeddedLogSink
 from capture.tables import TableColumn, TableFilter, TableInfo
@@ -408,3 +408,45 @@ def test_keys_of_a_table_whose_key_may_repeat_are_kept_once_each(tmp_path: Path)
     assert sorted(k for c in state.live_keys(TOPIC) for k in c) == [b"c", b"f", b"p1", b"p2"]
     assert len(run_files(tmp_path / "ks.sqlite")) == 1  # the primary key's reads only
     state.close()
+
+
+def key_set(keys: list[bytes]) -> KeySet:
+    """A key set as the native core makes it (the keys back to back, ``start << 32 | length``, 1-based)."""
+    spans, at = [], 1
+    for k in keys:
+        spans.append(at << 32 | len(k))
+        at += len(k)
+    return KeySet(b"".join(keys), json.dumps(spans))
+
+
+def test_key_sets_apply_in_order_with_buffered_changes(sink: EmbeddedLogSink, tmp_path: Path) -> None:
+    """The native core's key sets (KeyState.put_sets): written by SQLite a set at a time, after the buffered
+    changes (older), before later ones; kept in the log transaction's SQLite transaction (aborted with it,
+    committed with it, read back after a reopen); deletes of a run's keys mark them dead."""
+    path = tmp_path / "ks.sqlite"
+    state = opened(path, sink)
+    write_run(sink, state, [b"r1", b"r2", b"r3"])
+    write(sink, state, {b"a": b"big:" + b"x" * 2000, b"b": b"small"})
+    assert key_set([b"r1", b'{"id":7}']).keys() == [b"r1", b'{"id":7}']
+    # a buffered put with TOAST values, then the key put small by a set: the set's (later) put wins
+    state.begin()
+    state.put(TOPIC, b"c", {"doc": "y" * 2000})
+    state.put_sets(TOPIC, key_set([b"c", b"d", b"\x00\xff binary"]), key_set([b"a", b"r2", b"never there"]))
+    assert state.toast(TOPIC, b"c") is None and state.toast(TOPIC, b"a") is None
+    state.put(TOPIC, b"d", {"doc": "z" * 2000})  # a later buffered change wins over the set
+    assert state.toast(TOPIC, b"d") == {"doc": "z" * 2000}
+    expected = {b"b", b"c", b"d", b"\x00\xff binary", b"r1", b"r3"}
+    assert live(state) == expected
+    state.abort()  # the log transaction did not commit: neither did the sets
+    assert live(state) == {b"a", b"b", b"r1", b"r2", b"r3"} and state.toast(TOPIC, b"a") == {"doc": "x" * 2000}
+    state.begin()
+    state.put_sets(TOPIC, key_set([b"c", b"d", b"\x00\xff binary"]), key_set([b"a", b"r2"]))
+    state.put_sets(TOPIC, None, key_set([b"c"]))
+    state.commit({})
+    state.close()
+    reopened = opened(path, sink)
+    listed = [k for c in reopened.live_keys(TOPIC) for k in c]
+    assert sorted(listed) == sorted({b"b", b"d", b"\x00\xff binary", b"r1", b"r3"}) and len(listed) == 5
+    # every deleted key of a topic with runs is marked dead, as the buffered deletes are (r2 is a run's)
+    assert reopened.db.execute("SELECT key FROM dead ORDER BY key").fetchall() == [(b"a",), (b"c",), (b"r2",)]
+    reopened.close()

@@ -25,6 +25,7 @@ out so that the core handles them). The end-to-end check against a real server i
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import tempfile
 import threading
@@ -51,7 +52,7 @@ from capture.decoders.pgoutput import PgOutputDecoder
 from capture.decoders.wal2json import Wal2JsonDecoder
 from capture.events import EventBuilder, ToastCache
 from capture.incremental import IncrementalSnapshot
-from capture.keystate import DELETE_MARKER, KeyState
+from capture.keystate import KeyState
 from capture.messages import Decoder, Plugin
 from capture.native import NativeCore, native_core_for
 from capture.offsets import OffsetContext
@@ -156,7 +157,7 @@ def run(core: CoreChoice, tables: list[TableInfo], payloads: list[bytes], cuts: 
             start = 0
             for end in [*sorted(set(cuts)), len(stream)]:
                 if end > start:  # as the streaming source hands them over when the core is there
-                    source._handle(XLogRun([m.raw() for m in stream[start:end]]), repl, None)
+                    source._handle(XLogRun.of([m.raw() for m in stream[start:end]]), repl, None)
                     start = end
         except Exception as e:
             error = (type(e).__name__, str(e))
@@ -166,9 +167,7 @@ def run(core: CoreChoice, tables: list[TableInfo], payloads: list[bytes], cuts: 
         return Outcome(
             error,
             {t: (*r.lists(), r.headers) for t, r in writer._records.items()},
-            # repr: the values as the Python path holds them, NaN included (Decimal('NaN') != itself)
-            {(names[tid], key): "DELETE" if v is DELETE_MARKER else repr(v)
-             for (tid, key), v in keystate._keys.items()},
+            key_state(keystate, names),
             [(k, repr(v[0])) for k, v in source.builder.toast._entries.items()],
             None if ctx is None else (ctx.xid, ctx.commit_lsn, ctx.ts_ms, ctx.total_order, ctx.per_table),
             source._index,
@@ -177,6 +176,14 @@ def run(core: CoreChoice, tables: list[TableInfo], payloads: list[bytes], cuts: 
             source.builder.unavailable_filled,
             source.native.changes if isinstance(source.native, NativeCore) else 0,
         )
+
+
+def key_state(keystate: KeyState, names: dict[int, str]) -> dict[tuple[str, bytes], str]:
+    """The live keys of the open (never committed) SQLite transaction, the buffered changes written into it
+    first: (topic, key) → repr of its TOAST values (the Python values, NaN included: Decimal('NaN') != itself)."""
+    keystate.flush()
+    rows = keystate.db.execute("SELECT topic_id, key, toast FROM keys").fetchall()
+    return {(names[tid], key): repr(None if toast is None else pickle.loads(toast)) for tid, key, toast in rows}
 
 
 TALLY = {"runs": 0, "errors": 0, "native_changes": 0}  # over a test's examples: the checks must not be vacuous
