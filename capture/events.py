@@ -501,7 +501,7 @@ class EventBuilder(EventEncoder):
         if table.keyless:
             return
         topic = self.topic(table)
-        for keys in self.keystate.live_keys(topic):
+        for keys in self.keystate.truncated_keys(topic):  # key order: the same after any crash
             yield [Event(topic, key, None) for key in keys if key != TRUNCATE_KEY]
         self.keystate.truncate(topic)
 

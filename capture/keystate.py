@@ -44,7 +44,9 @@ files; journal_mode WAL, synchronous NORMAL). Tables::
         the same transaction, so a committed file never holds rows here (a crash rolls it
         back with the rest; added without a format change: older files get the empty table)
 
-A topic's live keys are ``keys`` ∪ (its runs' keys − ``dead``). Run file byte layout
+A topic's live keys are ``keys`` ∪ (its runs' keys − ``dead``). A TRUNCATE lists them in key order, after
+folding the runs into ``keys`` in its transaction, so its tombstones' order never depends on whether keys were
+kept as runs or as rows (:meth:`KeyState.truncated_keys`). Run file byte layout
 (little-endian): the 8-byte magic ``TLKRUN01``, then one chunk per batch::
 
     u32 count | u32 data_bytes | (count + 1) × u32 offsets (the first 0) | data | u32 CRC32C
@@ -108,6 +110,7 @@ from eventstore.fileio import fsync_dir
 log = logging.getLogger("capture.keystate")
 
 FORMAT_VERSION = "1"
+LOOKUP_CHUNK = 500  # run keys looked up in ``keys``/``dead`` per query
 WRITE_BUFFER_ENTRIES = 10_000  # buffered key changes before a flush into the open SQLite transaction
 TRUNCATE_CHUNK = 5_000  # live keys handed out per chunk for a TRUNCATE's tombstones
 
@@ -135,7 +138,6 @@ _SCHEMA = (
 RUN_MAGIC = b"TLKRUN01"
 _CHUNK_HEAD = struct.Struct("<II")  # count, data_bytes
 _CRC = struct.Struct("<I")
-LOOKUP_CHUNK = 500  # run keys looked up in ``keys``/``dead`` per query
 
 class KeySet(NamedTuple):
     """Keys as :meth:`KeyState.put_sets` writes them in one statement: ``data``, the keys back to back, and
@@ -264,15 +266,33 @@ class KeyState:
             with contextlib.suppress(FileNotFoundError):
                 self._run_file(run_id).unlink()
 
-    def _run_keys(self, tid: int) -> Iterator[list[bytes]]:
-        """The keys of the topic's runs, a chunk (one snapshot batch) at a time, in the order they were read."""
+    def _run_chunk_buffers(self, tid: int) -> Iterator[tuple[np.ndarray[Any, Any], bytes]]:
+        """The chunks of the topic's runs as ``(offsets, data)``, in the order they were written."""
         open_run = self._open_runs.get(tid)
         if open_run is not None:
             open_run.file.flush()  # what this transaction wrote of it so far is read back too
         for (run_id,) in self.db.execute("SELECT id FROM runs WHERE topic_id = ? ORDER BY id", (tid,)).fetchall():
-            for offsets, data in _run_chunks(self._run_file(int(run_id))):
-                o = offsets.tolist()
-                yield [data[a:b] for a, b in pairwise(o)]
+            yield from _run_chunks(self._run_file(int(run_id)))
+
+    def _run_keys(self, tid: int) -> Iterator[list[bytes]]:
+        """The keys of the topic's runs, a chunk (one snapshot batch) at a time, in the order they were read."""
+        for offsets, data in self._run_chunk_buffers(tid):
+            o = offsets.tolist()
+            yield [data[a:b] for a, b in pairwise(o)]
+
+    def _fold_runs(self, tid: int) -> None:
+        """The topic's live run keys become rows of ``keys`` (a row there already wins: a later change, perhaps
+        with TOAST values) and its runs end, inside the open transaction (rolled back with it): SQLite writes
+        each chunk's keys itself (a key set's statement, the spans made from the chunk's offsets)."""
+        for offsets, data in self._run_chunk_buffers(tid):
+            if len(offsets) < 2:
+                continue
+            starts = offsets[:-1].astype(np.int64)
+            spans = ((starts + 1) << 32) | (offsets[1:].astype(np.int64) - starts)
+            self.db.execute(f"INSERT OR IGNORE INTO keys SELECT ?1, k, NULL FROM ({_SET_KEYS}) "
+                            "WHERE k NOT IN (SELECT key FROM dead WHERE topic_id = ?1)",
+                            (tid, data, "[" + ",".join(map(str, spans.tolist())) + "]"))  # fmt: skip
+        self._end_runs(tid)
 
     def _live_run_keys(self, tid: int) -> Iterator[list[bytes]]:
         """Run keys that are live and not in ``keys`` (those are listed from there), in chunks."""
@@ -514,6 +534,20 @@ class KeyState:
         yield from self._key_chunks("SELECT key FROM keys WHERE topic_id = ? AND key > ? ORDER BY key LIMIT ?", tid)
         if tid in self._run_topics:
             yield from self._live_run_keys(tid)
+
+    def truncated_keys(self, topic: str) -> Iterator[list[bytes]]:
+        """For a TRUNCATE's tombstones: the topic's live keys in key order (bytewise), in chunks, this
+        transaction's changes included; :meth:`truncate` follows.
+
+        The order is the keys' own, whatever holds them: the tombstones come out in the same order whether the
+        keys were kept as runs (a snapshot's bulk reads) or as rows (the same reads caught up from the log after
+        a crash). So the topic's runs are folded into rows first, ending them, inside the open transaction
+        (:meth:`_fold_runs`)."""
+        self.flush()
+        tid = self._id(topic)
+        if tid in self._run_topics:
+            self._fold_runs(tid)
+        yield from self._key_chunks("SELECT key FROM keys WHERE topic_id = ? AND key > ? ORDER BY key LIMIT ?", tid)
 
     def _key_chunks(self, query: str, tid: int) -> Iterator[list[bytes]]:
         """``query``'s keys (parameters: topic id, the last key seen, a chunk size), chunk after chunk."""

@@ -181,7 +181,7 @@ class SnapshotReads:
         if batch.last is not None:
             self.row(table, batch.last)
 
-    def native_batch(self, table: TableInfo, topic: str, batch: NativeBatch, *, key_runs: bool = True) -> None:
+    def native_batch(self, table: TableInfo, topic: str, batch: NativeBatch) -> None:
         """A reader's natively encoded batch: its first row, the images between made whole envelopes (their
         indexes joined in, compiled code: no Python object per row), its last row."""
         from tideline_native import splice_reads  # a reader sends native batches only when it is built
@@ -199,10 +199,8 @@ class SnapshotReads:
                 key_buffers = [None, pa.py_buffer(batch.key_offsets), pa.py_buffer(batch.keys)]
                 keys = pa.Array.from_buffers(pa.binary(), n, key_buffers)
             self.writer.add_arrays(topic, keys, values, len(data) + (len(batch.keys) if batch.keys else 0))
-            if not table.keyless and key_runs:
+            if not table.keyless:
                 self.builder.remember_read_keys(table, topic, keys, batch.big)
-            elif not table.keyless:  # SQLite rows, as the Python path keeps them (see SnapshotSource._read_native)
-                self.builder.remember_reads(topic, keys.to_pylist(), batch.big)
             self.index += n
             self.stats.snapshot_rows += n
         if batch.last is not None:
@@ -416,10 +414,7 @@ class SnapshotSource:
         python = PythonPath.of(self.builder, reads.marked["true"])  # the rows the encoder leaves to Python
         for batch in copy_batches(c, python, native, table, select_columns_sql(table), 0, spec.batch_rows,
                                   spec.batch_bytes):  # fmt: skip
-            # The keys as SQLite rows, as on the Python path, not a key run: a TRUNCATE's tombstones follow the key
-            # state's order, and a run's keys came back in another order than rows rebuilt after a kill -9
-            # (test_crash compares the logs of a killed and an uninterrupted run record by record).
-            reads.native_batch(table, topic, batch, key_runs=False)
+            reads.native_batch(table, topic, batch)
             self._batch_done()
 
     def _ranges(self, c: psycopg.Connection[Any], table: TableInfo) -> list[TidRange]:

@@ -450,3 +450,37 @@ def test_key_sets_apply_in_order_with_buffered_changes(sink: EmbeddedLogSink, tm
     # every deleted key of a topic with runs is marked dead, as the buffered deletes are (r2 is a run's)
     assert reopened.db.execute("SELECT key FROM dead ORDER BY key").fetchall() == [(b"a",), (b"c",), (b"r2",)]
     reopened.close()
+
+
+def test_a_truncate_lists_keys_in_key_order_whatever_holds_them(sink: EmbeddedLogSink, tmp_path: Path) -> None:
+    """A TRUNCATE's keys (KeyState.truncated_keys) come in key order, the same whether they were kept as runs
+    (a snapshot's bulk reads, in read order) or as rows (the same keys caught up from the log after a crash):
+    its tombstones are the same records either way. The runs are folded into rows inside the transaction."""
+    keys = [b"k%05d" % ((i * 7919) % 3000) for i in range(3000)]  # read order is not key order
+    path = tmp_path / "runs.sqlite"
+    state = opened(path, sink)
+    write_run(sink, state, keys[:1500])
+    write_run(sink, state, keys[1500:])  # as rows (a topic with an earlier transaction's run): runs and rows mixed
+    write(sink, state, {b"k00007": None, b"k00008": b"big:" + b"t" * 2000, b"zz": b"small"})
+    expected = sorted((set(keys) - {b"k00007"}) | {b"zz"})
+    state.begin()
+    listed = [k for c in state.truncated_keys(TOPIC) for k in c]
+    assert listed == expected
+    assert state.toast(TOPIC, b"k00008") == {"doc": "t" * 2000}  # a row's TOAST values survive the fold
+    state.abort()  # the fold is undone with the transaction: the runs are back
+    assert len(run_files(path)) == 1 and sorted(k for c in state.live_keys(TOPIC) for k in c) == expected
+    state.begin()
+    assert [k for c in state.truncated_keys(TOPIC) for k in c] == expected
+    state.truncate(TOPIC)
+    state.commit({})
+    assert run_files(path) == [] and live(state) == set()
+    state.close()
+    rows = KeyState(tmp_path / "rows.sqlite")  # the same keys as rows: as catch_up rebuilds them
+    rows.track(TOPIC, TABLE_TOPIC, sink.topic_incarnation(TOPIC))
+    rows.begin()
+    rows.put_many(TOPIC, keys, [None] * len(keys))
+    rows.delete(TOPIC, b"k00007")
+    rows.put(TOPIC, b"zz", None)
+    assert [k for c in rows.truncated_keys(TOPIC) for k in c] == expected
+    rows.abort()
+    rows.close()
