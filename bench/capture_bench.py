@@ -1049,6 +1049,9 @@ def run(ctx: Context, section: Section) -> None:
         "snapshot of it alone (new slot, fresh log directory) against the best of two `COPY … TO STDOUT` reads of "
         "it drained through psycopg; target ≥ 0.5× (DESIGN.md §3); the single reader, then "
         f"`--snapshot-workers {SNAPSHOT_WORKERS}` (reader processes over ctid ranges), which must beat it.",
+        "Where the time goes (profiles: cProfile of the connector thread, `perf record -a` of whole snapshot "
+        "runs): docs/capture.md, sections 'The native core, measured', 'Whole batches in and out, measured' "
+        "and 'Performance' (the snapshot's steps and threads).",
     ]
     try:
         server = pg.start()
