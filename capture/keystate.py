@@ -147,6 +147,13 @@ class KeySet(NamedTuple):
     data: bytes
     spans: str
 
+    @classmethod
+    def of_offsets(cls, offsets: np.ndarray[Any, Any], data: bytes) -> KeySet:
+        """The keys of Arrow-style ``offsets`` (``count + 1`` ascending, the first 0) into ``data``."""
+        starts = offsets[:-1].astype(np.int64)
+        spans = ((starts + 1) << 32) | (offsets[1:].astype(np.int64) - starts)
+        return cls(data, "[" + ",".join(map(str, spans.tolist())) + "]")
+
     def keys(self) -> list[bytes]:
         """The keys, one Python object each (checks and tests)."""
         return [self.data[(v >> 32) - 1 : (v >> 32) - 1 + (v & 0xFFFFFFFF)] for v in json.loads(self.spans)]
@@ -287,11 +294,9 @@ class KeyState:
         for offsets, data in self._run_chunk_buffers(tid):
             if len(offsets) < 2:
                 continue
-            starts = offsets[:-1].astype(np.int64)
-            spans = ((starts + 1) << 32) | (offsets[1:].astype(np.int64) - starts)
             self.db.execute(f"INSERT OR IGNORE INTO keys SELECT ?1, k, NULL FROM ({_SET_KEYS}) "
                             "WHERE k NOT IN (SELECT key FROM dead WHERE topic_id = ?1)",
-                            (tid, data, "[" + ",".join(map(str, spans.tolist())) + "]"))  # fmt: skip
+                            (tid, *KeySet.of_offsets(offsets, data)))  # fmt: skip
         self._end_runs(tid)
 
     def _live_run_keys(self, tid: int) -> Iterator[list[bytes]]:

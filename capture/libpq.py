@@ -42,9 +42,8 @@ def functions(names: tuple[str, ...]) -> tuple[int, ...] | None:
     except (OSError, AttributeError, ImportError, LookupError) as e:
         log.info("capture: libpq's %s not found, reading through psycopg: %s", ", ".join(names), e)
         return None
-    if not all(addresses):
-        return None
-    return tuple(a for a in addresses if a)
+    found = tuple(a for a in addresses if a)
+    return found if len(found) == len(names) else None
 
 
 def _mapped_libpq(impl: str) -> str:

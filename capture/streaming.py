@@ -141,11 +141,10 @@ class StreamingSource:
 
     def _handle(self, batch: Sequence[XLogData], repl: ReplicationConnection, target: int | None) -> bool:
         """XLogData messages in stream order: runs of them through the native core while it handles them,
-        the others one by one through the Python path. True: ``target`` is stored, stop. The core reads the
-        messages as they came (an :class:`XLogRun`'s buffer, else one made again from the XLogData)."""
+        the others one by one through the Python path. True: ``target`` is stored, stop. With the core, the
+        batch is an :class:`XLogRun` (:meth:`run` reads runs then), whose buffer the core reads."""
         writer = self.writer
         native = self.native
-        run: XLogRun | None = None  # as they came: b"w", header (the data start: a row's LSN), payload
         p = 0
         while p < len(batch):
             ctx = self._ctx
@@ -155,9 +154,8 @@ class StreamingSource:
                 and self.incremental.chunk is None  # an open chunk must see every change (IncrementalSnapshot.seen)
                 and not self.offsets.covers(ctx.commit_lsn, self._index)
             ):
-                if run is None:
-                    run = batch if isinstance(batch, XLogRun) else XLogRun.of([m.raw() for m in batch])
-                handled, self._index = native.run(run, p, ctx, self._index)
+                assert isinstance(batch, XLogRun), "the native core reads runs"
+                handled, self._index = native.run(batch, p, ctx, self._index)
                 if handled:
                     p += handled
                     self.stats.server_wal_end = max(self.stats.server_wal_end, batch[p - 1].wal_end)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from capture_util import drop_slots, events, fresh_database, latest_by_key, sql
@@ -428,6 +429,9 @@ def test_key_sets_apply_in_order_with_buffered_changes(sink: EmbeddedLogSink, tm
     write_run(sink, state, [b"r1", b"r2", b"r3"])
     write(sink, state, {b"a": b"big:" + b"x" * 2000, b"b": b"small"})
     assert key_set([b"r1", b'{"id":7}']).keys() == [b"r1", b'{"id":7}']
+    offsets = np.array([0, 2, 10], "<u4")  # the runs' chunks give their keys so (Arrow offsets)
+    made, expected_set = KeySet.of_offsets(offsets, b'r1{"id":7}'), key_set([b"r1", b'{"id":7}'])
+    assert made.data == expected_set.data and json.loads(made.spans) == json.loads(expected_set.spans)
     # a buffered put with TOAST values, then the key put small by a set: the set's (later) put wins
     state.begin()
     state.put(TOPIC, b"c", {"doc": "y" * 2000})
