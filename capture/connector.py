@@ -1,6 +1,6 @@
 """The CDC connector: a small coordinator that runs the snapshot source, then the streaming source.
 
-The parts follow Debezium's seams (DESIGN.md §1):
+The parts follow Debezium's seams (docs/capture.md, "How it is built"):
 
 * a **decoder** per plugin (capture.decoders, built by its :class:`~capture.messages.Plugin`),
   and for pgoutput the slot's **publications** (capture.publications), created and

@@ -5,7 +5,7 @@ source, transaction — and hands it to a :class:`ValueConverter`, which decides
 is written. One class per format, chosen once by :func:`converter_for`:
 
 * :class:`JsonConverter` — the default: keys ``{col: value}``, the envelope as JSON text
-  (DESIGN.md §2; capture.pgtypes has the value mapping).
+  (docs/capture.md, "Events"; capture.pgtypes has the value mapping).
 * :class:`AvroConverter` — Confluent-framed Avro through a schema registry
   (capture.avro has the schemas and their evolution): the registry in the embedded
   log's ``__schemas`` by default, or any :class:`~schemas.registry.SchemaRegistry`

@@ -1,6 +1,6 @@
 """Change messages → Debezium-compatible change events (key, value, topic).
 
-Value (JSON, UTF-8, one envelope per record; DESIGN.md §2)::
+Value (JSON, UTF-8, one envelope per record; docs/capture.md, "Events")::
 
     {"before": {...} | null, "after": {...} | null, "op": "c|u|d|r|t|m", "ts_ms": <capture time>,
      "source": {"version", "connector": "postgresql", "name": <prefix>, "ts_ms": <commit time>,

@@ -10,7 +10,7 @@ publications, the protocol, where streamed transactions spill).
 Positions: ``lsn`` is the WAL position of the change (``BEGIN`` shares the first
 change's LSN; one statement's rows may share one), so an event is identified by
 ``(commit_lsn, event_index)``: the commit LSN of its transaction and its 0-based index
-among the transaction's changes, as DESIGN.md §2 says.
+among the transaction's changes, as docs/capture.md ("Events") states it.
 
 Values in ``columns``/``identity`` are already converted to Python values (see
 :mod:`capture.pgtypes` for the mapping table): ``Decimal`` for numeric, parsed JSON for

@@ -27,8 +27,8 @@ wholly stored transaction: what the replication slot may be confirmed up to, and
 LSN a reader may consider reached. ``snapshot_done`` is false while a snapshot is under
 way (the record written before the slot is created says so).
 
-An event is identified by ``(commit_lsn, event_index)`` (DESIGN.md §2): LSN alone is
-not unique.
+An event is identified by ``(commit_lsn, event_index)`` (docs/capture.md, "Events"): LSN
+alone is not unique.
 
 Incremental snapshot progress (capture.incremental) rides in the same record, so it
 commits atomically with the events it accounts for: ``{"id", "tables", "last_key",
