@@ -110,7 +110,6 @@ from eventstore.fileio import fsync_dir
 log = logging.getLogger("capture.keystate")
 
 FORMAT_VERSION = "1"
-LOOKUP_CHUNK = 500  # run keys looked up in ``keys``/``dead`` per query
 WRITE_BUFFER_ENTRIES = 10_000  # buffered key changes before a flush into the open SQLite transaction
 TRUNCATE_CHUNK = 5_000  # live keys handed out per chunk for a TRUNCATE's tombstones
 
@@ -298,18 +297,6 @@ class KeyState:
                             "WHERE k NOT IN (SELECT key FROM dead WHERE topic_id = ?1)",
                             (tid, *KeySet.of_offsets(offsets, data)))  # fmt: skip
         self._end_runs(tid)
-
-    def _live_run_keys(self, tid: int) -> Iterator[list[bytes]]:
-        """Run keys that are live and not in ``keys`` (those are listed from there), in chunks."""
-        for chunk in self._run_keys(tid):
-            for start in range(0, len(chunk), LOOKUP_CHUNK):
-                part = chunk[start : start + LOOKUP_CHUNK]
-                where = f"WHERE topic_id = ? AND key IN ({','.join('?' * len(part))})"
-                args = (tid, *part)
-                found = {r[0] for t in ("keys", "dead") for r in self.db.execute(f"SELECT key FROM {t} {where}", args)}
-                live = [k for k in part if k not in found] if found else part
-                if live:
-                    yield live
 
     def close(self) -> None:
         if self._in_txn:
@@ -530,15 +517,6 @@ class KeyState:
             return None  # deleted in this transaction
         row = self.db.execute("SELECT toast FROM keys WHERE topic_id = ? AND key = ?", (tid, key)).fetchone()
         return None if row is None or row[0] is None else _unpickle(row[0])
-
-    def live_keys(self, topic: str) -> Iterator[list[bytes]]:
-        """The topic's live keys, in chunks (those in ``keys`` in key order, then its runs' in read order), this
-        transaction's changes included."""
-        self.flush()
-        tid = self._id(topic)
-        yield from self._key_chunks("SELECT key FROM keys WHERE topic_id = ? AND key > ? ORDER BY key LIMIT ?", tid)
-        if tid in self._run_topics:
-            yield from self._live_run_keys(tid)
 
     def truncated_keys(self, topic: str) -> Iterator[list[bytes]]:
         """For a TRUNCATE's tombstones: the topic's live keys in key order (bytewise), in chunks, this

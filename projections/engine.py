@@ -42,7 +42,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
 from commands.aggregate import AggregateType
-from commands.codec import from_json, to_json
+from commands.codec import to_json
 from eventstore.errors import ConfigError
 from projections import attempts, store
 from projections.datasource import register
@@ -445,8 +445,3 @@ def view_in(catalog: ViewCatalog, name: str) -> FoldView:
     if not isinstance(view, FoldView):
         raise TypeError(f"view {name} is not a fold view")
     return view
-
-
-def state_from_json(view: FoldView, stream_type: str, state: Any) -> Any:
-    """A stored state (JSON form) back into the aggregate's state class."""
-    return from_json(view.aggregate(stream_type).state_type, state)

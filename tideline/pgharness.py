@@ -556,11 +556,6 @@ def wal2json_library(bin_dir: Path = DEFAULT_BIN_DIR) -> Path:
     return (pkglibdir or bin_dir.parent / "lib") / f"{WAL2JSON}.so"
 
 
-def wal2json_available(bin_dir: Path = DEFAULT_BIN_DIR) -> bool:
-    """True if the wal2json output plugin is installed for the server in ``bin_dir``."""
-    return wal2json_library(bin_dir).is_file()
-
-
 def require_wal2json(bin_dir: Path = DEFAULT_BIN_DIR) -> None:
     """Raise PostgresHarnessError naming what to install if wal2json is missing."""
     library = wal2json_library(bin_dir)

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from workload import soak
 
 from capture.converters import JsonConverter
 from capture.events import EventBuilder, ToastCache
-from capture.keystate import TABLE_TOPIC, KeySet, KeyState
+from capture.keystate import TABLE_TOPIC, KeySet, KeyState, _run_chunks
 from capture.sinks import TopicRecords, TopicSpec
 from capture.sinks.embedded import EmbeddedLogSink
 from capture.tables import TableColumn, TableFilter, TableInfo
@@ -64,8 +65,20 @@ def write(
         state.abort()  # as a crash between the log's commit and the key state's would leave it
 
 
-def live(state: KeyState) -> set[bytes]:
-    return {k for chunk in state.live_keys(TOPIC) for k in chunk}
+def live(state: KeyState, topic: str = TOPIC) -> set[bytes]:
+    """The topic's live keys as the key state holds them, ``keys`` ∪ (its runs' keys − ``dead``) (the module
+    docstring), read from its SQLite tables and committed run files; this transaction's buffered changes are
+    flushed into its SQLite transaction first, as every lookup does."""
+    state.flush()
+    row = state.db.execute("SELECT id FROM topics WHERE name = ?", (topic,)).fetchone()
+    assert row is not None, f"{topic} is not tracked"
+    tid = row[0]
+    keys = {r[0] for r in state.db.execute("SELECT key FROM keys WHERE topic_id = ?", (tid,))}
+    dead = {r[0] for r in state.db.execute("SELECT key FROM dead WHERE topic_id = ?", (tid,))}
+    for (run_id,) in state.db.execute("SELECT id FROM runs WHERE topic_id = ?", (tid,)).fetchall():
+        for offsets, data in _run_chunks(state.runs_dir / f"{run_id}.keys"):
+            keys.update(k for a, b in pairwise(offsets.tolist()) if (k := data[a:b]) not in dead)
+    return keys
 
 
 @pytest.fixture
@@ -269,17 +282,15 @@ def test_run_keys_are_live_until_deleted_and_a_truncate_ends_the_run(sink: Embed
     keys = [b"k%05d" % i for i in range(2500)]
     write_run(sink, state, keys)
     assert len(run_files(path)) == 1 and state.db.execute("SELECT count(*) FROM keys").fetchone() == (0,)
-    chunks = list(state.live_keys(TOPIC))
-    assert sorted(k for c in chunks for k in c) == keys  # each once
+    assert live(state) == set(keys)
     write(sink, state, {b"k00001": None, b"k00002": None, b"new": b"small"})
     write(sink, state, {b"k00002": b"big:" + b"z" * 2000})  # deleted, then back (with TOAST values)
     expected = (set(keys) - {b"k00001"}) | {b"new"}
-    listed = [k for c in state.live_keys(TOPIC) for k in c]
-    assert sorted(listed) == sorted(expected) and len(listed) == len(expected)
+    assert live(state) == expected
     assert state.toast(TOPIC, b"k00002") == {"doc": "z" * 2000}
     state.close()
     reopened = opened(path, sink)  # the run and its deletes survive a restart
-    assert {k for c in reopened.live_keys(TOPIC) for k in c} == expected
+    assert live(reopened) == expected
     reopened.begin()
     reopened.truncate(TOPIC)
     assert live(reopened) == set() and len(run_files(path)) == 1  # the file goes with the commit, not before
@@ -378,12 +389,12 @@ def test_a_run_ended_in_a_transaction_never_lends_its_file_to_a_new_one(sink: Em
             assert len(run_files(path)) == 1
         else:
             state.commit({})
-    assert live(state) == set() and {k for c in state.live_keys(other) for k in c} == {b"o1", b"o2"}
+    assert live(state) == set() and live(state, other) == {b"o1", b"o2"}
     assert len(run_files(path)) == 1
     state.close()
     reopened = opened(path, sink)
     reopened.track(other, TABLE_TOPIC, sink.topic_incarnation(other))
-    assert {k for c in reopened.live_keys(other) for k in c} == {b"o1", b"o2"}
+    assert live(reopened, other) == {b"o1", b"o2"}
     # a run begun and ended in one transaction leaves no file, whatever its end
     reopened.begin()
     reopened.put_run(TOPIC, pa.array([b"x"], pa.binary()))
@@ -406,7 +417,7 @@ def test_keys_of_a_table_whose_key_may_repeat_are_kept_once_each(tmp_path: Path)
         table = TableInfo.make("public", "t", columns, ("id",), source, "d")
         builder.remember_read_keys(table, TOPIC, pa.array(keys, pa.binary()), {})
     state.commit({})
-    assert sorted(k for c in state.live_keys(TOPIC) for k in c) == [b"c", b"f", b"p1", b"p2"]
+    assert live(state) == {b"c", b"f", b"p1", b"p2"}
     assert len(run_files(tmp_path / "ks.sqlite")) == 1  # the primary key's reads only
     state.close()
 
@@ -449,8 +460,7 @@ def test_key_sets_apply_in_order_with_buffered_changes(sink: EmbeddedLogSink, tm
     state.commit({})
     state.close()
     reopened = opened(path, sink)
-    listed = [k for c in reopened.live_keys(TOPIC) for k in c]
-    assert sorted(listed) == sorted({b"b", b"d", b"\x00\xff binary", b"r1", b"r3"}) and len(listed) == 5
+    assert live(reopened) == {b"b", b"d", b"\x00\xff binary", b"r1", b"r3"}
     # every deleted key of a topic with runs is marked dead, as the buffered deletes are (r2 is a run's)
     assert reopened.db.execute("SELECT key FROM dead ORDER BY key").fetchall() == [(b"a",), (b"c",), (b"r2",)]
     reopened.close()
@@ -472,7 +482,7 @@ def test_a_truncate_lists_keys_in_key_order_whatever_holds_them(sink: EmbeddedLo
     assert listed == expected
     assert state.toast(TOPIC, b"k00008") == {"doc": "t" * 2000}  # a row's TOAST values survive the fold
     state.abort()  # the fold is undone with the transaction: the runs are back
-    assert len(run_files(path)) == 1 and sorted(k for c in state.live_keys(TOPIC) for k in c) == expected
+    assert len(run_files(path)) == 1 and live(state) == set(expected)
     state.begin()
     assert [k for c in state.truncated_keys(TOPIC) for k in c] == expected
     state.truncate(TOPIC)
