@@ -75,13 +75,16 @@ TEST_WORKERS ?= 2
 test: system venv native jars lint typecheck
 	$(VENV)/bin/pytest -q tests -n $(TEST_WORKERS) --dist loadfile
 
-## soak: every test at its long size; the fault tests record results, rendered into RELIABILITY.md
-## (written even when a test fails: a failed fault test records no row, so its row is missing).
+## soak: every test at its long size; the fault tests record results, rendered into RELIABILITY.md only when
+## every test passed (-p tideline.reliability keeps the rows of passed tests only; a failed run fails the target
+## and leaves the previous RELIABILITY.md as it was).
 RELIABILITY_DIR := $(CURDIR)/.reliability-results
+RELIABILITY_KEPT := echo "pytest failed: RELIABILITY.md not rewritten (the previous report stands)" >&2; exit 1
 soak: system venv native jars
 	rm -rf $(RELIABILITY_DIR)
-	TIDELINE_SOAK=1 TIDELINE_RELIABILITY_DIR=$(RELIABILITY_DIR) $(VENV)/bin/pytest -q tests; status=$$?; \
-		$(PY) -m tideline.reliability --dir $(RELIABILITY_DIR) || status=1; exit $$status
+	TIDELINE_SOAK=1 TIDELINE_RELIABILITY_DIR=$(RELIABILITY_DIR) $(VENV)/bin/pytest -q -p tideline.reliability tests \
+		|| { $(RELIABILITY_KEPT); }
+	$(PY) -m tideline.reliability --dir $(RELIABILITY_DIR)
 
 ## reliability: only the fault tests (the files that record results), at soak size; rewrites RELIABILITY.md.
 ## The part of `make soak` that the report is made of (about an hour here; the log cleaner soak alone is 30 min).
@@ -90,8 +93,9 @@ FAULT_TESTS := tests/eventstore/test_log_cleaner.py tests/eventstore/test_storag
 	tests/capture/test_faults.py tests/projections/test_executor_kill.py tests/projections/test_rebuild_attempts.py
 reliability: system venv native jars
 	rm -rf $(RELIABILITY_DIR)
-	TIDELINE_SOAK=1 TIDELINE_RELIABILITY_DIR=$(RELIABILITY_DIR) $(VENV)/bin/pytest -q $(FAULT_TESTS); status=$$?; \
-		$(PY) -m tideline.reliability --dir $(RELIABILITY_DIR) || status=1; exit $$status
+	TIDELINE_SOAK=1 TIDELINE_RELIABILITY_DIR=$(RELIABILITY_DIR) $(VENV)/bin/pytest -q -p tideline.reliability \
+		$(FAULT_TESTS) || { $(RELIABILITY_KEPT); }
+	$(PY) -m tideline.reliability --dir $(RELIABILITY_DIR)
 
 bench: system venv native jars
 	$(PY) -m bench
