@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from capture.connector import CaptureConfig, Connector, SnapshotMode, Stats
+from capture.connector import CaptureConfig, Connector, SnapshotMode, SourcePosition, Stats
 from capture.tables import TableFilter
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
@@ -58,6 +58,13 @@ def capture(
     )
     with Log(log_dir) as log:
         return Connector(config, log).run()
+
+
+def stored_position(log_dir: Path, dsn: str, slot: str = "t") -> SourcePosition | None:
+    """The position the connector of ``slot`` (prefix ``cdc``) stored in the embedded log at ``log_dir``, as
+    its restart finds it (read_committed); also while it runs: a test's sign that it has done real work."""
+    with Log(log_dir) as log:
+        return Connector(CaptureConfig(dsn=dsn, slot=slot, topic_prefix="cdc"), log).read_position()
 
 
 def records(log_dir: Path, topic: str, isolation: str = "read_committed") -> list[tuple[Any, Any, dict[str, bytes]]]:

@@ -15,12 +15,13 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from capture_util import capture, drop_slots, events, fresh_database, sql
+from readiness import wait_until
 
 from capture.connector import CaptureConfig, Connector
 from capture.errors import PermanentCaptureError, is_sink_transient, permanent_reason
@@ -159,13 +160,8 @@ def _terminate_walsender(dsn: str, slot: str) -> bool:
     return False
 
 
-def _wait(done: object, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if done():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
+def _wait(done: Callable[[], object], timeout: float = 60.0) -> None:
+    wait_until(done, "a condition of this test", timeout=timeout)
 
 
 # ---------------------------------------------------------------------------- a cluster of its own

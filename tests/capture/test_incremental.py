@@ -33,6 +33,7 @@ from typing import Any
 import psycopg
 import pytest
 from capture_util import drop_slots, fresh_database, records, sql
+from readiness import patience, wait_until
 from typer.testing import CliRunner
 from workload import soak
 
@@ -194,7 +195,7 @@ class Running:
         assert not self.errors, self.errors
 
     def wait(self, what: str, cond: Callable[[Stats], bool], timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + patience(timeout)
         while not cond(self.connector.stats):
             assert not self.errors, self.errors
             assert time.monotonic() < deadline, f"timed out waiting for {what}: {self.connector.stats.to_json()}"
@@ -309,11 +310,9 @@ def test_killed_mid_snapshot_resumes_in_order(db: str, tmp_path: Path, plugin: P
             argv = [sys.executable, "-c", CHILD, db, str(log_dir), plugin.value, str(KILLED_CHUNK), "never"]
             child = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=stderr)
         try:
-            deadline = time.monotonic() + 120
-            while snapshot_rows_logged(err) < ROWS // 4:  # inside the first table, far from its end
-                assert child.poll() is None, err.read_text()[-3000:]
-                assert time.monotonic() < deadline, err.read_text()[-3000:]
-                time.sleep(0.02)
+            wait_until(lambda: snapshot_rows_logged(err) >= ROWS // 4,  # inside the first table, far from its end
+                       "a quarter of the rows read by the incremental snapshot", every=0.02, alive=child,
+                       details=lambda: err.read_text()[-3000:])  # fmt: skip
         finally:
             child.kill()  # SIGKILL, by PID
             child.wait()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from capture_util import drop_slots, fresh_database, sql
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from readiness import wait_until
 from schemas_serve_util import serving
 from test_avro_interop import by_key, json_form
 
@@ -112,6 +114,15 @@ def test_bad_kafka_input_is_one_line_and_writes_nothing(db: str, kafka: LocalKaf
     assert no_rf.returncode != 0 and "give --kafka" in no_rf.stderr
 
 
+def committed(bootstrap: str, topic: str) -> int:
+    """Records of ``topic`` below its partitions' last stable offsets (0 before it exists): what a
+    read_committed reader can see, asked without waiting for open transactions to end."""
+    admin = KafkaAdmin(bootstrap)
+    if topic not in admin.topics():
+        return 0
+    return sum(info.last_stable_offset for info in admin.describe(topic)[1])
+
+
 def test_second_connector_fences_the_first(db: str, kafka: LocalKafka, tmp_path: Path) -> None:
     """Two instances with one identity (slot and prefix): the second's init_transactions fences the first,
     which stops with "another instance took over" at its next write (the heartbeat makes one even when
@@ -134,7 +145,9 @@ def test_second_connector_fences_the_first(db: str, kafka: LocalKafka, tmp_path:
             assert first.poll() is None and time.monotonic() < deadline, first_err.read_text()[-2000:]
             time.sleep(0.05)
         writer.start()
-        time.sleep(1.0)  # the first stores some of the workload
+        wait_until(lambda: committed(kafka.bootstrap_servers, f"{backend.prefix}.public.t") > 0,
+                   "the first connector to store some of the workload", alive=first,
+                   details=lambda: first_err.read_text()[-2000:])  # fmt: skip
         with second_err.open("wb") as e2:
             second = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=e2)
         assert first.wait(timeout=120) == 1, first_err.read_text()[-2000:]
@@ -179,7 +192,10 @@ def test_broker_killed_during_capture_loses_and_duplicates_nothing(
                 assert not errors and time.monotonic() < deadline, errors
                 time.sleep(0.1)
             writer.start()
-            time.sleep(1.5)
+            # the moment: once capture stored some of the workload, at a random point while it streams
+            wait_until(lambda: committed(kafka3.bootstrap_servers, f"{backend.prefix}.public.t") > 0,
+                       "capture to store some of the workload", alive=runner)  # fmt: skip
+            time.sleep(random.Random(17).uniform(0.0, 1.5))
             killed = KafkaAdmin(kafka3.bootstrap_servers).describe(f"{backend.prefix}.public.t")[1][0].leader
             kafka3.stop_node(killed, kill=True)
             time.sleep(3.0)  # capture goes on with two brokers (min.insync.replicas 2)

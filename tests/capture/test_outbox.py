@@ -26,7 +26,8 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from capture_util import capture, drop_slots, fresh_database, sql
+from capture_util import capture, drop_slots, fresh_database, sql, stored_position
+from readiness import wait_until
 from workload import soak
 
 import migrations
@@ -173,13 +174,25 @@ def test_exactly_once_across_connector_kills(db: str, tmp_path: Path, plugin: Pl
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     rng = random.Random(5)
     try:
-        for _ in range(kills):
+        for i in range(kills):
             argv = [sys.executable, "-c", CHILD, str(log_dir), db, plugin.value]
-            child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
-            time.sleep(rng.uniform(0.8, 2.0))
-            child.send_signal(signal.SIGKILL)
-            _, err = child.communicate(timeout=30)
-            assert child.returncode == -signal.SIGKILL, err.decode()[-2000:]
+            before = stored_position(log_dir, db)
+            err = tmp_path / f"child-{i}.stderr"
+            with err.open("wb") as stderr:
+                child = subprocess.Popen(argv, env=env, stderr=stderr)
+            try:  # the moment: once this run stored a position (it routes the commands the writer issues)
+                wait_until(
+                    lambda b=before: stored_position(log_dir, db) != b,
+                    f"run {i}'s first stored position",
+                    every=0.1,
+                    alive=child,
+                    details=lambda e=err: e.read_text(errors="replace")[-2000:],
+                )
+                time.sleep(rng.uniform(0.0, 1.2))
+            finally:
+                child.send_signal(signal.SIGKILL)
+                child.wait(timeout=30)
+            assert child.returncode == -signal.SIGKILL, err.read_text(errors="replace")[-2000:]
     finally:
         stop.set()
         writer.join()

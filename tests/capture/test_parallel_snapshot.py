@@ -209,12 +209,13 @@ def test_a_reader_killed_mid_snapshot_fails_and_the_next_start_takes_it_again(db
         thread = threading.Thread(target=run)
         thread.start()
         killed = None
+        readers: list[int] = []
         while thread.is_alive() and killed is None:
-            readers = reader_pids()
+            readers = readers or reader_pids()  # found once: scanning /proc is slow on a loaded machine
             if readers and connector.stats.snapshot_rows >= 5_000:
                 killed = readers[0]
                 os.kill(killed, signal.SIGKILL)
-            time.sleep(0.002)
+            time.sleep(0.001)
         thread.join()
     assert killed is not None, "the snapshot ended before a reader could be killed in it"
     assert len(failure) == 1 and isinstance(failure[0], SnapshotReaderDied), failure

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -11,12 +12,13 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 from capture_util import drop_slots, events, fresh_database, sql
+from readiness import patience, wait_for_text, wait_until
 
 from capture.connector import CaptureConfig, Connector
 from eventstore.log import Log
@@ -39,13 +41,8 @@ def cli(*args: str, data_dir: Path, check: bool = True) -> subprocess.CompletedP
     )
 
 
-def wait_for(predicate: object, timeout: float = 30.0, every: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(every)
-    raise AssertionError("timed out waiting")
+def wait_for(predicate: Callable[[], object], timeout: float = 30.0, every: float = 0.1) -> None:
+    wait_until(predicate, "a condition of this test", timeout=timeout, every=every)
 
 
 def test_cli_run_status_and_errors(db: str, tmp_path: Path) -> None:
@@ -74,26 +71,41 @@ def test_cli_run_status_and_errors(db: str, tmp_path: Path) -> None:
 
 
 def test_sigterm_finishes_the_batch_and_exits_0(db: str, tmp_path: Path) -> None:
+    """SIGTERM at a random moment while transactions stream in: exit 0, and what it stored is a prefix of
+    the changes (no duplicates); a restart stores the rest."""
     data = tmp_path / "log"
     sql(db, "CREATE TABLE t (id int PRIMARY KEY)")
-    proc = subprocess.Popen(
-        [TIDELINE, "--data-dir", str(data), "capture", "run", "--dsn", db, "--slot", "sig", "--topic-prefix", "cdc"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    err_path = tmp_path / "capture.stderr"
+    argv = [TIDELINE, "--data-dir", str(data), "capture", "run", "--dsn", db, "--slot", "sig", "--topic-prefix", "cdc"]
+    with err_path.open("w") as err_file:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err_file, text=True)
+
+    def insert() -> None:  # ten transactions of 50 rows, a little apart: work in flight for the signal to meet
+        for i in range(10):
+            sql(db, f"INSERT INTO t SELECT generate_series({i * 50 + 1}, {i * 50 + 50})")
+            time.sleep(0.05)
+
+    writer = threading.Thread(target=insert)
     try:
-        wait_for(lambda: (data / "_topics" / "__tideline_capture_offsets.json").exists())
-        sql(db, "INSERT INTO t SELECT generate_series(1, 500)")
-        time.sleep(1.0)
+        wait_for_text(err_path, "streaming slot", alive=proc)
+        writer.start()
+        # the moment: once it stored changes of the writer's transactions (it works), at a random point after
+        wait_until(lambda: count(data) > 0, "the first change stored", alive=proc, details=lambda: err_path.read_text())
+        time.sleep(random.Random(5).uniform(0.0, 0.3))
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=patience(30))
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
+            proc.wait()
+        if writer.is_alive():
+            writer.join()
+    assert proc.returncode == 0, err_path.read_text()
     assert "captured" in out
-    assert len(events(data, "cdc.public.t")) == 500
+    ids = [e["after"]["id"] for e in events(data, "cdc.public.t")]
+    assert ids == list(range(1, len(ids) + 1)), "what a stopped connector stored is not a prefix of the changes"
+    cli("capture", "run", "--dsn", db, "--slot", "sig", "--topic-prefix", "cdc", "--exit-when-caught-up", data_dir=data)
+    assert [e["after"]["id"] for e in events(data, "cdc.public.t")] == list(range(1, 501))
 
 
 def scrape(port: int) -> dict[str, float]:

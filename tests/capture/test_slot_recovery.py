@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from backends import Backend
 from capture_util import capture, drop_slots, fresh_database, latest_by_key, records, sql
+from readiness import wait_for_text
 
 from capture.config import OffsetMismatch, SnapshotMode, ValueFormat
 from capture.connector import CaptureConfig, Connector, SlotLostError, slot_status
@@ -193,11 +194,7 @@ def test_kill_during_the_recovery_still_deletes(db: str, tmp_path: Path) -> None
         with open(stderr, "wb") as err:
             proc = subprocess.Popen([sys.executable, "-c", CHILD, str(log_dir), db], env=env, stderr=err)
         try:
-            deadline = time.monotonic() + 120
-            while "gone from the table: deleted" not in stderr.read_text(errors="replace"):
-                assert proc.poll() is None, stderr.read_text(errors="replace")[-2000:]
-                assert time.monotonic() < deadline, "the recovery never built its deletes"
-                time.sleep(0.05)
+            wait_for_text(stderr, "gone from the table: deleted", "the recovery to build its deletes", alive=proc)
             assert proc.poll() is None
         finally:
             proc.kill()

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from commands_util import rows
+from readiness import patience
 
 from commands.errors import CommandsError
 from commands.handler import CommandHandler, HandlerConfig
@@ -77,7 +78,7 @@ def run_processes(target: Any, *args: Any) -> list[Any]:
     for p in procs:
         p.start()
     try:
-        results = [out.get(timeout=120) for _ in procs]
+        results = [out.get(timeout=patience(120)) for _ in procs]
     finally:
         for p in procs:
             p.join(timeout=30)

@@ -36,6 +36,7 @@ import psycopg
 import pytest
 import sqlalchemy.exc
 from commands_util import rows
+from readiness import patience
 
 import migrations
 from commands.errors import CommandsError, DomainError
@@ -167,9 +168,10 @@ def test_immediate_restarts_under_8_writers_lose_and_double_nothing(cluster: Loc
 
 
 def wait_until(condition: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
+    limit = patience(WAIT_S)
+    deadline = time.monotonic() + limit
     while not condition():
-        assert time.monotonic() < deadline, f"timed out after {WAIT_S} s waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out after {limit:.0f} s waiting for {what}"
         time.sleep(0.02)
 
 

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from readiness import file_size, wait_for_growth
+
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
 
@@ -87,21 +89,29 @@ def test_kill_minus_9_of_producers_loses_nothing_acknowledged(tmp_path: Path) ->
         log.create_topic("k", 2, overrides={"segment_bytes": str(256 * 1024)})
     acks_path = tmp_path / "acks"
     for i in range(iterations):
+        acked = file_size(acks_path)
         proc = subprocess.Popen(
             [sys.executable, "-c", PRODUCER, str(tmp_path / "log"), "k", f"r{i}", "-1", str(acks_path), "big"]
         )
-        time.sleep(rng.uniform(0.3, 1.2))  # interpreter start-up takes ~0.3 s
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        try:
+            # The moment is chosen once this producer acknowledged its first batch (its start-up takes
+            # ~0.3 s on a quiet machine, seconds under load): then it is writing, batch after batch.
+            wait_for_growth(acks_path, acked, f"producer {i}'s first acknowledgement", alive=proc)
+            time.sleep(rng.uniform(0.0, 0.9))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        assert proc.returncode == -signal.SIGKILL, f"producer {i} exited by itself ({proc.returncode})"
         with Log(tmp_path / "log") as log:
             stored = _read_everything(log, "k")
             for p, records in stored.items():
                 offsets = [o for o, _, _ in records]
                 assert offsets == list(range(len(offsets))), f"partition {p}: offsets not dense after kill {i}"
             by_offset = {(p, o): k for p, recs in stored.items() for o, k, _ in recs}
-            for (p, o), key in _read_acks(acks_path).items():
+            acks = _read_acks(acks_path)
+            for (p, o), key in acks.items():
                 assert by_offset.get((p, o)) == key.encode(), f"acknowledged {key} at {p}/{o} lost after kill {i}"
-    assert sum(len(v) for v in _read_acks(acks_path).values()) > 0
+            assert any(key.startswith(f"r{i}-") for key in acks.values()), f"producer {i} acknowledged nothing"
 
 
 def test_four_writers_a_reader_and_a_compactor_share_one_topic(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ read_committed on ``out`` must hold every input record exactly once.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from readiness import file_size, wait_for_progress, wait_until
 
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
@@ -32,7 +35,7 @@ import sys, time
 from eventstore.consumer import Consumer
 from eventstore.log import Log
 from eventstore.producer import Producer
-path, name = sys.argv[1], sys.argv[2]
+path, name, commits = sys.argv[1], sys.argv[2], open(sys.argv[3], "a", buffering=1)
 log = Log(path)
 producer = Producer(log, transactional_id=f"eos-{name}", linger_ms=1)
 producer.init_transactions()
@@ -49,15 +52,24 @@ while True:
     positions = {tp: consumer.position(tp) for tp in consumer.assignment()}
     producer.send_offsets_to_transaction(positions, "eos")
     producer.commit_transaction()
+    commits.write(f"{len(records)}\n")   # for the test: this instance did real work
     time.sleep(0.02)   # slow enough that kills land mid-stream
 """
 
 
-def start(path: Path, name: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", WORKER, str(path), name], env=ENV, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+class Worker:
+    """One worker process; ``commits`` holds a line per transaction it committed."""
+
+    def __init__(self, path: Path, name: str, instance: int) -> None:
+        self.commits = path.parent / f"commits-{name}-{instance}"
+        argv = [sys.executable, "-c", WORKER, str(path), name, str(self.commits)]
+        self.proc = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def working(self) -> bool:
+        """Whether it committed a transaction (it owns partitions and has records to move)."""
+        return file_size(self.commits) > 0
 
 
 def diagnose(log: Log) -> str:
@@ -97,33 +109,44 @@ def test_consume_transform_produce_exactly_once_under_kill_9(tmp_path: Path) -> 
         log.create_topic("out", 3)
         with Producer(log) as producer:
             producer.send_batch("in", [b"%d" % i for i in range(n)], [b"k%d" % (i % 97) for i in range(n)])
-    workers = {name: start(path, name) for name in ("a", "b", "c")}
+    started = itertools.count()
+    workers = {name: Worker(path, name, next(started)) for name in ("a", "b", "c")}
     kills = 0
-    deadline = time.monotonic() + (600 if SOAK else 120)
     try:
         with Log(path) as log:
-            while time.monotonic() < deadline:
-                time.sleep(0.1 + rng.random() * 0.2)
-                done = len(set(committed_output(log)))
-                if done >= n:
-                    break
-                if kills < (12 if SOAK else 3):
-                    name = rng.choice(sorted(workers))
-                    os.kill(workers[name].pid, signal.SIGKILL)
-                    workers[name].wait()
-                    kills += 1
-                    if kills % 2:  # restart under the same transactional id: fences the dead instance
-                        workers[name] = start(path, name)
-                    else:  # gone for good: the group moves its partitions, recovery aborts its transaction
-                        del workers[name]
-                        if not workers:
-                            workers["d"] = start(path, "d")
+
+            def done() -> int:
+                return len(set(committed_output(log)))
+
+            for _ in range(12 if SOAK else 3):
+                # The victim is a worker that has committed since it started (a restarted one must first
+                # rejoin the group and get partitions): the kill lands while it moves records.
+                working = wait_until(
+                    lambda: [w for w in sorted(workers) if workers[w].working()] or done() >= n,
+                    "a worker to commit a transaction",
+                    every=0.1,
+                )
+                if working is True:
+                    break  # everything is done: nothing left to kill in
+                name = rng.choice(working)
+                time.sleep(rng.uniform(0.0, 0.2))
+                os.kill(workers[name].proc.pid, signal.SIGKILL)
+                workers[name].proc.wait()
+                kills += 1
+                if kills % 2:  # restart under the same transactional id: fences the dead instance
+                    workers[name] = Worker(path, name, next(started))
+                else:  # gone for good: the group moves its partitions, recovery aborts its transaction
+                    del workers[name]
+                    if not workers:
+                        workers["d"] = Worker(path, "d", next(started))
+            # a slow machine only makes this take longer: it fails when the output stops growing
+            wait_for_progress(done, n, "the workers to write every input record once", stall=120, every=0.2)
             outputs = committed_output(log)
             diagnosis = diagnose(log)
     finally:
-        for proc in workers.values():
-            proc.kill()
-            proc.wait()
+        for worker in workers.values():
+            worker.proc.kill()
+            worker.proc.wait()
     assert kills >= 2
     expected = sorted(b"out:%d" % i for i in range(n))
     assert len(outputs) == len(set(outputs)), f"{len(outputs) - len(set(outputs))} duplicates in read_committed output"

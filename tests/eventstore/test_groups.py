@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from readiness import patience
 
 from eventstore.cleaner import compact_partition
 from eventstore.consumer import CommitFailedError, Consumer, OffsetAndMetadata, TopicPartition
@@ -58,11 +59,12 @@ DEADLINE_S = 90.0  # generous: CI runs this on 2 vCPUs
 
 
 def _deadline(what: str, seconds: float = DEADLINE_S) -> Iterator[None]:
-    """Yield until ``seconds`` pass, then fail naming ``what``."""
-    end = time.monotonic() + seconds
+    """Yield until ``seconds`` pass (stretched by the machine's load), then fail naming ``what``."""
+    limit = patience(seconds)
+    end = time.monotonic() + limit
     while time.monotonic() < end:
         yield
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out after {limit:.0f} s waiting for {what}")
 
 
 def _produce(log: Log, n: int, start: int = 0, *, topic: str = TOPIC) -> None:
@@ -523,7 +525,7 @@ class Workers:
         self.stop_file.touch()
         for proc in self.procs:
             try:
-                _, err = proc.communicate(timeout=DEADLINE_S)
+                _, err = proc.communicate(timeout=patience(DEADLINE_S))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 raise

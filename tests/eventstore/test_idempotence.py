@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from readiness import wait_until
 
 from eventstore.errors import OutOfOrderSequenceError, ProducerFencedError, RetriableError
 from eventstore.log import Log
@@ -188,11 +189,13 @@ def test_producer_state_survives_kill_9(tmp_path: Path) -> None:
             ],
             env=env,
         )
-        time.sleep(0.4 + 0.3 * random.random())
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        if not (tmp_path / "acked").exists():
-            continue
+        try:  # the moment: once it acknowledged a batch (then it appends batch after batch)
+            wait_until((tmp_path / "acked").exists, f"writer {round_}'s first acknowledged batch", alive=proc)
+            time.sleep(0.3 * random.random())
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        assert proc.returncode == -signal.SIGKILL, f"round {round_}: the writer exited by itself ({proc.returncode})"
         last = bytearray((tmp_path / "acked").read_bytes())
         with Log(path) as log:
             end = log.partition("t", 0).log_end_offset()

@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import psycopg
+from readiness import wait_until
 
 from projections import store
 from projections.reference import expected_rows, records, view_rows
@@ -101,12 +102,16 @@ def kill_repeatedly(
         before = checkpoints(dsn, view.name)
         process = start_follow(log_args, dsn, view.name, checkpoint_dir, stderr, engine)
         try:
-            deadline = time.monotonic() + 180
-            while process.poll() is None and time.monotonic() < deadline:
+            # The moment counts from a committed batch (or nothing left to do): a loaded machine starts the
+            # job (a JVM for Spark) slowly. A job that exits first is judged by its exit status below.
+            def started(process: subprocess.Popen[bytes] = process, before: store.Offsets = before) -> bool:
+                if process.poll() is not None:
+                    return True
                 now = checkpoints(dsn, view.name)
-                if now != before or now == log_end:  # a batch committed (or nothing is left to do)
-                    break
-                time.sleep(0.05)
+                return now != before or now == log_end  # a batch committed (or nothing is left to do)
+
+            wait_until(started, "the follow job's first committed batch", timeout=180,
+                       details=lambda: stderr.read_text(errors="replace")[-2000:])  # fmt: skip
             time.sleep(rng.uniform(0, KILL_DELAY_S[engine] if max_delay is None else max_delay))
             finished = process.poll() is not None
         finally:

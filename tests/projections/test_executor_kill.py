@@ -38,6 +38,7 @@ from typing import Any
 import psycopg
 import pytest
 from crash_util import checkpoints, log_end_offsets
+from readiness import patience
 from spark_cluster import Cluster, kill_executor, standalone_cluster
 from views_util import (
     ACCOUNTS_TOPIC,
@@ -99,7 +100,7 @@ def start_driver(cluster: Cluster, log_dir: Path, dsn: str, out: Path, *args: st
 
 def wait_for(what: str, ready: Any, driver: subprocess.Popen[bytes], out: Path) -> None:
     """Until ``ready()``; fails if the driver exits first."""
-    deadline = time.monotonic() + WAIT_S
+    deadline = time.monotonic() + patience(WAIT_S)
     while not ready():
         if driver.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"{what}: the driver exited ({driver.returncode}) or never got there:\n{tail(out)}")
@@ -108,7 +109,7 @@ def wait_for(what: str, ready: Any, driver: subprocess.Popen[bytes], out: Path) 
 
 def finish(driver: subprocess.Popen[bytes], out: Path) -> dict[str, dict[str, Any]]:
     try:
-        driver.wait(timeout=WAIT_S)
+        driver.wait(timeout=patience(WAIT_S))
     finally:
         if driver.poll() is None:
             driver.kill()

@@ -25,6 +25,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from pyspark.sql import SparkSession
+from readiness import patience
 from spark_cluster import standalone_cluster
 from views_util import (
     ACCOUNTS_TOPIC,
@@ -307,7 +308,7 @@ def test_a_killed_drivers_staging_is_dropped_by_the_next_rebuild_a_running_ones_
         driver.wait()
     assert abandoned in tables(dsn)
     token = int(abandoned.split("__")[-2], 16)
-    deadline = time.monotonic() + 60  # until the server noticed the lost connection (a safety net only)
+    deadline = time.monotonic() + patience(60)  # until the server noticed the lost connection (a safety net only)
     with psycopg.connect(dsn, autocommit=True) as conn:
         while time.monotonic() < deadline:
             row = conn.execute(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from readiness import patience
 from typer.testing import CliRunner
 
 from tideline.kafka_cli import app
@@ -30,6 +31,7 @@ def _alive(pid: int) -> bool:
 
 
 def _wait_for(what: str, done: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    timeout = patience(timeout)
     deadline = time.monotonic() + timeout
     while not done():
         if time.monotonic() > deadline:

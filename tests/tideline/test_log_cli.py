@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from readiness import load_factor, patience
 from typer.testing import CliRunner, Result
 
 from eventstore.consumer import Consumer, TopicPartition
@@ -282,7 +283,7 @@ def test_produce_100k_lines_is_fast(tl: Run) -> None:
     text = "".join(f"customer-{i % 5000}\torder {i} " + "x" * 80 + "\n" for i in range(100_000))
     started = time.monotonic()
     result = ok(tl("log", "produce", "big", input=text))
-    assert time.monotonic() - started < 10, result.stderr
+    assert time.monotonic() - started < 10 * load_factor(), result.stderr  # 10 s on a quiet machine
     assert "produced 100000 records" in result.stderr
     info = json.loads(ok(tl("log", "describe", "big", "--json")).stdout)
     assert sum(p["log_end_offset"] for p in info["partition_info"]) == 100_000
@@ -300,7 +301,7 @@ def test_tail_follow_until_ctrl_c(data_dir: Path) -> None:
         assert follower.stdout is not None
         os.set_blocking(follower.stdout.fileno(), False)
         seen = b""
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patience(60)
         i = 0
         while b"\n" not in seen:  # produce until the follower (started at the end) shows a record
             assert time.monotonic() < deadline, "tail --follow printed nothing"
@@ -329,7 +330,7 @@ def test_produce_sends_lines_as_they_arrive(data_dir: Path) -> None:
         assert producer.stdin is not None
         producer.stdin.write(b"first\tline\n")
         producer.stdin.flush()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patience(60)
         while True:
             with Log(data_dir, create=False) as log:
                 if log.partition("typed", 0).log_end_offset() == 1:
@@ -474,7 +475,7 @@ def test_tail_as_a_group_member_and_groups(tl: Run, data_dir: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patience(60)
         while not _committed_everywhere(tl, "late", 3):
             assert time.monotonic() < deadline, "tail --group late --follow committed nothing"
             time.sleep(0.1)
@@ -568,7 +569,7 @@ def test_two_tail_followers_in_one_group_share_the_partitions(data_dir: Path) ->
         for _ in range(2)
     ]
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patience(60)
         while True:  # until both are members with two partitions each
             assert time.monotonic() < deadline, "the followers never shared the partitions"
             groups = subprocess.run([*cli, "log", "groups", "--json"], check=True, capture_output=True).stdout

@@ -26,6 +26,7 @@ from pathlib import Path
 import orjson
 import psycopg
 import pytest
+from readiness import patience
 from typer.testing import CliRunner, Result
 
 from eventstore.cleaner import compact_partition
@@ -270,14 +271,14 @@ def test_capture_moves_to_kafka_without_a_new_snapshot(
 
 def _wait_for_progress(bootstrap: str, name: str, above: int, proc: subprocess.Popen[bytes], err: Path) -> int:
     """Poll the committed progress of mirror ``name`` until its source offsets sum above ``above``."""
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + patience(TIMEOUT_S)
     while time.monotonic() < deadline:
         done = sum(p.next_source_offset for p in read_mirror_progress(bootstrap, name).values())
         if done > above:
             return done
         assert proc.poll() is None, f"the mirror exited by itself ({proc.returncode}): {err.read_text()}"
         time.sleep(0.05)
-    raise AssertionError(f"mirror {name} did not get past {above} source offsets within {TIMEOUT_S:.0f}s")
+    raise AssertionError(f"mirror {name} did not get past {above} source offsets within {patience(TIMEOUT_S):.0f} s")
 
 
 def test_kill_9_mid_copy_then_restart_loses_and_duplicates_nothing(kafka: LocalKafka, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from readiness import patience
 from typer.testing import CliRunner
 
 from tideline.pg_cli import app
@@ -32,7 +33,7 @@ def _alive(pid: int) -> bool:
 
 
 def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patience(timeout)
     while _alive(pid):
         if time.monotonic() > deadline:
             return False
