@@ -2,6 +2,6 @@
 
 Every figure is measured next to a peer or ceiling taken in the same run on the same
 machine (a raw ``os.write``/``os.read`` loop, another library, …) and reported as a
-ratio against the target of DESIGN.md §3. See :mod:`bench.__main__` for the module list
+ratio against the project's targets (docs/targets.md). See :mod:`bench.__main__` for the module list
 and :mod:`bench.report` for the result format.
 """

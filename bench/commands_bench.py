@@ -44,7 +44,7 @@ from eventsourcing.application import Application
 from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import IntegrityError
 
-from bench.report import Section, measured
+from bench.report import Paired, Section, measured, measured_paired
 from commands.aggregate import AggregateType
 from commands.errors import ConcurrencyError, DomainError
 from commands.events import Event, EventRegistry
@@ -63,7 +63,7 @@ LIMIT = 10**15
 POOL = 1000
 HOT_POOL = 10
 WORKER_COUNTS = (1, 8)
-ROUNDS = 3  # runs of each 8-worker scenario per contender, interleaved; the median is reported
+ROUNDS = 5  # rounds of each 8-worker scenario (every contender once, back to back); ratios per round, median
 WARMUP_SECONDS = 2.0  # each worker issues commands this long before the counted window
 CACHE_SIZE = 10_000  # aggregate states each writer keeps (both libraries' default-sized caches)
 CONTENDERS = ("plain loop", "eventsourcing", "tideline")
@@ -407,9 +407,9 @@ def run(ctx: Context, section: Section) -> None:
         "(Tideline `handler.load`, eventsourcing `repository.get`: both fill their state caches; the plain loop "
         "has none) — the steady state of a long-running writer whose cache holds its working set —; when all are "
         f"ready they start together: a {warmup:g} s warm-up of uncounted commands, then {seconds:g} s counted. "
-        f"The 8-worker scenarios run {ROUNDS} times per contender, interleaved (the order "
-        "rotated each round); each figure is the median run, ratios are between medians. The 1-worker "
-        "scenarios (informational) run once.",
+        f"The 8-worker scenarios run in {ROUNDS} rounds, each contender once per round, back to back (the order "
+        "rotated each round): commands/s are the medians of each contender's runs, a ratio the median of the "
+        "per-round ratios (best run ÷ best run beside it). The 1-worker scenarios (informational) run once.",
         f"Snapshots every {SNAPSHOT_EVERY} events for Tideline and eventsourcing (`snapshotting_intervals`); "
         f"eventsourcing workers run with `CREATE_TABLE=n`. Both keep a cache of {CACHE_SIZE:,} aggregate states "
         "(Tideline's `HandlerConfig.cache_size` default; eventsourcing's `AGGREGATE_CACHE_MAXSIZE`, fast-forward on).",
@@ -453,9 +453,11 @@ def median_run(runs: list[RunResult]) -> RunResult:
 def report(section: Section, results: dict[tuple[str, int, int], list[RunResult]]) -> None:
     for workers in WORKER_COUNTS:
         for pool in (POOL, HOT_POOL):
-            ours = median_run(results[("tideline", workers, pool)])
-            es = median_run(results[("eventsourcing", workers, pool)])
-            plain = median_run(results[("plain loop", workers, pool)])
+            runs = {c: results[(c, workers, pool)] for c in CONTENDERS}  # run i of each: round i
+            ours, es, plain = (median_run(runs[c]) for c in ("tideline", "eventsourcing", "plain loop"))
+            rates = {c: [r.per_second for r in rs] for c, rs in runs.items()}
+            vs_es = Paired(rates["tideline"], rates["eventsourcing"])
+            vs_plain = Paired(rates["tideline"], rates["plain loop"])
             scenario = f"{workers} worker{'s' if workers > 1 else ''}, pool of {pool:,}"
             targeted = workers == max(WORKER_COUNTS)
             latency_note = (
@@ -465,31 +467,23 @@ def report(section: Section, results: dict[tuple[str, int, int], list[RunResult]
                 f"eventsourcing {es.gave_up}, plain loop {plain.gave_up}"
             )
             section.results.append(
-                measured(
+                measured_paired(
                     f"accepted commands/s, {scenario}",
-                    ours.per_second,
+                    vs_es,
                     "commands/s",
                     baseline_name="eventsourcing (PostgreSQL recorder)",
-                    baseline_value=es.per_second,
                     min_ratio=3.0 if targeted else None,
-                    note=latency_note,
+                    note=latency_note + (f"; rounds: {vs_es.spread()}" if len(vs_es.values) > 1 else ""),
                 )
             )
             section.results.append(
-                measured(
+                measured_paired(
                     f"accepted commands/s, {scenario}",
-                    ours.per_second,
+                    vs_plain,
                     "commands/s",
                     baseline_name="plain psycopg max(version)+1 loop",
-                    baseline_value=plain.per_second,
                     min_ratio=0.6 if targeted else None,
+                    note=f"rounds: {vs_plain.spread()}" if len(vs_plain.values) > 1 else "",
                 )
             )
             section.results.append(measured(f"p99 latency per accepted command, {scenario}", ours.p99_ms, "ms"))
-    for key, runs in results.items():
-        if len(runs) > 1:
-            contender, workers, pool = key
-            section.notes.append(
-                f"{contender}, {workers} workers, pool of {pool:,}: runs "
-                f"{', '.join(f'{r.per_second:,.0f}' for r in runs)} commands/s (median reported)"
-            )

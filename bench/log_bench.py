@@ -2,7 +2,8 @@
 
 Every figure is measured in the same run as its peer, on the same filesystem, and the
 two are interleaved run by run (engine, raw, engine, raw, …) so that drift in the disk
-hits both; each reports the best of ``runs``. Data is generated before timing starts,
+hits both; each reports the medians of both sides' runs and the median of the per-pair
+ratios (best run ÷ best run as an extra column). Data is generated before timing starts,
 and ``os.sync()`` runs before every timed step so that no earlier dirty page is flushed
 on its clock.
 
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from bench.report import Section, measured
+from bench.report import Paired, Section, measured, measured_paired
 from eventstore.cleaner import CleanStats, compact_partition
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
@@ -146,15 +147,6 @@ def batch_sizes(directory: Path) -> list[int]:
 
 def segment_files(directory: Path) -> list[Path]:
     return [log_path(directory, b) for b in list_segment_bases(directory)]
-
-
-def paired(engine_s: list[float], peer_s: list[float]) -> str:
-    """Median of the per-run ratios (engine and peer ran back to back): robust to slow disk drift."""
-    return f"median of paired run ratios {statistics.median(p / e for e, p in zip(engine_s, peer_s, strict=True)):.2f}×"
-
-
-def spread(xs: list[float]) -> str:
-    return f"{min(xs):,.0f}–{max(xs):,.0f}" if len(xs) > 1 else f"{xs[0]:,.0f}"
 
 
 # ---------------------------------------------------------------------------- raw peers
@@ -267,37 +259,36 @@ def bench_append(ctx: Context, section: Section, sizes: Sizes, values: pa.Array,
                 shutil.rmtree(run.directory.parent.parent)
     assert keep is not None
 
+    rates: dict[str, float] = {}
     for variant in ("keyless", "keyed"):
-        best = min(runs[variant], key=lambda r: r.seconds)
-        raw_best = min(raws[variant])
-        stored = best.stored_bytes
-        per_record = stored / n
-        mbps = [r.stored_bytes / r.seconds / MB for r in runs[variant]]
-        raw_mbps = [stored / s / MB for s in raws[variant]]
+        first = runs[variant][0]
+        stored = first.stored_bytes
+        # each raw run wrote its engine run's bytes, with the same write sizes
+        mbps = Paired([r.stored_bytes / r.seconds / MB for r in runs[variant]],
+                      [r.stored_bytes / s / MB for r, s in zip(runs[variant], raws[variant], strict=True)])  # fmt: skip
+        records = Paired([n / r.seconds for r in runs[variant]], [n / s for s in raws[variant]])
+        rates[variant] = records.value
         section.results.append(
-            measured(
+            measured_paired(
                 f"append {variant}, 1 MiB batches, fsync/batch",
-                stored / best.seconds / MB,
+                mbps,
                 "MB/s",
                 baseline_name="raw write+fdatasync",
-                baseline_value=stored / raw_best / MB,
                 min_ratio=0.5,
                 note=(
-                    f"{len(best.sizes)} batches of ≈{stored / len(best.sizes) / (1 << 20):.2f} MiB, "
-                    f"{per_record:.1f} stored B/record for {RECORD_BYTES} B values"
+                    f"{len(first.sizes)} batches of ≈{stored / len(first.sizes) / (1 << 20):.2f} MiB, "
+                    f"{stored / n:.1f} stored B/record for {RECORD_BYTES} B values"
                     + (" + 'key-N' keys" if variant == "keyed" else "")
-                    + f"; runs {spread(mbps)} MB/s, raw {spread(raw_mbps)} MB/s; "
-                    + paired([r.seconds for r in runs[variant]], raws[variant])  # each raw wrote its run's bytes
+                    + f"; MB/s {mbps.spread()}"
                 ),
             )
         )
         section.results.append(
-            measured(
+            measured_paired(
                 f"append {variant}, records/s",
-                n / best.seconds,
+                records,
                 "records/s",
                 baseline_name="raw write, per record",
-                baseline_value=n / raw_best,
                 min_value=500_000,
             )
         )
@@ -319,14 +310,13 @@ def bench_append(ctx: Context, section: Section, sizes: Sizes, values: pa.Array,
 
             send_s = timed(send_all)
     shutil.rmtree(send_root)
-    best_keyless = min(r.seconds for r in runs["keyless"])
     section.results.append(
         measured(
             "append via per-record send() (keyless)",
             m / send_s,
             "records/s",
-            baseline_name="send_batch keyless",
-            baseline_value=n / best_keyless,
+            baseline_name="send_batch keyless (median run)",
+            baseline_value=rates["keyless"],
             note=f"{m:,} records, default linger_ms=5 / batch_size=1 MiB, then flush() and every future's result()",
         )
     )
@@ -383,7 +373,8 @@ def bench_single_appends(
         raw_s.append(raw_write(root / f"raw-{i}", [RECORD_BYTES] * m, chunk))
     per_batch = statistics.mean(stored)
     key_bytes = statistics.mean(len(k) for k in keys.slice(0, m).to_pylist())
-    raw_rate = m / min(raw_s)
+    via_producer = Paired([m / s for s in producer_s], [m / s for s in raw_s])
+    via_append = Paired([m / s for s in append_s], [m / s for s in raw_s])
     section.results.append(
         measured(
             "1-record batch, stored bytes",
@@ -399,28 +390,26 @@ def bench_single_appends(
         )
     )
     section.results.append(
-        measured(
+        measured_paired(
             "1-record batches via send_batch, durable appends/s",
-            m / min(producer_s),
+            via_producer,
             "appends/s",
             baseline_name=f"raw {RECORD_BYTES} B write+fdatasync",
-            baseline_value=raw_rate,
-            note=f"{m} keyed `send_batch` calls of one record each, fsync per batch; best of {sizes.runs}",
+            note=f"{m} keyed `send_batch` calls of one record each, fsync per batch; {via_producer.spread()}",
         )
     )
     section.results.append(
-        measured(
+        measured_paired(
             "1-record batches via Log.append (pre-encoded), durable appends/s",
-            m / min(append_s),
+            via_append,
             "appends/s",
             baseline_name=f"raw {RECORD_BYTES} B write+fdatasync",
-            baseline_value=raw_rate,
-            note="the storage path alone: no partitioner, no encoding",
+            note=f"the storage path alone: no partitioner, no encoding; {via_append.spread()}",
         )
     )
     ctx.say(
-        f"1-record batches: {per_batch:.0f} B each; send_batch {m / min(producer_s):,.0f}/s, "
-        f"Log.append {m / min(append_s):,.0f}/s, raw {raw_rate:,.0f}/s"
+        f"1-record batches: {per_batch:.0f} B each; send_batch {via_producer.value:,.0f}/s, "
+        f"Log.append {via_append.value:,.0f}/s, raw {via_producer.peer:,.0f}/s (medians)"
     )
 
 
@@ -467,43 +456,39 @@ def bench_read(ctx: Context, section: Section, sizes: Sizes, pdir: Path, expecte
     obj_s, count = consume(log_dir, "objects")
     if count != expected:
         raise AssertionError(f"consumer read {count} records as objects, expected {expected}")
-    raw_best = min(raw_s)
-    raw_mbps = total / raw_best / MB
     labels = {"count": "read Arrow, poll + count rows", "table": "read Arrow, poll + to_table()"}
+    count_rate = 0.0
     for mode, secs in got.items():
-        best = min(secs)
+        mbps = Paired([total / s / MB for s in secs], [total / s / MB for s in raw_s])
+        records = Paired([expected / s for s in secs], [expected / s for s in raw_s])
+        count_rate = count_rate or records.value
         section.results.append(
-            measured(
+            measured_paired(
                 labels[mode],
-                total / best / MB,
+                mbps,
                 "MB/s",
                 baseline_name="raw read",
-                baseline_value=raw_mbps,
                 min_ratio=0.5,
-                note=(
-                    f"{expected:,} records, {total / MB:,.0f} MB of segments, page cache warm, best of {len(secs)}; "
-                    + paired(secs, raw_s)
-                ),
+                note=f"{expected:,} records, {total / MB:,.0f} MB of segments, page cache warm; MB/s {mbps.spread()}",
             )
         )
         section.results.append(
-            measured(
+            measured_paired(
                 f"{labels[mode]}, records/s",
-                expected / best,
+                records,
                 "records/s",
                 baseline_name="raw read, per record",
-                baseline_value=expected / raw_best,
                 min_value=1_000_000,
             )
         )
-        ctx.say(f"read {mode}: {expected / best:,.0f} records/s, {total / best / MB:,.0f} MB/s (raw {raw_mbps:,.0f})")
+        ctx.say(f"read {mode}: {records.value:,.0f} records/s, {mbps.value:,.0f} MB/s (raw {mbps.peer:,.0f}; medians)")
     section.results.append(
         measured(
             "read as ConsumerRecord objects, records/s",
             expected / obj_s,
             "records/s",
-            baseline_name="Arrow poll + count",
-            baseline_value=expected / min(got["count"]),
+            baseline_name="Arrow poll + count (median run)",
+            baseline_value=count_rate,
             note="iterating ConsumerRecords (one run)",
         )
     )
@@ -551,21 +536,19 @@ def bench_compaction(ctx: Context, section: Section, sizes: Sizes, values: pa.Ar
     assert stats is not None
     if stats.bytes_read != closed_bytes:
         raise AssertionError(f"compaction read {stats.bytes_read} bytes, the closed segments hold {closed_bytes}")
-    best = min(comp_s)
+    mbps = Paired([closed_bytes / s / MB for s in comp_s], [closed_bytes / s / MB for s in copy_s])
     section.results.append(
-        measured(
+        measured_paired(
             "compaction (compact_partition)",
-            closed_bytes / best / MB,
+            mbps,
             "MB/s",
             baseline_name="raw copy",
-            baseline_value=closed_bytes / min(copy_s) / MB,
             min_ratio=0.3,
             note=(
                 f"{len(closed)} closed segments of {sizes.compact_segment_bytes >> 20} MiB "
                 f"({closed_bytes / MB:,.0f} MB, {stats.records_read:,} records over {k:,} random keys) → "
                 f"{stats.bytes_written / MB:,.1f} MB, {stats.records_kept:,} records kept; "
-                f"{stats.records_read / best:,.0f} records/s; runs {spread([closed_bytes / s / MB for s in comp_s])} "
-                f"MB/s, raw {spread([closed_bytes / s / MB for s in copy_s])} MB/s; {paired(comp_s, copy_s)}"
+                f"{stats.records_read / statistics.median(comp_s):,.0f} records/s (median run); MB/s {mbps.spread()}"
             ),
         )
     )
@@ -614,17 +597,14 @@ def bench_transactions(ctx: Context, section: Section, sizes: Sizes, values: pa.
             txn_s.append(txn_append_once(root / f"t{i}", values.slice(0, n), k, parts, True))
             plain_s.append(txn_append_once(root / f"p{i}", values.slice(0, n), k, parts, False))
             ctx.say(f"transactions {label} run {i + 1}: {n / txn_s[-1]:,.0f} vs plain {n / plain_s[-1]:,.0f} records/s")
+        rates = Paired([n / s for s in txn_s], [n / s for s in plain_s])
         section.results.append(
-            measured(
+            measured_paired(
                 f"transactional append, 1 txn per {TXN_SIZE:,} records, {label}",
-                n / min(txn_s),
+                rates,
                 "records/s",
                 baseline_name=f"same {TXN_SIZE:,}-record send_batch calls, no transaction",
-                baseline_value=n / min(plain_s),
-                note=(
-                    f"{n:,} records of {RECORD_BYTES} B; runs {spread([n / s for s in txn_s])} vs "
-                    f"{spread([n / s for s in plain_s])} records/s; {paired(txn_s, plain_s)}"
-                ),
+                note=f"{n:,} records of {RECORD_BYTES} B; records/s {rates.spread()}",
             )
         )
 
@@ -639,8 +619,9 @@ def run(ctx: Context, section: Section) -> None:
     keys = make_keys(range(n))
     section.notes += [
         f"Records: {RECORD_BYTES}-byte random values; keys `b'key-%d'` where keyed; codec none; "
-        f"best of {sizes.runs} runs ({sizes.append_runs} for batched appends, {sizes.read_runs} for reads), "
-        "engine and raw peer interleaved run by run; `os.sync()` before every timed step.",
+        f"{sizes.runs} runs ({sizes.append_runs} for batched appends, {sizes.read_runs} for reads), engine and raw "
+        "peer back to back run by run: values are the medians of each side's runs, the ratio the median of the "
+        "per-pair ratios; `os.sync()` before every timed step.",
         f"Append: {sizes.append_records:,} records per run through `Producer.send_batch` (batch_size 1 MiB) into a "
         "1-partition topic, fsync policy every_batch (default); the raw peer writes the same total bytes with "
         "the same per-call sizes (the stored batch sizes) to a new file, `os.write` + `os.fdatasync` per call.",

@@ -6,8 +6,9 @@ Its own section (``--only projections_growth``), apart from the 2M comparisons w
 its figure is a ratio within one run, so either section can be measured again alone.
 
 Method: the reservations log of :func:`bench.projections_bench.make_reservations_log` (the
-same generator, 4 partitions) at 2M events, rebuilt twice (the first also warms Spark and its
-Python workers; the better run is the baseline), then at 20M events, rebuilt once:
+same generator, 4 partitions) at 2M events, rebuilt twice (the first warms Spark and its
+Python workers and is not counted; the second is the baseline), then at 20M events, rebuilt
+once, right after the baseline (one pair: the ratio is that pair's; no best-of):
 ``projections.rebuild.rebuild`` end to end (offsets, fold, COPY into staging, swap), each into
 a fresh database so both swaps start from an empty view. Spark ``local[2]`` as in the
 projections section. ``--quick``: 100,000 against 20,000 events.
@@ -61,9 +62,9 @@ def run(ctx: Context, section: Section) -> None:
             ctx.say(f"rebuild of {n:,} events: {result.seconds:.1f} s, {n / result.seconds:,.0f} events/s")
             return result.seconds, result.rows, n
 
-        small = [rebuilt(small_n, f"growth_small_{i}") for i in range(2)]
-        small_s = min(s for s, _, _ in small)
-        large_s, large_rows, _ = rebuilt(large_n, "growth_large")
+        warm_s, _, _ = rebuilt(small_n, "growth_warmup")  # warms Spark and its Python workers: not counted
+        small_s, _, _ = rebuilt(small_n, "growth_small")
+        large_s, large_rows, _ = rebuilt(large_n, "growth_large")  # back to back with the baseline: one pair
     finally:
         spark.stop()
         pg.stop()
@@ -74,9 +75,18 @@ def run(ctx: Context, section: Section) -> None:
             "events/s",
             baseline_name=f"same rebuild at {small_n:,} events, same run",
             baseline_value=small_n / small_s,
-            note=f"{large_rows:,} seat rows; {large_s:.0f} s end to end, one run, against the better of two "
-            f"{small_n:,}-event rebuilds ({', '.join(f'{s:.1f}' for s, _, _ in small)} s); informational "
-            "(how the cost grows)",
+            note=f"{large_rows:,} seat rows; {large_s:.0f} s end to end, one run, right after the {small_n:,}-event "
+            f"rebuild it is compared with ({small_s:.1f} s; a warm-up rebuild before it, not counted, took "
+            f"{warm_s:.1f} s); informational (how the cost grows; the 20M-event goal is in docs/targets.md)",
+        )
+    )
+    section.results.append(
+        measured(
+            f"rebuild of the `{VIEW}` view at {large_n:,} events, end to end",
+            large_s,
+            "s",
+            note="informational: the goal (docs/targets.md) is ≤ 60 s on 2 vCPUs for 20,000,000 events, and ≥ 2× "
+            "the events/s of the same fold from Parquet; not enforced yet",
         )
     )
     section.notes.append(

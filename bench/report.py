@@ -1,10 +1,16 @@
 """Benchmark results, the machine they ran on, and the rewriting of BENCHMARKS.md.
 
 Each benchmark module returns a list of :class:`Result` (one figure each: its value, the
-peer or ceiling measured in the same run, the ratio, the DESIGN.md target and whether
-it is met). :func:`update_benchmarks` rewrites only the sections of the modules that ran,
-between ``<!-- bench:KEY -->`` and ``<!-- /bench:KEY -->`` markers, and keeps the others,
-so modules can be run alone (``python -m bench --only log``).
+peer or ceiling measured in the same run, the ratio, the target of docs/targets.md and
+whether it is met). A figure measured in runs paired with its peer's (:class:`Paired`:
+engine and peer back to back, run by run) reports the medians of both sides' runs as
+its values and the **median of the per-pair ratios** as its ratio, the one its target is
+checked against; best run ÷ best run is an extra column, never the headline.
+
+:func:`update_benchmarks` rewrites only the sections of the modules that ran, between
+``<!-- bench:KEY -->`` and ``<!-- /bench:KEY -->`` markers, and keeps the others, so
+modules can be run alone (``python -m bench --only log``); the line under the header
+says whether the sections come from one run or several.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import datetime as dt
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -28,8 +36,10 @@ BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 class Result:
     """One measured figure against its same-run peer and its target.
 
-    ``target_met`` is None for informational figures (no target in DESIGN.md).
-    ``ratio`` is ``value / baseline_value`` when there is a baseline.
+    ``target_met`` is None for informational figures (no target in docs/targets.md).
+    ``ratio`` is ``value / baseline_value`` when there is a baseline, or for paired runs the median of the
+    per-pair ratios (``value`` and ``baseline_value`` then the medians of each side's runs); ``best_ratio``
+    (paired runs only) is the best run's over the peer's best run, with ``runs`` pairs.
     """
 
     name: str
@@ -41,6 +51,75 @@ class Result:
     target: str
     target_met: bool | None
     note: str = ""
+    best_ratio: float | None = None
+    runs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Paired:
+    """Runs of a figure and of its peer taken back to back: pair ``i`` is ``values[i]`` and ``peers[i]``
+    (same unit; both sides' runs interleaved, so drift in the machine hits both sides of a pair alike).
+
+    ``lower_is_better`` for times and latencies: the best run is then the smallest.
+    """
+
+    values: Sequence[float]
+    peers: Sequence[float]
+    lower_is_better: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.values or len(self.values) != len(self.peers):
+            raise ValueError(f"paired runs need as many peer runs as runs, at least one: {self.values} / {self.peers}")
+
+    @property
+    def ratios(self) -> list[float]:
+        return [v / p for v, p in zip(self.values, self.peers, strict=True)]
+
+    @property
+    def ratio(self) -> float:
+        """The headline: the median of the per-pair ratios."""
+        return statistics.median(self.ratios)
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def peer(self) -> float:
+        return statistics.median(self.peers)
+
+    @property
+    def best_ratio(self) -> float:
+        """Best-of-N: the best run over the peer's best run (an extra column)."""
+        pick = min if self.lower_is_better else max
+        return pick(self.values) / pick(self.peers)
+
+    def spread(self, fmt: str = ",.0f") -> str:
+        """``runs a, b, c vs peer x, y, z; pair ratios r1, r2, r3``, in run order."""
+        return (
+            f"runs {', '.join(format(v, fmt) for v in self.values)} vs {', '.join(format(p, fmt) for p in self.peers)}"
+            f"; pair ratios {', '.join(f'{r:.2f}' for r in self.ratios)}"
+        )
+
+
+def measured_paired(
+    name: str,
+    runs: Paired,
+    unit: str,
+    *,
+    baseline_name: str,
+    min_ratio: float | None = None,
+    min_value: float | None = None,
+    max_value: float | None = None,
+    note: str = "",
+) -> Result:
+    """A figure from paired runs (:class:`Paired`): values are the medians of each side's runs, the ratio the
+    median of the per-pair ratios (``min_ratio`` is checked against it), best-of-N beside it."""
+    result = measured(name, runs.value, unit, baseline_name=baseline_name, baseline_value=runs.peer,
+                      min_ratio=min_ratio, min_value=min_value, max_value=max_value, note=note,
+                      ratio=runs.ratio)  # fmt: skip
+    n = len(runs.values)
+    return replace(result, best_ratio=runs.best_ratio if n > 1 else None, runs=n)
 
 
 def measured(
@@ -54,14 +133,17 @@ def measured(
     min_value: float | None = None,
     max_value: float | None = None,
     note: str = "",
+    ratio: float | None = None,
 ) -> Result:
     """Build a :class:`Result`, computing the ratio and whether the target is met.
 
-    ``min_ratio``: target ``value / baseline_value ≥ min_ratio``; ``min_value``: target
-    ``value ≥ min_value`` (in ``unit``); ``max_value``: target ``value ≤ max_value`` (latencies).
-    None of them: an informational figure.
+    ``min_ratio``: target ``ratio ≥ min_ratio``, the ratio being ``value / baseline_value`` unless
+    ``ratio`` is given (paired runs: :func:`measured_paired`); ``min_value``: target ``value ≥
+    min_value`` (in ``unit``); ``max_value``: target ``value ≤ max_value`` (latencies). None of them:
+    an informational figure.
     """
-    ratio = value / baseline_value if baseline_value else None
+    if ratio is None:
+        ratio = value / baseline_value if baseline_value else None
     if min_ratio is not None:
         target = f"≥ {min_ratio:g}× {baseline_name or 'baseline'}"
         met: bool | None = ratio is not None and ratio >= min_ratio
@@ -201,6 +283,20 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def fmt_best(r: Result) -> str:
+    return "—" if r.best_ratio is None else f"{r.best_ratio:.2f}× (of {r.runs})"
+
+
+COLUMNS = ("figure", "value", "peer / ceiling (same run)", "peer value", "ratio", "target", "met")
+BEST_COLUMN = "best-of-N ratio (extra)"  # after "ratio", in sections with paired figures
+
+
+def _row(r: Result, best: bool) -> list[str]:
+    base = f"{fmt_value(r.baseline_value)} {r.unit}" if r.baseline_value is not None else "—"
+    cells = [r.name, f"{fmt_value(r.value)} {r.unit}", r.baseline_name or "—", base, fmt_ratio(r.ratio)]
+    return cells + ([fmt_best(r)] if best else []) + [r.target, fmt_met(r.target_met)]
+
+
 def render_section(section: Section) -> str:
     lines = [f"<!-- bench:{section.key} -->", f"## {section.title}", ""]
     lines.append(f"Machine: {section.machine.line()}. Took {section.seconds:.0f} s.")
@@ -214,26 +310,12 @@ def render_section(section: Section) -> str:
         passed = sum(1 for r in targeted if r.target_met)
         lines += [f"Targets met: **{passed} of {len(targeted)}**.", ""]
     if section.results:
-        lines.append("| figure | value | peer / ceiling (same run) | peer value | ratio | target | met |")
-        lines.append("|---|--:|---|--:|--:|---|:-:|")
-        for r in section.results:
-            base = f"{fmt_value(r.baseline_value)} {r.unit}" if r.baseline_value is not None else "—"
-            lines.append(
-                "| "
-                + " | ".join(
-                    _cell(x)
-                    for x in (
-                        r.name,
-                        f"{fmt_value(r.value)} {r.unit}",
-                        r.baseline_name or "—",
-                        base,
-                        fmt_ratio(r.ratio),
-                        r.target,
-                        fmt_met(r.target_met),
-                    )
-                )
-                + " |"
-            )
+        best = any(r.best_ratio is not None for r in section.results)
+        columns = [*COLUMNS[:5], *([BEST_COLUMN] if best else []), *COLUMNS[5:]]
+        aligns = ["---", "--:", "---", "--:", "--:", *(["--:"] if best else []), "---", ":-:"]
+        lines.append("| " + " | ".join(columns) + " |")
+        lines.append("|" + "|".join(aligns) + "|")
+        lines += ["| " + " | ".join(_cell(x) for x in _row(r, best)) + " |" for r in section.results]
         lines.append("")
         noted = [r for r in section.results if r.note]
         if noted:
@@ -255,10 +337,39 @@ HEADER = """# Tideline benchmarks
 Written by `make bench` (`python -m bench`); do not edit by hand: each section is
 rewritten by the benchmark module that owns it (`bench/<module>.py`), and sections of
 modules that did not run are kept as they were. Every figure is measured next to a peer
-or ceiling **in the same run on the same machine** and compared with the targets of
-DESIGN.md §3. MB/s are 10^6 bytes per second. `met` is PASS/FAIL against the target,
-`—` for informational figures.
+or ceiling **in the same run on the same machine** and compared with the project's
+targets ([docs/targets.md](docs/targets.md)). Where a figure and its peer run several
+times, back to back, `value` and `peer value` are the medians of their runs and `ratio`
+is the **median of the per-pair ratios** (what the target is checked against); the
+best-of-N ratio (best run ÷ the peer's best run) is an extra column. MB/s are 10^6 bytes
+per second. `met` is PASS/FAIL against the target, `—` for informational figures.
 """
+
+_CODE = re.compile(r"^Code: (?P<code>.+?)\.$", re.MULTILINE)
+_MACHINE = re.compile(r"^Machine: (?P<machine>.+?)\. Took", re.MULTILINE)
+
+
+def runs_line(blocks: dict[str, str], order: list[str]) -> str:
+    """Which runs the sections come from: one line when every section is from one commit, else each
+    section's commit and date (the sections' own Machine and Code lines have the rest)."""
+    codes: dict[str, str] = {}
+    machines: dict[str, str] = {}
+    for key in order:
+        if key in blocks:
+            code, machine = _CODE.search(blocks[key]), _MACHINE.search(blocks[key])
+            codes[key] = code.group("code") if code else "unknown"
+            machines[key] = machine.group("machine") if machine else "unknown"
+    if not codes:
+        return "No section has run yet."
+    if len(set(codes.values())) == 1:
+        newest = max(machines.values(), key=lambda m: m.rsplit(", ", 1)[-1])
+        return f"Every section at code {next(iter(codes.values()))}; the last ran on {newest}."
+    listed = "; ".join(f"{key} at {codes[key]} ({machines[key].rsplit(', ', 1)[-1]})" for key in codes)
+    return (
+        f"**The sections come from different runs** (commits and dates: {listed}); each section's Machine and "
+        "Code lines say where its figures come from. `make bench` measures every section at one commit."
+    )
+
 
 _BLOCK = re.compile(r"<!-- bench:(?P<key>[\w.-]+) -->.*?<!-- /bench:(?P=key) -->", re.DOTALL)
 
@@ -271,9 +382,8 @@ def update_benchmarks(sections: list[Section], order: list[str], path: Path = BE
             existing[m.group("key")] = m.group(0)
     for s in sections:
         existing[s.key] = render_section(s)
-    machine = sections[0].machine if sections else Machine.collect()
-    parts = [HEADER, f"Last run: {machine.line()}.", ""]
     keys = [k for k in order if k in existing] + sorted(k for k in existing if k not in order)
+    parts = [HEADER, runs_line(existing, keys), ""]
     for key in keys:
         parts += [existing[key], ""]
     path.write_text("\n".join(parts).rstrip() + "\n")
@@ -282,28 +392,16 @@ def update_benchmarks(sections: list[Section], order: list[str], path: Path = BE
 def print_section(section: Section, console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title=f"{section.title} — {section.seconds:.0f} s", title_justify="left")
-    for col, justify in (
-        ("figure", "left"),
-        ("value", "right"),
-        ("peer / ceiling", "left"),
-        ("peer value", "right"),
-        ("ratio", "right"),
-        ("target", "left"),
-        ("met", "center"),
-    ):
+    best = any(r.best_ratio is not None for r in section.results)
+    columns = [*COLUMNS[:5], *([BEST_COLUMN] if best else []), *COLUMNS[5:]]
+    for col in columns:
+        justify = "center" if col == "met" else "left" if col in ("figure", "target", COLUMNS[2]) else "right"
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for r in section.results:
-        met = fmt_met(r.target_met)
+        cells = _row(r, best)
+        met = cells[-1]
         style = {"PASS": "green", "FAIL": "bold red"}.get(met, "dim")
-        table.add_row(
-            r.name,
-            f"{fmt_value(r.value)} {r.unit}",
-            r.baseline_name or "—",
-            f"{fmt_value(r.baseline_value)} {r.unit}" if r.baseline_value is not None else "—",
-            fmt_ratio(r.ratio),
-            r.target,
-            f"[{style}]{met}[/{style}]",
-        )
+        table.add_row(*cells[:-1], f"[{style}]{met}[/{style}]")
     console.print(table)
     for r in section.results:
         if r.note:
