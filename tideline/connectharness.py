@@ -29,7 +29,8 @@ connector on the command line (connectors are added over the REST API), the REST
 a free port of 127.0.0.1, JSON converters with ``schemas.enable=false`` for keys and
 values (the envelope Tideline writes), topic creation by the worker (the harness's
 brokers do not auto-create topics). JVM flags as Kafka's own start scripts
-(``kafka-run-class.sh``: G1, 20 ms pause target) with a heap of ``heap``.
+(``kafka-run-class.sh``: G1, 20 ms pause target) with a heap of ``heap``; ``worker_settings``
+add to (or override) worker.properties.
 
 Crash policy: the worker is this harness's iff its PID (kept in memory, not on disk)
 is alive and runs ConnectStandalone with ``D/worker.properties``; ``stop()`` sends
@@ -159,6 +160,7 @@ class LocalConnect:
     bootstrap_servers: str
     heap: str = DEFAULT_HEAP
     jar_dir: Path | None = None
+    worker_settings: Mapping[str, str] = field(default_factory=dict)  # worker.properties beyond the harness's own
     start_timeout: float = 120.0  # seconds until the REST API answers
     stop_timeout: float = 30.0  # seconds after SIGTERM before SIGKILL
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
@@ -175,6 +177,7 @@ class LocalConnect:
         root.mkdir(parents=True, exist_ok=True)
         (self._port,) = _free_ports(1)
         settings = _worker_settings(self.bootstrap_servers, root / "offsets.dat", self._port)
+        settings.update(self.worker_settings)
         _write(root / "worker.properties", "".join(f"{k}={v}\n" for k, v in settings.items()))
         log4j = log4j2_properties("tideline.connectharness", root / "connect.log", {"org.reflections": "ERROR"})
         _write(root / "log4j2.properties", log4j)
