@@ -68,7 +68,7 @@ from capture.events import EventBuilder, ToastCache
 from capture.incremental import IncrementalSnapshot
 from capture.keystate import KeyState
 from capture.messages import StreamingAmbiguous
-from capture.native import native_core_for
+from capture.native import core_report, native_core_for
 from capture.offsets import OffsetContext
 from capture.publications import Publications, PublishableTable
 from capture.recovery import check_start, move_position
@@ -78,7 +78,7 @@ from capture.sinks import Sink
 from capture.sinks.embedded import EmbeddedLogSink
 from capture.slots import current_wal_lsn, slot_state, slot_status
 from capture.snapshot import SnapshotSource, SnapshotStopped
-from capture.status import Stats, StatusReporter
+from capture.status import CoreReport, Stats, StatusReporter, write_core_report
 from capture.streaming import StreamingSource
 from capture.tables import KEYLESS_WARNING, TableCatalog
 from capture.topics import TopicRouter
@@ -150,6 +150,7 @@ class Connector:
         self._ever_connected = False
         self._slot_busy_since: float | None = None
         self._streaming_allowed = True  # pgoutput: off for good once a streamed transaction was ambiguous
+        self._core_logged: dict[str, object] | None = None  # the core report last logged (a reconnect: not again)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -165,6 +166,10 @@ class Connector:
     def state_path(self) -> Path:
         state_dir = self.config.state_dir or self.sink.default_state_dir()
         return state_dir / f"{self.config.connector_id}.keystate.sqlite"
+
+    def core_report_path(self) -> Path:
+        """Where the connector writes its core report (capture.status): next to its key state."""
+        return self.state_path().with_name(f"{self.config.connector_id}.core.json")
 
     def run(self) -> Stats:
         """Snapshot if needed, then stream; reconnect after transient failures (see the module docstring)."""
@@ -273,6 +278,7 @@ class Connector:
             reserved=(builder.message_topic, builder.transaction_topic),
         )
         self._warn_keyless()
+        self._report_core(core_report(self.config, builder.converter, tables))
         self.writer.catch_up_tracked(tables, builder.topic)
         assert self.keystate is not None
         self.stats.key_state_caught_up = self.keystate.records_caught_up
@@ -304,11 +310,12 @@ class Connector:
             repl.start(self.config.slot, start_lsn, decoder.slot_options())
             self._streaming_ok = True
             log.info(
-                "capture: streaming slot %s from %s into %s (stored position %s)",
+                "capture: streaming slot %s from %s into %s (stored position %s), core %s",
                 self.config.slot,
                 format_lsn(start_lsn),
                 self.sink.describe(),
                 self.offsets.stored,
+                self.stats.core.summary() if self.stats.core is not None else "unknown",
             )
             status = StatusReporter(
                 self.config.dsn,
@@ -316,6 +323,7 @@ class Connector:
                 self.stats,
                 self.config.status_interval_s,
                 self.config.retained_wal_warn_bytes,
+                self.core_report_path(),
             )
             native = native_core_for(self.config, self.catalog, builder, self.writer, self.stats, decoder)
             streaming = StreamingSource(
@@ -328,6 +336,35 @@ class Connector:
             for close in closing:
                 close()
             repl.close()
+
+    def _report_core(self, report: CoreReport) -> None:
+        """The per-change core, at start: into the stats (status line, metrics, ``--json``), the report file
+        (``capture status``, the console) and the log — one line for the connector, and a warning per table on
+        the Python path (one warning in all when every table is, for one reason ``--core`` did not ask for)."""
+        self.stats.core = report
+        try:
+            write_core_report(self.core_report_path(), report)
+        except OSError as e:
+            log.warning("capture: cannot write the core report %s: %s", self.core_report_path(), _one_line(e))
+        logged = report.to_json()
+        if logged == self._core_logged:
+            return  # a reconnect: said already
+        self._core_logged = logged
+        python = report.python_tables()
+        if report.reason is not None and not report.chosen:
+            log.warning(
+                "capture: core python for every table: %s; every change takes the Python path, several times slower "
+                "than the native core (docs/capture.md, 'The native core')",
+                report.reason,
+            )
+        elif report.reason is not None:
+            log.info("capture: core python for every table: %s", report.reason)
+        else:
+            native = len(report.tables) - len(python)
+            log.info("capture: core native for %d of %d tables%s", native, len(report.tables),
+                     f"; python for {', '.join(sorted(python))}" if python else "")  # fmt: skip
+            for name, reason in sorted(python.items()):
+                log.warning("capture: table %s takes the Python core: %s", name, reason)
 
     def _sync_publications(self) -> None:
         """pgoutput: the publications hold the captured tables (capture.publications), before the slot exists."""

@@ -12,8 +12,13 @@ Read from :class:`capture.status.Stats` at scrape time::
   tideline_capture_lag_bytes                gauge    server WAL end − last stored commit LSN
   tideline_capture_last_stored_lsn          gauge    commit LSN of the last stored position
   tideline_capture_slot_retained_wal_bytes  gauge    WAL the slot holds back (checked every 30 s; -1 unknown)
+  tideline_capture_core_info                info     the per-change core: labels core (native, python), requested
+                                                     (--core), reason (why python; "" when native)
+  tideline_capture_table_core_info          info     per captured table (label table): core, reason
+  tideline_capture_python_core_tables       gauge    captured tables on the Python path
 
-Every metric carries the labels ``slot`` and ``topic_prefix``.
+Every metric carries the labels ``slot`` and ``topic_prefix``. The core's are there once the connector has
+read its tables (capture.status.CoreReport).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -59,3 +64,17 @@ class CaptureCollector(Collector):
         yield gauge("lag_bytes", "Server WAL end minus the last stored commit LSN.", stats.lag_bytes())
         yield gauge("last_stored_lsn", "Commit LSN of the last stored position.", stats.last_stored_lsn)
         yield gauge("slot_retained_wal_bytes", "WAL the slot holds back (-1: unknown).", stats.retained_wal_bytes)
+        core = stats.core
+        if core is not None:
+            info = InfoMetricFamily(PREFIX + "core", "The per-change core (native or python) and why python.",
+                                    labels=labels)  # fmt: skip
+            info.add_metric(values, {"core": core.core, "requested": core.requested, "reason": core.core_reason or ""})
+            yield info
+            tables = core.tables
+            per_table = InfoMetricFamily(PREFIX + "table_core", "The core of a captured table's changes, and why "
+                                         "python.", labels=[*labels, "table"])  # fmt: skip
+            for name, table in sorted(tables.items()):
+                per_table.add_metric([*values, name], {"core": table.core, "reason": table.reason or ""})
+            yield per_table
+            python = sum(1 for t in tables.values() if t.core == "python")
+            yield gauge("python_core_tables", "Captured tables whose changes take the Python path.", python)

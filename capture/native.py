@@ -61,11 +61,20 @@ Choice: ``CaptureConfig.core`` (``--core``, default from ``TIDELINE_CAPTURE_CORE
 ``auto`` uses the extension when it is importable (JSON or Avro values, either plugin),
 ``python`` never, ``native`` requires it (a clear error when it is not built).
 
+Reported (:func:`core_report` → capture.status.CoreReport, kept current by :meth:`NativeCore.sync`): the
+core the connector runs and, per table, ``native`` or ``python`` with the reason — for every table
+at once: ``--core python``, the extension not built (:data:`UNAVAILABLE`: the import's error, or a
+build older than its sources), excluded or masked columns; per table: a column whose type the core does
+not convert (:func:`table_reason`: arrays, interval, enums, domains, extension types), the outbox table,
+an Avro layout it cannot write. A table's occasional change on the Python path (its first, a TOASTed
+row, an infinite timestamp …) is not a fallback of the table and is not reported.
+
 Thread-safety: none; owned by the connector thread.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -81,11 +90,13 @@ from capture.messages import Plugin
 from capture.native_avro import layout_of
 from capture.native_verify import ReferenceCheck
 from capture.native_verify import enabled as verify_enabled
+from capture.status import NATIVE, PYTHON, CoreReport, TableCore
 from eventstore.errors import ConfigError
 from eventstore.topic import now_ms
 
 if TYPE_CHECKING:
     from capture.config import CaptureConfig
+    from capture.converters import ValueConverter
     from capture.events import EventBuilder, TxnContext
     from capture.messages import Decoder
     from capture.replication import XLogRun
@@ -94,13 +105,37 @@ if TYPE_CHECKING:
     from capture.writer import LogWriter
     from schemas.tables import TableSchemaIds
 
+# What capture needs of the extension: a build without one of these is older than its sources (`make native`).
+REQUIRED = ("Core.register_avro", "SnapshotEncoder.converts")
+
+
+def missing_attributes(module: object) -> list[str]:
+    """The :data:`REQUIRED` names ``module`` lacks."""
+    missing = []
+    for dotted in REQUIRED:
+        node = module
+        for part in dotted.split("."):
+            node = getattr(node, part, None)
+        if node is None:
+            missing.append(dotted)
+    return missing
+
+
+UNAVAILABLE: str | None  # why the extension cannot be used (None: it can), as the reports say it
 try:
     import tideline_native
+except ImportError as e:  # not built: the Python path (or a clear error when --core native asks for it)
+    if isinstance(e, ModuleNotFoundError) and e.name == "tideline_native":
+        UNAVAILABLE = f"the extension tideline_native is not built ({e})"
+    else:
+        UNAVAILABLE = f"the extension tideline_native cannot be imported ({e})"
+else:
+    _missing = missing_attributes(tideline_native)
+    UNAVAILABLE = (f"the extension tideline_native is older than its sources (it has no {', '.join(_missing)})"
+                   if _missing else None)  # fmt: skip
+BUILT = UNAVAILABLE is None
 
-    # a build older than its sources (no Avro in it) counts as not built: `make native` rebuilds it
-    BUILT = hasattr(tideline_native.Core, "register_avro")
-except ImportError:  # not built: the Python path (or a clear error when --core native asks for it)
-    BUILT = False
+log = logging.getLogger("capture.connector")
 
 RUN_LIMIT = 512  # payloads per native call at most (the batch's byte bound is checked after each run)
 
@@ -127,14 +162,56 @@ def available() -> bool:
     return BUILT
 
 
+def unavailable_reason() -> str:
+    """Why the extension cannot be used (when :data:`BUILT` is false)."""
+    return UNAVAILABLE or "the extension tideline_native is not built"
+
+
 def check_native(config: CaptureConfig) -> None:
     """``--core native``: raise :class:`NativeUnavailableError` unless the extension is built (it covers both
     value formats and both plugins)."""
     if not BUILT:
+        detail = f" [{UNAVAILABLE}]" if UNAVAILABLE else ""
         raise NativeUnavailableError(
             "--core native: the extension tideline_native is not built; run `make native` (cargo and maturin) or "
-            f"use --core auto or python (or unset {ENV})"
+            f"use --core auto or python (or unset {ENV}){detail}"
         )
+
+
+def connector_reason(config: CaptureConfig, converter: ValueConverter) -> str | None:
+    """Why every table takes the Python path (None: the native core runs)."""
+    if config.core is CoreChoice.PYTHON:
+        return f"--core python (or {ENV}=python) asks for the Python path"
+    if not BUILT:
+        return unavailable_reason()
+    if not isinstance(converter, JsonConverter | AvroConverter):
+        return f"the value converter {type(converter).__name__} is not covered by the native core (JSON and Avro are)"
+    if config.table_filter.exclude_columns or config.table_filter.mask_columns:
+        return "--exclude-columns or --mask-columns is set: the native core writes whole rows"
+    return None
+
+
+def table_reason(config: CaptureConfig, table: TableInfo) -> str | None:
+    """Why ``table``'s changes take the Python path while the native core runs (None: they take the core):
+    the outbox table, or columns of types the core does not convert (their non-NULL values). Needs the
+    extension."""
+    if table.qualified == config.outbox_table:
+        return "the outbox table: its rows are routed by the Python path"
+    converts = tideline_native.SnapshotEncoder.converts  # the core's own test (native/src/convert.rs, kind_of)
+    uncovered = [f"column {c.name}: {c.type_name} not covered by the native core" for c in table.columns
+                 if not converts(c.type_oid)]  # fmt: skip
+    return "; ".join(uncovered) or None
+
+
+def core_report(config: CaptureConfig, converter: ValueConverter, tables: list[TableInfo]) -> CoreReport:
+    """The core the connector runs with ``converter`` for the captured ``tables``, per table (see the module
+    docstring, "Reported")."""
+    reason = connector_reason(config, converter)
+    report = CoreReport(config.core.value, reason, chosen=config.core is CoreChoice.PYTHON)
+    for table in tables:
+        why = reason if reason is not None else table_reason(config, table)
+        report.set_table(table.qualified, TableCore(NATIVE) if why is None else TableCore(PYTHON, why))
+    return report
 
 
 def native_core_for(
@@ -147,16 +224,12 @@ def native_core_for(
 ) -> NativeCore | None:
     """The native core the configuration asks for (None: the Python path). ``decoder``: the stream's
     decoder (pgoutput: the core decodes row messages with the Relation messages it read)."""
-    if config.core is CoreChoice.PYTHON:
-        return None
     if config.core is CoreChoice.NATIVE:
         check_native(config)
-    elif not BUILT:
-        return None
-    if not isinstance(builder.converter, JsonConverter | AvroConverter):
-        if config.core is CoreChoice.NATIVE:
+        if not isinstance(builder.converter, JsonConverter | AvroConverter):
             raise NativeUnavailableError("--core native covers the JSON and Avro value converters only")
-        return None
+    if connector_reason(config, builder.converter) is not None:
+        return None  # every table on the Python path (stats.core says why)
     if config.plugin is Plugin.PGOUTPUT and not isinstance(decoder, PgOutputDecoder):
         raise TypeError("the native core for pgoutput needs the stream's PgOutputDecoder")
     pgoutput = decoder if isinstance(decoder, PgOutputDecoder) else None
@@ -199,8 +272,6 @@ class NativeCore:
         self._schema_ids: list[TableSchemaIds | None] = []  # Avro: the ids each registration writes with
         self._topics: list[str] = []
         self._generation = catalog.generation
-        # whole-connector conditions under which no table is handled natively
-        self._columns_filtered = bool(builder.filter.exclude_columns or builder.filter.mask_columns)
         self.changes = 0  # handled natively (status, tests)
         # TIDELINE_NATIVE_VERIFY: every run checked against the Python reference (capture.native_verify)
         self.verify = ReferenceCheck(builder, pgoutput) if verify_enabled() else None
@@ -213,7 +284,7 @@ class NativeCore:
         Avro: the registration carries the schema ids ``AvroEncoder.ids(table)`` gives (those the Python path
         writes this change with); when they differ from the ones the core has, the table is registered again,
         so the core never frames with an id the Python path would no longer write."""
-        if table.qualified == self.config.outbox_table or self._columns_filtered:
+        if table.qualified == self.config.outbox_table:
             return
         key = (table.schema, table.name)
         tid = self._ids.get(key)
@@ -240,6 +311,7 @@ class NativeCore:
             list(table.toastable_columns),
             table.replica_identity,
         )  # an Avro layout it had is gone: the core handles the table again once it has the new one
+        reason = table_reason(self.config, table)
         if ids is not None:
             layout = layout_of(ids, table)
             if layout is not None:  # None: a layout the core cannot write; the Python path keeps the table
@@ -247,8 +319,20 @@ class NativeCore:
                     tid, layout.key_id, layout.value_id, layout.columns, layout.envelope, layout.source,
                     layout.transaction,
                 )  # fmt: skip
+            elif reason is None:
+                reason = "Avro: the native core cannot write the layout of its registered schemas"
+        self._report(table.qualified, reason)
         if self.pgoutput is not None:
             self._sync_relation(tid, table)
+
+    def _report(self, table: str, reason: str | None) -> None:
+        """Record the core of ``table``'s changes in the connector's report; a new fallback is logged."""
+        report = self.stats.core
+        if report is None:
+            return
+        core = TableCore(NATIVE) if reason is None else TableCore(PYTHON, reason)
+        if report.set_table(table, core) and reason is not None:
+            log.warning("capture: table %s takes the Python core: %s", table, reason)
 
     def _current_ids(self, table: TableInfo) -> TableSchemaIds | None:
         """Avro: the table's registered schemas, as the Python path is about to write its change with (called
@@ -295,6 +379,8 @@ class NativeCore:
             if current is None:
                 self.core.unregister_table(schema, name)  # its relations too
                 del self._ids[(schema, name)]
+                if self.stats.core is not None:
+                    self.stats.core.drop_table(f"{schema}.{name}")
                 for oid in [o for o, r in self._relations.items() if (r.schema, r.table) == (schema, name)]:
                     del self._relations[oid]
             elif current is not self._tables[tid]:

@@ -5,15 +5,24 @@ slot's retained WAL is read every :data:`WAL_CHECK_S` and warned about above
 ``retained_wal_warn_bytes``. The same :class:`Stats` feed ``--json`` summaries and the
 Prometheus collector (capture.metrics).
 
+**The core** (:class:`CoreReport`, made by capture.native): which per-change core the connector
+runs, per table, and the reason for every table on the Python path. It is in the start log
+lines, the status line, ``--json`` summaries and the metrics, and the connector writes it to
+``<state dir>/<prefix>.<slot>.core.json`` (:func:`write_core_report`) when it starts and when it
+changes, where ``tideline capture status`` and the console read it (:func:`read_core_report`).
+
 Thread-safety: ``Stats`` is written by the connector thread; readers (metrics scrapes)
-read plain ints and may see a value one update old.
+read plain ints and may see a value one update old. A :class:`CoreReport`'s table map is
+replaced, never changed in place, so a reader iterates a consistent one.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -26,6 +35,117 @@ from schemas.position import format_lsn
 log = logging.getLogger("capture.connector")
 
 WAL_CHECK_S = 30.0
+
+NATIVE = "native"
+PYTHON = "python"
+
+
+@dataclass(frozen=True, slots=True)
+class TableCore:
+    """The core a table's changes take: ``native``, or ``python`` and why (``reason``)."""
+
+    core: str
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"core": self.core, "reason": self.reason}
+
+
+class CoreReport:
+    """Which per-change core the connector runs (see the module docstring).
+
+    ``requested``: ``--core`` (auto, python, native). ``reason``: why every table takes the Python path
+    (None: the native core runs); ``chosen``: that is what ``--core python`` asked for (not warned about).
+    ``tables``: every captured table → its :class:`TableCore` (a table not covered takes the Python path while
+    the others take the native core)."""
+
+    def __init__(self, requested: str, reason: str | None = None, *, chosen: bool = False) -> None:
+        self.requested = requested
+        self.reason = reason
+        self.chosen = chosen
+        self.tables: dict[str, TableCore] = {}
+        self.version = 0  # counts changes: the report file is written again
+
+    def set_table(self, table: str, core: TableCore) -> bool:
+        """Record ``table``'s core; whether that changed anything."""
+        if self.tables.get(table) == core:
+            return False
+        self.tables = {**self.tables, table: core}
+        self.version += 1
+        return True
+
+    def drop_table(self, table: str) -> None:
+        if table in self.tables:
+            self.tables = {name: core for name, core in self.tables.items() if name != table}
+            self.version += 1
+
+    @property
+    def core(self) -> str:
+        """The connector's core: ``python`` when no table takes the native core."""
+        if self.reason is not None:
+            return PYTHON
+        tables = self.tables
+        return NATIVE if not tables or any(t.core == NATIVE for t in tables.values()) else PYTHON
+
+    @property
+    def core_reason(self) -> str | None:
+        if self.reason is not None or self.core == NATIVE:
+            return self.reason
+        return "no captured table is covered by the native core (core_tables says why, per table)"
+
+    def python_tables(self) -> dict[str, str]:
+        """Tables on the Python path while the native core runs → their reasons."""
+        if self.reason is not None:
+            return {}
+        return {name: t.reason or "" for name, t in self.tables.items() if t.core == PYTHON}
+
+    def to_json(self, *, tables: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {"core": self.core, "core_reason": self.core_reason, "core_requested": self.requested,
+                               "core_chosen": self.chosen}  # fmt: skip
+        if tables:
+            out["core_tables"] = {name: t.to_json() for name, t in sorted(self.tables.items())}
+        return out
+
+    def summary(self) -> str:
+        """For the start log line: ``native``, ``native (python for a, b)`` or ``python (reason)``."""
+        if self.core == PYTHON:
+            return f"python ({self.core_reason})"
+        python = self.python_tables()
+        return f"native (python for {', '.join(sorted(python))})" if python else "native"
+
+
+def core_warnings(report: dict[str, Any]) -> list[str]:
+    """The warnings of a core report's JSON (:meth:`CoreReport.to_json`): the tables on the Python path that
+    ``--core`` did not ask for — one line when every table is, for one reason (the extension not built …)."""
+    if report.get("core") is None or report.get("core_chosen"):
+        return []
+    tables: dict[str, dict[str, str | None]] = report.get("core_tables") or {}
+    python = {name: t["reason"] for name, t in tables.items() if t["core"] == PYTHON}
+    reason = report.get("core_reason")
+    if report["core"] == PYTHON and all(r == reason for r in python.values()):
+        return [f"capture runs the Python core for every table: {reason}"]
+    return [f"table {name} takes the Python core: {r}" for name, r in sorted(python.items())]
+
+
+def write_core_report(path: Path, report: CoreReport) -> None:
+    """Write ``report`` (with the time) to ``path`` atomically (``tideline capture status`` reads it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps({**report.to_json(), "reported_ms": now_ms()}, option=orjson.OPT_INDENT_2))
+    os.replace(tmp, path)
+
+
+def read_core_report(path: Path) -> dict[str, Any]:
+    """What the connector last wrote to ``path``: ``core`` (None: nothing written there), ``core_reason``,
+    ``core_requested``, ``core_tables``, ``core_reported_ms`` (when it was written)."""
+    try:
+        report: dict[str, Any] = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {"core": None, "core_reason": f"not reported: no connector of this slot and topic prefix has "
+                f"started with its state in {path.parent}", "core_requested": None, "core_chosen": False,
+                "core_tables": {}, "core_reported_ms": None}  # fmt: skip
+    report["core_reported_ms"] = report.pop("reported_ms", None)
+    return report
 
 
 @dataclass(slots=True)
@@ -48,6 +168,7 @@ class Stats:
     unpublished_tables: list[str] = field(default_factory=list)  # pgoutput: captured by the filter, not published
     incremental: dict[str, Any] | None = None  # the incremental snapshot under way (capture.incremental)
     incremental_rereads: int = 0  # chunk reads taken again: a transaction the stream had passed was invisible
+    core: CoreReport | None = None  # the per-change core, per table (set at start: capture.native.core_report)
 
     def batch_stored(self, commit_lsn: int | None) -> None:
         """A log transaction committed; ``commit_lsn``: its position's (None: it carried none)."""
@@ -64,7 +185,10 @@ class Stats:
     def lag_bytes(self) -> int:
         return max(0, self.server_wal_end - self.last_stored_lsn)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, *, core_tables: bool = True) -> dict[str, Any]:
+        """Every figure; ``core_tables``: with the core of every table (the periodic status line leaves it out:
+        the start log lines name the tables on the Python path)."""
+        core = self.core.to_json(tables=core_tables) if self.core is not None else {"core": None}
         return {
             "events": self.events,
             "transactions": self.transactions,
@@ -82,13 +206,22 @@ class Stats:
             "unpublished_tables": self.unpublished_tables,
             "incremental_snapshot": self.incremental,
             "incremental_rereads": self.incremental_rereads,
+            **core,
         }
 
 
 class StatusReporter:
     """The periodic status line and the slot's retained-WAL check."""
 
-    def __init__(self, dsn: str, slot: str, stats: Stats, interval_s: float, retained_warn_bytes: int) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        slot: str,
+        stats: Stats,
+        interval_s: float,
+        retained_warn_bytes: int,
+        core_path: Path | None = None,
+    ) -> None:
         self.dsn = dsn
         self.slot = slot
         self.stats = stats
@@ -96,6 +229,8 @@ class StatusReporter:
         self.retained_warn_bytes = retained_warn_bytes
         self._logged = 0.0
         self._wal_checked = 0.0
+        self.core_path = core_path  # where the core report is written when it changes (None: nowhere)
+        self._core_written = -1 if stats.core is None else stats.core.version
 
     def tick(self) -> None:
         """Every ``interval_s``: a structured status line; every ``WAL_CHECK_S``: the slot's retained WAL."""
@@ -103,7 +238,14 @@ class StatusReporter:
         if now - self._logged < self.interval_s:
             return
         self._logged = now
-        log.info("capture status %s", orjson.dumps(self.stats.to_json()).decode())
+        log.info("capture status %s", orjson.dumps(self.stats.to_json(core_tables=False)).decode())
+        core = self.stats.core
+        if core is not None and self.core_path is not None and core.version != self._core_written:
+            try:
+                write_core_report(self.core_path, core)
+                self._core_written = core.version
+            except OSError as e:  # a full or read-only state dir: capture goes on, status shows the last one
+                log.warning("capture: cannot write the core report %s: %s", self.core_path, e)
         if now - self._wal_checked < WAL_CHECK_S:
             return
         try:

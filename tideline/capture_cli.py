@@ -234,9 +234,14 @@ def run(
         str | None,
         typer.Option(
             "--core",
-            help="The per-change core: auto (default: the native extension when built and it covers the "
-            "configuration, wal2json with JSON values), python (the reference path), native (fail if not built). "
-            "Default from TIDELINE_CAPTURE_CORE.",
+            help="The per-change core: auto (default: the native extension tideline_native when it is built, "
+            "either plugin, JSON or Avro values), python (the reference path, several times slower), native (refuse "
+            "to start when the extension is not built). A table whose columns the native core does not convert "
+            "(arrays, interval, enums, domains, …), the outbox table, and every table under --exclude-columns "
+            "or --mask-columns take the Python path. The core in use, per table, and the reason for each "
+            "fallback are in the start log lines (a warning unless --core python chose it), `capture status`, the "
+            "metrics (tideline_capture_core_info, tideline_capture_table_core_info) and the console. Default "
+            "from TIDELINE_CAPTURE_CORE.",
         ),
     ] = None,
     value_format: Annotated[
@@ -372,6 +377,7 @@ def run(
             snapshot_workers=snapshot_workers,
             compression=compression,
         )
+        config.validate()  # before the log is opened: --core native without the extension is one line, nothing made
         if (replication_factor is not None or min_insync_replicas is not None) and State.kafka is None:
             raise fail("--replication-factor and --min-insync-replicas are Kafka topic settings: give --kafka")
         if log_cleaner and State.kafka is not None:
@@ -431,10 +437,16 @@ def status(
     keyless_tables: KeylessOption = "keyless",
     publication: PublicationOption = None,
     retained_wal_warn: RetainedWalWarnOption = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option("--state-dir", help="The connector's --state-dir, where it reports its core (default: "
+                     "<data dir>/_capture).", show_default=False),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """The slot (confirmed LSN, retained WAL), the last stored position, the lag, the publications (pgoutput),
-    and tables needing attention (the figures of capture.report.capture_status, as the console shows them)."""
+    the core the connector runs (per table, with the reason for each table on the Python path), and tables
+    needing attention (the figures of capture.report.capture_status, as the console shows them)."""
     from capture.connector import KeylessPolicy
     from capture.report import capture_status
     from capture.tables import TableFilter
@@ -442,10 +454,10 @@ def status(
     with one_line_errors():
         policy = KeylessPolicy.parse(keyless_tables)
         table_filter = TableFilter(include=_split(tables), exclude=_split(exclude_tables))
-        with _log_and_sink(None, create=False) as (log, sink):
+        with _log_and_sink(state_dir, create=False) as (log, sink):
             out = capture_status(dsn, slot=slot, topic_prefix=topic_prefix, log=log, sink=sink,
                                  table_filter=table_filter, keyless=policy, publication=publication,
-                                 retained_wal_warn_bytes=retained_wal_warn)  # fmt: skip
+                                 retained_wal_warn_bytes=retained_wal_warn, state_dir=state_dir)  # fmt: skip
     info, publications, warnings = out["slot"], out["publications"], out["warnings"]
     position = out["stored_position"]
     if as_json:
@@ -473,6 +485,16 @@ def status(
             f"stored up to commit {position['commit_lsn_text']} event {position['event_index']}"
             + (f"; lag {out['lag_bytes']:,} bytes" if "lag_bytes" in out else "")
         )
+    if out["core"] is None:
+        typer.echo(f"core: {out['core_reason']}")
+    else:
+        python = {n: t["reason"] for n, t in out["core_tables"].items() if t["core"] == "python"}
+        native = len(out["core_tables"]) - len(python)
+        what = out["core_reason"] or f"{native} of {len(out['core_tables'])} tables"
+        typer.echo(f"core {out['core']} (--core {out['core_requested']}): {what}")
+        if out["core_reason"] is None:
+            for name, reason in sorted(python.items()):
+                typer.echo(f"  table {name}: python ({reason})")
     progress = out["incremental_snapshot"]
     if progress is not None:
         typer.echo(

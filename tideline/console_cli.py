@@ -5,7 +5,7 @@
     tideline console --port 8090 --dsn "$DSN" --topic-prefix shop [--capture-metrics http://127.0.0.1:9187/metrics]
 
 The page (:mod:`tideline.console`) shows the log's topics, consumer-group and projection
-lag, capture's slot and lag, schema subjects, warnings, and capture's throughput and
+lag, capture's slot, lag and core, schema subjects, warnings, and capture's throughput and
 latency over time; it reads what ``log describe``, ``log groups``, ``capture status``,
 ``project status`` and ``schemas list`` read, on the embedded log (``--data-dir``) or on
 Kafka (``--kafka``).
@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -55,6 +56,11 @@ def console_command(
             show_default=False,
         ),
     ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option("--state-dir", help="The connector's --state-dir, where it reports its core (default: "
+                     "<data dir>/_capture).", show_default=False),
+    ] = None,
     interval: Annotated[
         float, typer.Option("--interval", min=0.1, help="Seconds between refreshes (and chart points).")
     ] = 1.0,
@@ -93,6 +99,7 @@ def console_command(
         tables=tuple(p.strip() for v in tables or [] for p in v.split(",") if p.strip()),
         exclude_tables=tuple(p.strip() for v in exclude_tables or [] for p in v.split(",") if p.strip()),
         capture_metrics=capture_metrics,
+        state_dir=state_dir,
         stall_after_s=stall_after,
         retained_wal_warn_bytes=retained_wal_warn,
         interval_s=interval,

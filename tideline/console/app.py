@@ -5,11 +5,13 @@
     GET /                  the page (index.html, console.js, console.css under /static/)
     GET /api/config        what the console watches (backend, slot, topic prefix, refresh interval)
     GET /api/topics        topics and partitions: offsets, sizes (``log describe --json`` of each)
-    GET /api/capture       the slot (confirmed LSN, retained WAL), stored position, lag (``capture status --json``)
+    GET /api/capture       the slot (confirmed LSN, retained WAL), stored position, lag, the core per table
+                           (``capture status --json``)
     GET /api/groups        consumer groups and their lag (``log groups --json``)
     GET /api/projections   projections: checkpoints, lag, stalled (``project status --json``)
     GET /api/schemas       subjects and versions (``schemas list --json``)
-    GET /api/warnings      stalled views, slot retention above the threshold, keyless tables, unreadable panels
+    GET /api/warnings      stalled views, slot retention above the threshold, keyless tables, tables on capture's
+                           Python core, unreadable panels
     GET /api/series        throughput and commit → log latency over time (sampled in memory)
 
 Every answer carries ``refreshed_ms``, when its figures were read; a panel that could not

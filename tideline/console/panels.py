@@ -9,7 +9,7 @@
 
 Nothing here computes a figure of its own: the warnings panel only gathers the warnings
 and flags those functions return (keyless tables, the slot's retained WAL above the
-threshold, a lost or missing slot, stalled projections).
+threshold, a lost or missing slot, tables on capture's Python core, stalled projections).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ class ConsoleSettings:
     tables: tuple[str, ...] = ()  # capture's --tables patterns (which tables' warnings count)
     exclude_tables: tuple[str, ...] = ()
     capture_metrics: str | None = None  # a connector's --metrics-port URL: throughput and latency
+    state_dir: Path | None = None  # the connector's --state-dir, where it reports its core (None: its default)
     stall_after_s: float = DEFAULT_STALL_AFTER_S
     retained_wal_warn_bytes: int | None = None  # None: the connector's threshold
     interval_s: float = 1.0  # between two refreshes (and two points of the charts)
@@ -97,9 +98,9 @@ def capture_panel(settings: ConsoleSettings) -> dict[str, Any]:
     from tideline.capture_cli import open_log_and_sink
 
     table_filter = TableFilter(include=list(settings.tables), exclude=list(settings.exclude_tables))
-    with open_log_and_sink(settings.data_dir, settings.kafka, create=False) as (log, sink):
+    with open_log_and_sink(settings.data_dir, settings.kafka, settings.state_dir, create=False) as (log, sink):
         return capture_status(settings.dsn, slot=settings.slot, topic_prefix=settings.topic_prefix, log=log,
-                              sink=sink, table_filter=table_filter,
+                              sink=sink, table_filter=table_filter, state_dir=settings.state_dir,
                               retained_wal_warn_bytes=settings.retained_wal_warn_bytes)  # fmt: skip
 
 

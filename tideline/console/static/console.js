@@ -98,7 +98,26 @@ function renderCapture(data) {
     ["keyless tables", data.keyless_tables.join(", ") || "none"],
     ["publications", data.publications.map((p) => p.name).join(", ") || "–"],
   ];
-  details.replaceChildren(...pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { class: "mono" }, v)]));
+  details.replaceChildren(...pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { class: "mono" }, v)]),
+    ...coreDetails(data));
+}
+
+// The core the connector runs (capture status: core, core_reason, core_tables): one entry, then one per table on
+// the Python path while the native core runs the others.
+function coreDetails(data) {
+  const core = data.core ?? null;
+  const text = core === null ? `not reported (${data.core_reason})`
+    : `${core}${data.core_requested ? ` (--core ${data.core_requested})` : ""}${data.core_reason ? `: ${data.core_reason}` : ""}`;
+  const out = [el("dt", {}, "core"),
+    el("dd", { id: "capture-core", class: core === "python" && !data.core_chosen ? "mono bad" : "mono", "data-value": core ?? "" }, text)];
+  if (core !== null && !data.core_reason) {
+    for (const [table, t] of Object.entries(data.core_tables || {})) {
+      if (t.core !== "python") continue;
+      out.push(el("dt", {}, `core of ${table}`),
+        el("dd", { class: "mono bad", "data-table": table, "data-value": t.core }, `python: ${t.reason}`));
+    }
+  }
+  return out;
 }
 
 function renderGroups(data) {
