@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import overload
 
+import numpy as np
 import psycopg
 from psycopg.pq.abc import PGconn
 
@@ -178,11 +179,24 @@ class ReplicationConnection:
         get, free, consume = functions
         address: int = pg.pgconn_ptr  # type: ignore[attr-defined]  # every implementation has it (its stub not)
         status, data, offsets, ahead = _read_xlog(address, get, free, consume, first.raw(), limit, RUN_BYTES)
+        datas, offset_parts = [data], [offsets]
+        count, size = len(offsets) // 4 - 1, len(data)
+        # read_xlog reads the socket once, and libpq takes at most its input buffer's room from it (16 KiB: 80
+        # wal2json changes); while whole reads keep coming the walsender is ahead: read again, up to the limit
+        while status >= 0 and ahead is None and count < limit and size < RUN_BYTES and len(offsets) > 4:
+            status, data, offsets, ahead = _read_xlog(address, get, free, consume, None, limit - count,
+                                                      RUN_BYTES - size)  # fmt: skip
+            if len(offsets) > 4:
+                datas.append(data)
+                offset_parts.append(offsets)
+                count, size = count + len(offsets) // 4 - 1, size + len(data)
         if status < 0:
             raise psycopg.OperationalError(f"replication stream ended: {_end_reason(pg)}")
         if ahead is not None:
             self._ahead = _message(ahead)
-        return XLogRun(data, offsets)
+        if len(datas) == 1:
+            return XLogRun(datas[0], offset_parts[0])
+        return XLogRun(b"".join(datas), _joined_offsets(offset_parts, datas))
 
     def _read_ready(self, limit: int) -> list[bytes]:
         """Up to ``limit`` XLogData messages that have arrived already, through psycopg (see :meth:`read_run`)."""
@@ -258,6 +272,16 @@ class ReplicationConnection:
                 pass
         self._streaming = False
         self.conn.close()
+
+
+def _joined_offsets(parts: list[bytes], datas: list[bytes]) -> bytes:
+    """The offsets of the runs ``datas`` (each run's ``parts``, native-endian u32 from 0) once they are joined."""
+    out = [np.frombuffer(parts[0], np.uint32)]
+    base = len(datas[0])
+    for offsets, data in zip(parts[1:], datas[1:], strict=True):
+        out.append(np.frombuffer(offsets, np.uint32)[1:] + np.uint32(base))
+        base += len(data)
+    return np.concatenate(out).tobytes()
 
 
 def _message(raw: bytes) -> XLogData | Keepalive:

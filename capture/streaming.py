@@ -6,7 +6,9 @@ transaction boundary once it is ``linger_ms`` old and the next message has not a
 yet (caught up: latency is about ``linger_ms`` plus one commit), or once it is
 ``max_linger_ms`` old while messages keep waiting (behind: one commit's fixed cost — a
 dozen fsyncs — is spread over more events), or when it holds ``batch_bytes`` or ``batch_events``, or when
-the stream is idle.
+the stream is idle. While it fills, what it holds is appended every ``APPEND_AHEAD_BYTES``
+(capture.writer.LogWriter.append_ahead: the sink writes and syncs it in the background), so that the
+commit waits for the last part only, not for the whole batch while nothing reads the stream.
 
 Confirming: Postgres learns a new ``flush_lsn`` (the slot may then recycle WAL) only
 for commit ends of transactions whose log transaction has committed, never
@@ -62,7 +64,7 @@ from schemas.position import format_lsn
 
 log = logging.getLogger("capture.connector")
 
-READ_AHEAD = 255  # with the native core: messages that have arrived already, read ahead to give it runs
+READ_AHEAD = 1024  # with the native core: messages that have arrived already, read ahead to give it runs
 KEEPALIVE_S = 5.0  # while one payload's messages take long (a replayed streamed transaction)
 IDLE_POSITION_S = 1.0  # idle: a keepalive's WAL end is stored (then confirmed) at most this often
 
@@ -160,18 +162,22 @@ class StreamingSource:
                     p += handled
                     self.stats.server_wal_end = max(self.stats.server_wal_end, batch[p - 1].wal_end)
                     self.offsets.event_stored(ctx.commit_lsn, self._index - 1)
-                    if writer.full:
+                    if writer.txn_full:
                         self._commit()  # mid-transaction: bounded memory; the position says how far
                         self._confirmed = max(self._confirmed, self._confirm(repl))
+                    else:
+                        writer.append_ahead()
                     continue
             if self._xlog(batch[p], repl, target):
                 return True
             p += 1
             if writer.in_txn and (
-                writer.full or (self._ctx is None and self._batch_due(repl, more=p < len(batch)))
+                writer.txn_full or (self._ctx is None and self._batch_due(repl, more=p < len(batch)))
             ):
                 self._commit()
                 self._confirmed = max(self._confirmed, self._confirm(repl))
+            elif writer.in_txn:
+                writer.append_ahead()
         return False
 
     def _xlog(self, msg: XLogData, repl: ReplicationConnection, target: int | None) -> bool:
@@ -228,7 +234,7 @@ class StreamingSource:
                 continue
             self._change(m, ctx, i)
             self.offsets.event_stored(ctx.commit_lsn, i)
-            if writer.full:
+            if writer.txn_full:
                 self._commit()  # mid-transaction: bounded memory; the position says how far
         return False
 

@@ -38,6 +38,10 @@ from schemas.position import POSITIONS_TOPIC, SourcePosition, connector_key
 log = logging.getLogger("capture.writer")
 
 RECORD_OVERHEAD = 24  # rough bytes per record beyond key and value, for batch sizing
+# Streaming: the open batch is appended (queued: the sink writes and syncs it in the background) each time it
+# holds this much, rather than all at once at the commit, which then waits only for the last part (see
+# :meth:`LogWriter.append_ahead`). 0: appended at the commit only.
+APPEND_AHEAD_BYTES = 1 << 20
 
 
 class LogWriter:
@@ -56,6 +60,8 @@ class LogWriter:
         self.in_txn = False  # a transaction is open: events buffered or appended, not committed
         self.bytes = 0  # buffered since the last append
         self.events = 0
+        self.appended_bytes = 0  # appended in the open transaction before what is buffered (append_ahead)
+        self.appended_events = 0
         self.started = 0.0
         self.commits = 0
 
@@ -178,12 +184,29 @@ class LogWriter:
 
     @property
     def full(self) -> bool:
-        """The batch holds ``batch_bytes`` or ``batch_events``: time to append it (or commit it)."""
+        """The buffer holds ``batch_bytes`` or ``batch_events``: time to append it (or commit it)."""
         return self.bytes >= self.config.batch_bytes or self.events >= self.config.batch_events
+
+    @property
+    def txn_full(self) -> bool:
+        """The open transaction holds ``batch_bytes`` or ``batch_events``, appended ahead or buffered: time to
+        commit it (streaming's bound on a log transaction, whatever :meth:`append_ahead` appended of it)."""
+        return (self.appended_bytes + self.bytes >= self.config.batch_bytes
+                or self.appended_events + self.events >= self.config.batch_events)  # fmt: skip
 
     def age_ms(self) -> float:
         """How long the open transaction has been open (0 when none is)."""
         return (time.monotonic() - self.started) * 1000 if self.in_txn else 0.0
+
+    def append_ahead(self) -> None:
+        """Append the buffered events inside the open transaction once they hold :data:`APPEND_AHEAD_BYTES`.
+
+        Streaming calls it as a log transaction fills: the sink's appends do not wait (the embedded log's
+        producer writes and syncs them in its writer thread, Kafka's sends them), so that work overlaps with
+        decoding the next changes instead of stalling the connector at the commit, while the walsender,
+        unread, stalls too (docs/capture.md, "The pre-filled table workload")."""
+        if APPEND_AHEAD_BYTES and self.bytes >= APPEND_AHEAD_BYTES:
+            self.send_pending()
 
     def send_pending(self, *, also: tuple[tuple[str, int], ...] = ()) -> None:
         """Append the buffered events inside the open transaction (not committed: memory stays bounded)."""
@@ -192,6 +215,8 @@ class LogWriter:
     def take_pending(self) -> dict[str, TopicRecords]:
         """The buffered events, handed over (the batch is empty again): for :meth:`append_taken`."""
         records, self._records = self._records, {}
+        self.appended_bytes += self.bytes
+        self.appended_events += self.events
         self.bytes = self.events = 0
         return records
 
@@ -211,6 +236,7 @@ class LogWriter:
         for tp, end in late.items():
             self._written[tp] = max(end, self._written.get(tp, 0))
         self.in_txn = False
+        self.appended_bytes = self.appended_events = 0
         self.keystate.commit(self._written)
         self._written = {}
         self.commits += 1
@@ -223,7 +249,7 @@ class LogWriter:
         took over, and opening the sink again would fence that one in turn (the two would take turns).
         """
         self._records = {}
-        self.bytes = self.events = 0
+        self.bytes = self.events = self.appended_bytes = self.appended_events = 0
         self._written = {}
         self.keystate.abort()
         self._known.clear()  # topics first tracked in the aborted transaction are tracked again on next sight

@@ -3,7 +3,7 @@
 Records, as wal2json 2.5 writes them with :meth:`Wal2JsonDecoder.slot_options`::
 
   B, C  {"action", "xid", "timestamp", "lsn": commit record, "nextlsn": end of the commit}
-  I     {"action", "xid", "timestamp", "lsn", "schema", "table", "columns", "pk"}
+  I     {"action", "xid", "timestamp", "lsn", "schema", "table", "columns"} (and "pk" with include-pk)
   U     … "columns": new row without unchanged TOASTed columns, "identity": old key
         (the new row's key when it did not change) or, under REPLICA IDENTITY FULL, the old row
   D     … "identity" instead of "columns"
@@ -52,15 +52,18 @@ from capture.pgtypes import InexactValueError, converter
 # Options for START_REPLICATION / pg_logical_slot_get_changes (wal2json 2.5 names).
 SLOT_OPTIONS: dict[str, str] = {
     "format-version": "2",
-    "include-transaction": "1",  # B and C records
+    "include-transaction": "1",  # B and C records (wal2json's default, said explicitly)
     "include-xids": "1",
     "include-timestamp": "1",
     "include-lsn": "1",  # "lsn" on every record, "nextlsn" on B and C
-    "include-pk": "1",  # "pk": primary key columns in key order
     "include-type-oids": "1",  # dispatch by OID, and the cheap numeric detection below
-    "include-types": "1",
-    "include-typmod": "1",
-    "include-schemas": "1",
+    "include-types": "1",  # (default) a column's type name: types without a fixed OID convert by it
+    "include-typmod": "1",  # (default)
+    "include-schemas": "1",  # (default)
+    # Not asked for: include-pk. The connector keys a table by its catalog's key (capture.tables), never by
+    # the stream's "pk", which a change would carry at every record (≈ 50 bytes for one bigint key, parsed
+    # by the native core each time: 13-25 % of its wal2json time on the pre-filled table workload;
+    # docs/capture.md, "The pre-filled table workload"). A "pk" that comes all the same is still read.
     # Left at their defaults: include-domain-data-type off (a domain keeps its own name, as
     # the snapshot's catalog names it, so both paths convert it alike); include-unchanged-toast
     # is rejected by 2.5; numeric-data-types-as-string is unknown to 2.5.
