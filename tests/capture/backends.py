@@ -96,6 +96,17 @@ class Backend:
                 sink.open(f"capture.{config.connector_id}")
             return Connector(config, log, sink=sink).read_position()
 
+    def held_open(self) -> int:
+        """Partitions of the connector's topics whose last stable offset is below their end: an open
+        transaction holds records there that no read_committed reader sees (right after a kill: records
+        the restart aborts). Ask before anything takes the dead connector's place (``position(take_over)``)."""
+        if self.bootstrap is None:
+            with Log(self.path) as log:
+                return sum(log.partition(t, p).last_stable_offset() < log.partition(t, p).log_end_offset()
+                           for t in self.topics() for p in range(log.topic(t).partitions))  # fmt: skip
+        admin = KafkaAdmin(self.bootstrap)
+        return sum(i.last_stable_offset < i.high_watermark for t in self.topics() for i in admin.describe(t)[1])
+
     def argv(self) -> list[str]:
         """The backend for a child process (see ``connector_for`` below)."""
         return [self.kind, str(self.path), self.bootstrap or "", str(self.replication_factor or ""),
