@@ -160,6 +160,10 @@ class KeySet(NamedTuple):
 
 # a key set's keys, for SQL: ?2 the data, ?3 the spans
 _SET_KEYS = "SELECT substr(?2, value >> 32, value & 4294967295) AS k FROM json_each(?3)"
+# A put of a key that is live already: its row is rewritten only when what it keeps changes. An UPDATE's key
+# (the usual put) is then a B-tree lookup, where INSERT OR REPLACE deleted and inserted the row: 0.34 µs a key
+# against 0.67 (100,000 live keys put again; new keys cost the same, 0.5 µs).
+_PUT_CONFLICT = "ON CONFLICT(topic_id, key) DO UPDATE SET toast = excluded.toast WHERE toast IS NOT excluded.toast"
 
 _DELETE = object()  # buffered "this key is gone"
 DELETE_MARKER = _DELETE  # what put_many takes for a deleted key (the native core passes it back)
@@ -399,8 +403,9 @@ class KeyState:
             self.db.execute(f"DELETE FROM keys WHERE topic_id = ?1 AND key IN ({_SET_KEYS})", (tid, *deletes))
             if tid in self._run_topics:
                 self.db.execute(f"INSERT OR IGNORE INTO dead SELECT ?1, k FROM ({_SET_KEYS})", (tid, *deletes))
-        if puts is not None:
-            self.db.execute(f"INSERT OR REPLACE INTO keys SELECT ?1, k, NULL FROM ({_SET_KEYS})", (tid, *puts))
+        if puts is not None:  # a key already live with nothing kept is left as it is: no row rewritten
+            self.db.execute(f"INSERT INTO keys SELECT ?1, k, NULL FROM ({_SET_KEYS}) WHERE true {_PUT_CONFLICT}",
+                            (tid, *puts))  # fmt: skip
 
     def put_run(self, topic: str, keys: pa.Array) -> None:
         """Keys a snapshot read, live now (small rows: nothing to keep for a TOAST fill), in bulk: appended to
@@ -449,7 +454,7 @@ class KeyState:
             deletes = [(t, k) for (t, k), v in self._keys.items() if v is _DELETE]
             self._keys.clear()
             if puts:
-                self.db.executemany("INSERT OR REPLACE INTO keys VALUES (?, ?, ?)", puts)
+                self.db.executemany(f"INSERT INTO keys VALUES (?, ?, ?) {_PUT_CONFLICT}", puts)
             if deletes:
                 self.db.executemany("DELETE FROM keys WHERE topic_id = ? AND key = ?", deletes)
                 in_runs = [d for d in deletes if d[0] in self._run_topics]
