@@ -4,7 +4,7 @@ Both parts run on a private PostgreSQL 15 cluster (``tideline.pgharness.LocalPos
 in the run's work directory, ``fsync=off``: the source's own commit cost is not what is
 measured; logical decoding still reads only flushed WAL), stopped by PID at the end.
 
-1. **Throughput** (DESIGN.md §3: ≥ 0.7× ``pg_recvlogical``). A slot ``src`` is created on
+1. **Throughput** (docs/targets.md: ≥ 0.8× ``pg_recvlogical``). A slot ``src`` is created on
    an empty table, then ``changes`` row changes are committed in transactions of 100 rows
    (half INSERTs, then half UPDATEs of the same rows). For every run, two copies of ``src``
    (``pg_copy_logical_replication_slot``: same restart and confirmed position) are
@@ -27,13 +27,26 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
      transactional producer, acks=all, one Kafka transaction per log batch with the
      position record); the topic must then hold exactly ``changes`` committed records.
 
-   Changes/s = row changes / seconds; best of ``runs``. All of it for both plugins (wal2json, and
-   pgoutput streaming the publication ``bench_pub FOR TABLE bench``, each compared with
-   ``pg_recvlogical`` given the connector's own options for that plugin) and for two workloads:
-   the one above, and a mixed one (30 % INSERTs, 50 % UPDATEs, 20 % DELETEs in each transaction;
-   embedded log only).
+   Changes/s = row changes / seconds. Each figure is the **median of the paired runs' ratios** (run ``i`` of
+   the connector over run ``i`` of its peer, taken back to back on copies of one slot), its values the
+   medians of each side's runs; best run over best run is an extra column (bench.report.Paired). All of it
+   for both plugins (wal2json, and pgoutput streaming the publication ``bench_pub FOR TABLE bench``, each
+   compared with ``pg_recvlogical`` given the connector's own options for that plugin) and for three
+   workloads: the one above; a mixed one (30 % INSERTs, 50 % UPDATEs, 20 % DELETEs in each transaction;
+   embedded log only); and the **pre-filled table** one (issue 31, point 4; embedded log only): a table
+   ``accounts (id bigint PRIMARY KEY, balance bigint, owner text, note text)`` holding ``prefilled_rows``
+   rows (100,000) before its slots exist, then transactions of 100 changes spread over its keys — 50
+   UPDATEs of ``balance`` (the rows of ``ORDER BY id OFFSET (t * 37) % 90000 LIMIT 50`` in transaction
+   ``t``), 30 INSERTs of new ids, 20 DELETEs of the highest ids — ``prefilled_changes`` of them (500,000:
+   the connector's start, ~0.2 s, amortized) in ``prefilled_runs`` pairs (5: the median of more pairs holds
+   better on a shared machine), captured with pgoutput through its own publication ``accounts_pub``
+   (``--publication-autocreate disabled``). Beside its target row, the same
+   connector runs against ``pg_recvlogical`` given only the minimal options (wal2json: ``format-version=2,
+   include-xids, include-lsn, include-timestamp``; pgoutput: ``proto_version=1, publication_names``), a
+   third run of each pair: informational, the ceiling without the options the connector asks for (the
+   options' cost, and each wal2json option's: docs/capture.md, "The pre-filled table workload").
 
-2. **Latency** (DESIGN.md §3: p99 < 50 ms at 10k changes/s). The connector runs as its own
+2. **Latency** (docs/targets.md: p99 < 50 ms at 10k changes/s). The connector runs as its own
    process (default settings) on a fresh slot; a writer process commits 10-row INSERT
    transactions on a fixed schedule of 1,000 per second (10,000 changes/s) for ``seconds``;
    this process reads the table topic with a read_committed consumer (long poll, woken by
@@ -41,7 +54,7 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
    ``source.ts_ms`` (Postgres' commit timestamp, floored to the millisecond: one clock,
    one machine). The first second is a warm-up and not counted.
 
-3. **Snapshot of one big table** (DESIGN.md §3: ≥ 0.5× ``COPY`` of the same table). A table
+3. **Snapshot of one big table** (docs/targets.md: ≥ 0.5× ``COPY`` of the same table). A table
    ``snap`` (the bench table's columns) of ``snapshot_rows`` rows, vacuumed; best of two
    ``COPY snap TO STDOUT`` drained through psycopg and discarded (the ``COPY … TO
    '/dev/null'``-style read: every row as text, over the wire, nothing kept; with the cyclic
@@ -79,6 +92,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,7 +101,7 @@ from typing import TYPE_CHECKING, Protocol
 import orjson
 import psycopg
 
-from bench.report import Section, measured
+from bench.report import Paired, Section, measured, measured_paired
 from capture import snapshot_readers
 from capture.config import CoreChoice
 from capture.connector import CaptureConfig, Connector, SnapshotMode
@@ -130,6 +144,20 @@ INSERT_RANGE = (
 )
 UPDATE_RANGE = f"UPDATE {TABLE} SET amount = amount + 1, status = 'paid' WHERE id BETWEEN %s AND %s"
 
+# The pre-filled table workload (module docstring, 1.; issue 31, point 4)
+ACCOUNTS = "accounts"
+ACCOUNTS_PUBLICATION = "accounts_pub"
+CREATE_ACCOUNTS = f"CREATE TABLE {ACCOUNTS} (id bigint PRIMARY KEY, balance bigint, owner text, note text)"
+INSERT_ACCOUNTS = (
+    f"INSERT INTO {ACCOUNTS} SELECT g, 1000, 'owner-' || g, md5(g::text) FROM generate_series(%s::bigint, %s::bigint) g"
+)
+PREFILLED_UPDATES, PREFILLED_INSERTS, PREFILLED_DELETES = 50, 30, 20  # per 100-change transaction
+# pg_recvlogical's ceiling without the options the connector asks for (informational)
+MINIMAL_OPTIONS = {
+    Plugin.WAL2JSON: {"format-version": "2", "include-xids": "1", "include-lsn": "1", "include-timestamp": "1"},
+    Plugin.PGOUTPUT: {"proto_version": "1", "publication_names": ACCOUNTS_PUBLICATION},
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Sizes:
@@ -140,12 +168,15 @@ class Sizes:
     drain_seconds: float  # after the writer stops, how long to wait for its last row
 
     snapshot_rows: int  # the big table of the snapshot benchmark
+    prefilled_rows: int  # the pre-filled table workload's table before its slots exist
+    prefilled_changes: int  # its changes: more than the others', so that the connector's start (~0.2 s) is amortized
+    prefilled_runs: int  # its paired runs: more than the others' (a target row on a shared machine: docs/capture.md)
 
 
 FULL = Sizes(changes=300_000, runs=3, latency_seconds=10.0, low_rate_seconds=5.0, drain_seconds=30.0,
-             snapshot_rows=5_000_000)  # fmt: skip
+             snapshot_rows=5_000_000, prefilled_rows=100_000, prefilled_changes=500_000, prefilled_runs=5)  # fmt: skip
 QUICK = Sizes(changes=30_000, runs=1, latency_seconds=3.0, low_rate_seconds=2.0, drain_seconds=10.0,
-              snapshot_rows=100_000)  # fmt: skip
+              snapshot_rows=100_000, prefilled_rows=20_000, prefilled_changes=30_000, prefilled_runs=1)  # fmt: skip
 SNAPSHOT_TABLE = "snap"
 SNAPSHOT_COMPRESSION = "lz4"  # the parallel snapshot is also run with --compression lz4 (the log's syncs its limit)
 SNAPSHOT_WORKERS = 2  # reader processes of the parallel snapshot run (this machine has 2 CPUs; Postgres needs one)
@@ -207,6 +238,39 @@ def generate_mixed(dsn: str, changes: int) -> int:
     return deleted
 
 
+def prepare_prefilled(dsn: str, rows: int) -> None:
+    """The pre-filled table: ``rows`` rows written before its slots exist (not captured), vacuumed; its
+    publication for pgoutput."""
+    execute(dsn, CREATE_ACCOUNTS)
+    execute(dsn, INSERT_ACCOUNTS, (1, rows))
+    execute(dsn, f"VACUUM ANALYZE {ACCOUNTS}")
+    execute(dsn, f"CREATE PUBLICATION {ACCOUNTS_PUBLICATION} FOR TABLE {ACCOUNTS}")
+
+
+def generate_prefilled(dsn: str, changes: int, rows: int) -> int:
+    """``changes`` row changes over the pre-filled table in transactions of ``TXN_ROWS``: transaction ``t`` UPDATEs
+    the 50 rows of ``ORDER BY id OFFSET (t * 37) % (rows * 9 / 10) LIMIT 50``, INSERTs 30 new ids and DELETEs the
+    20 highest. The statements name those rows by id: the same rows, without the server scanning an offset or the
+    dead index entries of earlier deletes each time (ids up to ``rows`` are never deleted, so the offset's row
+    is id ``offset + 1``; the highest 20 after an INSERT of 30 new ids are that INSERT's last 20). Returns the
+    number of DELETEs."""
+    spread = rows * 9 // 10
+    next_id = rows + 1
+    transactions = changes // TXN_ROWS
+    with psycopg.connect(dsn) as c:
+        for t in range(transactions):
+            with c.transaction():
+                lo = (t * 37) % spread + 1
+                c.execute(f"UPDATE {ACCOUNTS} SET balance = balance + 1 WHERE id BETWEEN %s AND %s".encode(),
+                          (lo, lo + PREFILLED_UPDATES - 1))  # fmt: skip
+                c.execute(INSERT_ACCOUNTS.encode(), (next_id, next_id + PREFILLED_INSERTS - 1))
+                top = next_id + PREFILLED_INSERTS - 1
+                c.execute(f"DELETE FROM {ACCOUNTS} WHERE id BETWEEN %s AND %s".encode(),
+                          (top - PREFILLED_DELETES + 1, top))  # fmt: skip
+                next_id += PREFILLED_INSERTS
+    return transactions * PREFILLED_DELETES
+
+
 def count_records(log_dir: Path, topic: str) -> int:
     n = 0
     with Log(log_dir, create=False) as log, Consumer(log, enable_auto_commit=False) as consumer:
@@ -227,23 +291,32 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 def plugin_config(
-    plugin: Plugin, dsn: str, slot: str, prefix: str, core: CoreChoice = CoreChoice.AUTO
+    plugin: Plugin,
+    dsn: str,
+    slot: str,
+    prefix: str,
+    core: CoreChoice = CoreChoice.AUTO,
+    *,
+    publication: str = PUBLICATION,
+    table: str | None = None,
 ) -> CaptureConfig:
     """The connector's configuration: defaults, no snapshot, exit when caught up; pgoutput streams the
-    benchmark's own publication (``disabled``: used as it is). ``core``: the per-change core (capture.native;
-    auto: the native one when it is built and covers the plugin)."""
+    benchmark's own ``publication`` (``disabled``: used as it is). ``core``: the per-change core (capture.native;
+    auto: the native one when it is built and covers the plugin). ``table``: capture only that one (public)."""
     extra: dict[str, object] = {"core": core}
     if plugin.capabilities.needs_publication:
-        extra |= {"publication": PUBLICATION, "publication_autocreate": PublicationMode.DISABLED}
+        extra |= {"publication": publication, "publication_autocreate": PublicationMode.DISABLED}
+    if table is not None:
+        extra |= {"table_filter": TableFilter(include=[f"public.{table}"])}
     return CaptureConfig(dsn=dsn, slot=slot, topic_prefix=prefix, plugin=plugin, snapshot=SnapshotMode.NEVER,
                          exit_when_caught_up=True, **extra)  # type: ignore[arg-type]  # fmt: skip
 
 
-def slot_options(plugin: Plugin, dsn: str, workdir: Path) -> dict[str, str]:
+def slot_options(plugin: Plugin, dsn: str, workdir: Path, publication: str = PUBLICATION) -> dict[str, str]:
     """The options the connector's decoder starts replication with (pg_recvlogical gets the same)."""
     if plugin is Plugin.WAL2JSON:
         return dict(SLOT_OPTIONS)
-    config = plugin_config(plugin, dsn, "options", PREFIX)
+    config = plugin_config(plugin, dsn, "options", PREFIX, publication=publication)
     decoder = plugin.decoder(config.decoder_settings(workdir))
     try:
         return dict(decoder.slot_options())
@@ -318,31 +391,64 @@ WORKLOADS = {
     "bench": "{n} row changes ({half} INSERTs then {rest} UPDATEs)",
     "mixed": "{n} row changes (30 % INSERTs, 50 % UPDATEs, 20 % DELETEs: {deletes} DELETEs, each a `d` event and "
     "a tombstone)",
+    "pre-filled table": "{n} row changes over a table of {rows} rows filled before the slot (50 UPDATEs spread "
+    "over its keys, 30 INSERTs, 20 DELETEs a transaction: {deletes} DELETEs, each a `d` event and a tombstone)",
 }
 
 
-def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka: str) -> None:
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One throughput workload's WAL: what the connector captures of it and what its log must hold."""
+
+    name: str  # a WORKLOADS key
+    changes: int
+    runs: int  # paired runs
+    table: str
+    publication: str  # pgoutput streams it as it is
+    deletes: int  # each a `d` event and a tombstone
+    end_lsn: str
+    kafka: str | None  # also into this Kafka cluster
+    minimal: bool  # also pg_recvlogical with MINIMAL_OPTIONS (the ceiling)
+    rows: int = 0  # the pre-filled table's rows before the slot
+
+
+def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka: str | None,
+                     workloads: Sequence[str] = tuple(WORKLOADS)) -> None:  # fmt: skip
     """Each workload's WAL once; per plugin, pg_recvlogical and the connector on copies of one slot
-    (Kafka: the bench workload)."""
+    (Kafka, when given: the bench workload; pg_recvlogical with minimal options too: the pre-filled table
+    workload)."""
     execute(dsn, CREATE_TABLE)
     execute(dsn, f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE}")
-    n = sizes.changes
     best_series: list[tuple[float, int]] = []
-    for workload in WORKLOADS:
-        if workload == "mixed":
+    for name in workloads:
+        n = sizes.prefilled_changes if name == "pre-filled table" else sizes.changes
+        if name == "mixed":
             prepare_mixed(dsn, n)
+        elif name == "pre-filled table":
+            started = time.perf_counter()
+            prepare_prefilled(dsn, sizes.prefilled_rows)
+            ctx.say(f"{name}: {sizes.prefilled_rows:,} rows written in {time.perf_counter() - started:.1f} s")
         for plugin in PLUGINS:
             execute(dsn, "SELECT pg_create_logical_replication_slot(%s, %s)", (f"src_{plugin.value}", plugin.value))
         started = time.perf_counter()
-        deletes = generate_mixed(dsn, n) if workload == "mixed" else 0
-        if workload == "bench":
+        deletes = 0
+        if name == "bench":
             generate_changes(dsn, n)
+        elif name == "mixed":
+            deletes = generate_mixed(dsn, n)
+        else:
+            deletes = generate_prefilled(dsn, n, sizes.prefilled_rows)
         end_lsn = wal_lsn(dsn)
-        ctx.say(f"{workload}: generated {n:,} changes in {time.perf_counter() - started:.1f} s (WAL up to {end_lsn})")
+        ctx.say(f"{name}: generated {n:,} changes in {time.perf_counter() - started:.1f} s (WAL up to {end_lsn})")
+        prefilled = name == "pre-filled table"
+        workload = Workload(name, n, sizes.prefilled_runs if prefilled else sizes.runs,
+                            ACCOUNTS if prefilled else TABLE, ACCOUNTS_PUBLICATION if prefilled else PUBLICATION,
+                            deletes, end_lsn,
+                            kafka if name == "bench" else None, minimal=prefilled,
+                            rows=sizes.prefilled_rows if prefilled else 0)  # fmt: skip
         for plugin in PLUGINS:
-            series = throughput_of(ctx, section, sizes, dsn, kafka if workload == "bench" else None, plugin,
-                                   workload, deletes, end_lsn)  # fmt: skip
-            if workload == "bench" and plugin is Plugin.WAL2JSON:
+            series = throughput_of(ctx, section, dsn, plugin, workload)
+            if name == "bench" and plugin is Plugin.WAL2JSON:
                 best_series = series
             execute(dsn, "SELECT pg_drop_replication_slot(%s)", (f"src_{plugin.value}",))
     if not ctx.quick and best_series:
@@ -353,55 +459,62 @@ def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kaf
 
 
 THROUGHPUT_RATES: list[float] = [0.0, 0.0]  # pg_recvlogical and connector, wal2json bench workload (the plot)
+THROUGHPUT_TARGET = 0.8  # × pg_recvlogical with the connector's own options, median of paired runs (docs/targets.md)
 
 
 def throughput_of(
-    ctx: Context,
-    section: Section,
-    sizes: Sizes,
-    dsn: str,
-    kafka: str | None,
-    plugin: Plugin,
-    workload: str,
-    deletes: int,
-    end_lsn: str,
+    ctx: Context, section: Section, dsn: str, plugin: Plugin, workload: Workload
 ) -> list[tuple[float, int]]:
-    """``sizes.runs`` interleaved runs of pg_recvlogical, the connector into the embedded log and (when
-    ``kafka``) into Kafka on copies of ``src_<plugin>``; their results; the best embedded run's series."""
-    n = sizes.changes
-    expected = n + deletes  # a DELETE is a `d` event and a tombstone
-    options = slot_options(plugin, dsn, ctx.workdir)
+    """The workload's interleaved runs of pg_recvlogical, the connector into the embedded log, and, as the workload
+    asks, into Kafka, with ``--core python`` and pg_recvlogical with minimal options, on copies of
+    ``src_<plugin>``; their results; the best embedded run's series."""
+    n = workload.changes
+    expected = n + workload.deletes  # a DELETE is a `d` event and a tombstone
+    kafka = workload.kafka
+    topic = f"{PREFIX}.public.{workload.table}"
+    options = slot_options(plugin, dsn, ctx.workdir, workload.publication)
+    minimal = MINIMAL_OPTIONS[plugin] if workload.minimal else None
+    if minimal is not None and plugin is Plugin.PGOUTPUT:
+        minimal = {**minimal, "publication_names": workload.publication}
     recv_s: list[float] = []
     conn_s: list[float] = []
     kafka_s: list[float] = []
     python_s: list[float] = []  # the Python core, where the native one runs by default (the comparison)
+    minimal_s: list[float] = []  # pg_recvlogical with minimal options
     best_series: list[tuple[float, int]] = []
-    compare = native_applies(plugin)
-    consumers = ("recv", "tl", *(("kf",) if kafka else ()), *(("py",) if compare else ()))
-    for i in range(sizes.runs):
+    compare = native_applies(plugin) and not workload.minimal  # (the pre-filled table: the native core only)
+    consumers = ("recv", "tl", *(("kf",) if kafka else ()), *(("py",) if compare else ()),
+                 *(("min",) if minimal else ()))  # fmt: skip
+    for i in range(workload.runs):
         for consumer in consumers:
             execute(dsn, "SELECT pg_copy_logical_replication_slot(%s, %s)", (f"src_{plugin.value}", f"{consumer}_{i}"))
-        recv_s.append(run_recvlogical(dsn, f"recv_{i}", end_lsn, options))
+        recv_s.append(run_recvlogical(dsn, f"recv_{i}", workload.end_lsn, options))
         log_dir = ctx.workdir / f"log-{i}"
         series: list[tuple[float, int]] = []
-        conn_s.append(run_connector(plugin_config(plugin, dsn, f"tl_{i}", PREFIX), log_dir, series))
+        config = plugin_config(plugin, dsn, f"tl_{i}", PREFIX, publication=workload.publication,
+                               table=workload.table if workload.minimal else None)  # fmt: skip
+        conn_s.append(run_connector(config, log_dir, series))
         if conn_s[-1] == min(conn_s):
             best_series = series
-        stored = count_records(log_dir, f"{PREFIX}.public.{TABLE}")
+        stored = count_records(log_dir, topic)
         if stored != expected:
             raise AssertionError(f"the connector ({plugin.value}) stored {stored} records, expected {expected}")
         shutil.rmtree(log_dir)
+        if minimal is not None:
+            minimal_s.append(run_recvlogical(dsn, f"min_{i}", workload.end_lsn, minimal))
         if compare:
-            python_s.append(run_connector(plugin_config(plugin, dsn, f"py_{i}", PREFIX, CoreChoice.PYTHON), log_dir))
-            stored = count_records(log_dir, f"{PREFIX}.public.{TABLE}")
+            config = plugin_config(plugin, dsn, f"py_{i}", PREFIX, CoreChoice.PYTHON, publication=workload.publication)
+            python_s.append(run_connector(config, log_dir))
+            stored = count_records(log_dir, topic)
             if stored != expected:
                 raise AssertionError(f"the connector (Python core) stored {stored} records, expected {expected}")
             shutil.rmtree(log_dir)
         if kafka:
             prefix = f"kf{plugin.value}{i}"
             state = ctx.workdir / f"kafka-state-{plugin.value}-{i}"
-            kafka_s.append(run_connector(plugin_config(plugin, dsn, f"kf_{i}", prefix), state, kafka=kafka))
-            stored = count_kafka_records(kafka, f"{prefix}.public.{TABLE}")
+            config = plugin_config(plugin, dsn, f"kf_{i}", prefix, publication=workload.publication)
+            kafka_s.append(run_connector(config, state, kafka=kafka))
+            stored = count_kafka_records(kafka, f"{prefix}.public.{workload.table}")
             if stored != expected:
                 raise AssertionError(
                     f"the connector ({plugin.value}) stored {stored} records in Kafka, expected {expected}"
@@ -409,67 +522,79 @@ def throughput_of(
         for consumer in consumers:
             execute(dsn, "SELECT pg_drop_replication_slot(%s)", (f"{consumer}_{i}",))
         ctx.say(
-            f"{plugin.value}, {workload} workload, run {i + 1}: pg_recvlogical {n / recv_s[-1]:,.0f} changes/s, "
-            f"connector {n / conn_s[-1]:,.0f} changes/s into the embedded log"
+            f"{plugin.value}, {workload.name} workload, run {i + 1}: pg_recvlogical {n / recv_s[-1]:,.0f} changes/s, "
+            f"connector {n / conn_s[-1]:,.0f} changes/s into the embedded log ({recv_s[-1] / conn_s[-1]:.2f}×)"
             + (f", {n / kafka_s[-1]:,.0f} changes/s into Kafka" if kafka_s else "")
             + (f"; Python core {n / python_s[-1]:,.0f} changes/s" if python_s else "")
+            + (f"; pg_recvlogical with minimal options {n / minimal_s[-1]:,.0f} changes/s" if minimal_s else "")
         )
-    if plugin is Plugin.WAL2JSON and workload == "bench":
+    if plugin is Plugin.WAL2JSON and workload.name == "bench":
         THROUGHPUT_RATES[:] = [n / min(recv_s), n / min(conn_s)]
-    ratios = [r / c for r, c in zip(recv_s, conn_s, strict=True)]
+    rates = [n / s for s in conn_s]
+    peer = [n / s for s in recv_s]
     half = n // 2
-    what = WORKLOADS[workload].format(n=f"{n:,}", half=f"{half:,}", rest=f"{n - half:,}", deletes=f"{deletes:,}")
+    what = WORKLOADS[workload.name].format(n=f"{n:,}", half=f"{half:,}", rest=f"{n - half:,}",
+                                           deletes=f"{workload.deletes:,}", rows=f"{workload.rows:,}")  # fmt: skip
     baseline = f"pg_recvlogical ({plugin.value}) -f /dev/null, same WAL"
-    core = "native core" if compare else "Python core"
+    core = "native core" if native_applies(plugin) else "Python core"
+    columns = "6 columns" if workload.table == TABLE else "4 columns"
+    runs = Paired(rates, peer)
     section.results.append(
-        measured(
-            f"capture throughput, {plugin.value}, {workload} workload, WAL → durable log ({core})",
-            n / min(conn_s),
+        measured_paired(
+            f"capture throughput, {plugin.value}, {workload.name} workload, WAL → durable log ({core})",
+            runs,
             "changes/s",
             baseline_name=baseline,
-            baseline_value=n / min(recv_s),
-            min_ratio=0.7,
-            note=(
-                f"{what} in {TXN_ROWS}-change transactions, 6 columns; best of {sizes.runs}; connector runs "
-                + ", ".join(f"{n / s:,.0f}" for s in conn_s)
-                + ", pg_recvlogical "
-                + ", ".join(f"{n / s:,.0f}" for s in recv_s)
-                + f" changes/s; median of paired run ratios {statistics.median(ratios):.2f}×"
-            ),
+            min_ratio=THROUGHPUT_TARGET,
+            note=f"{what} in {TXN_ROWS}-change transactions, {columns}; median of {workload.runs} paired runs "
+            f"(connector, then pg_recvlogical with its options, on copies of one slot): {runs.spread()}",
         )
     )
+    if minimal_s:
+        ceiling = Paired(rates, [n / s for s in minimal_s])
+        cost = Paired([n / s for s in minimal_s], peer)  # minimal options over the connector's own: their cost
+        minimal_names = ", ".join(f"{k}={v}" for k, v in (minimal or {}).items())
+        section.results.append(
+            measured_paired(
+                f"capture throughput, {plugin.value}, {workload.name} workload, WAL → durable log, against "
+                "pg_recvlogical with minimal options",
+                ceiling,
+                "changes/s",
+                baseline_name=f"pg_recvlogical ({plugin.value}) with {minimal_names}",
+                note="informational, the ceiling without the options the connector asks for: the same connector runs "
+                f"against pg_recvlogical given the minimal options, a third run of each pair ({ceiling.spread()}); "
+                f"pg_recvlogical with minimal options ran {cost.ratio:.2f}× as fast as with the connector's own "
+                "(median of the pairs; each wal2json option's cost: docs/capture.md, 'The pre-filled table "
+                "workload')",
+            )
+        )
     if python_s:
         speedups = [p / c for p, c in zip(python_s, conn_s, strict=True)]
+        python = Paired([n / s for s in python_s], peer)
         section.results.append(
-            measured(
-                f"capture throughput, {plugin.value}, {workload} workload, WAL → durable log (Python core)",
-                n / min(python_s),
+            measured_paired(
+                f"capture throughput, {plugin.value}, {workload.name} workload, WAL → durable log (Python core)",
+                python,
                 "changes/s",
-                baseline_name=baseline,
-                baseline_value=n / min(recv_s),  # informational: the target is the default (native) core's
-                note=(
-                    "the same WAL and connector with `--core python` (every change through the Python reference "
-                    "path), interleaved with the native core's runs: runs "
-                    + ", ".join(f"{n / s:,.0f}" for s in python_s)
-                    + f" changes/s; native core / Python core, median of paired runs {statistics.median(speedups):.2f}×"
-                ),
+                baseline_name=baseline,  # informational: the target is the default (native) core's
+                note="the same WAL and connector with `--core python` (every change through the Python reference "
+                f"path), interleaved with the native core's runs: {python.spread()}; native core / Python core, "
+                f"median of paired runs {statistics.median(speedups):.2f}×",
             )
         )
     if kafka_s:
+        into_kafka = Paired([n / s for s in kafka_s], peer)
         section.results.append(
-            measured(
-                f"capture throughput, {plugin.value}, {workload} workload, WAL → Kafka (1 broker, exactly once; "
+            measured_paired(
+                f"capture throughput, {plugin.value}, {workload.name} workload, WAL → Kafka (1 broker, exactly once; "
                 f"{core})",
-                n / min(kafka_s),
+                into_kafka,
                 "changes/s",
-                baseline_name=baseline,
-                baseline_value=n / min(recv_s),  # informational: the Kafka targets are against Debezium
-                note=(
-                    "the same WAL into a local single-broker Kafka (KRaft, `tideline.kafkaharness`): transactional "
-                    "producer, acks=all, one Kafka transaction per log batch with the position; "
-                    + f"runs {', '.join(f'{n / s:,.0f}' for s in kafka_s)} changes/s = "
-                    + f"{min(conn_s) / min(kafka_s):.2f}× the embedded log's best"
-                ),
+                baseline_name=baseline,  # informational: the Kafka targets are against Debezium
+                note="the same WAL into a local single-broker Kafka (KRaft, `tideline.kafkaharness`): transactional "
+                f"producer, acks=all, one Kafka transaction per log batch with the position; {into_kafka.spread()}; "
+                f"{statistics.median(k / c for k, c in zip(kafka_s, conn_s, strict=True)):.2f}× the embedded log's "
+                "time (median of the pairs)",
             )
         )
     return best_series
@@ -797,7 +922,8 @@ def plot_throughput(series: list[tuple[float, int]], peer_rate: float, best_rate
     ax.plot(times, rates, label="connector: events captured/s (0.5 s window)")
     ax.axhline(best_rate, color="tab:blue", linestyle=":", label=f"connector, whole run: {best_rate:,.0f}/s")
     ax.axhline(peer_rate, color="tab:red", linestyle="--", label=f"pg_recvlogical, whole run: {peer_rate:,.0f}/s")
-    ax.axhline(0.7 * peer_rate, color="tab:gray", linestyle="-.", label="target: 0.7× pg_recvlogical")
+    ax.axhline(THROUGHPUT_TARGET * peer_rate, color="tab:gray", linestyle="-.",
+               label=f"target: {THROUGHPUT_TARGET:g}× pg_recvlogical")  # fmt: skip
     ax.set_xlabel("seconds since start")
     ax.set_ylabel("changes/s")
     ax.set_ylim(bottom=0)
@@ -1033,32 +1159,41 @@ def run(ctx: Context, section: Section) -> None:
         "Source: a private PostgreSQL 15 cluster (`tideline.pgharness.LocalPostgres`, fsync off, wal2json 2.5) "
         "on this machine; table `bench (id bigint PK, account int, amount numeric(12,2), status text, "
         "created timestamptz, note text)`.",
-        f"Throughput: two workloads of {sizes.changes:,} changes in {TXN_ROWS}-change transactions (bench: half "
-        "INSERTs then UPDATEs of them; mixed: 30 % INSERTs, 50 % UPDATEs, 20 % DELETEs), each decoded by both "
+        f"Throughput: three workloads in {TXN_ROWS}-change transactions ({sizes.changes:,} changes: bench, half "
+        "INSERTs then UPDATEs of them; mixed, 30 % INSERTs, 50 % UPDATEs, 20 % DELETEs; "
+        f"{sizes.prefilled_changes:,} changes: pre-filled table, a table "
+        f"`{ACCOUNTS} (id bigint PK, balance bigint, owner text, note text)` of {sizes.prefilled_rows:,} rows "
+        "written before its slots, then 50 UPDATEs spread over its keys, 30 INSERTs and 20 DELETEs a transaction, "
+        f"pgoutput through `{ACCOUNTS_PUBLICATION}`), each decoded by both "
         "plugins (wal2json, and pgoutput streaming publication `bench_pub FOR TABLE bench`). For each run, copies "
         "of one slot (`pg_copy_logical_replication_slot`) so every consumer decodes the identical WAL from the "
         "same point to the same end LSN: `pg_recvlogical --start -f /dev/null --endpos <end>` with the "
         "connector's own plugin options (wal2json: `capture.decoders.wal2json.SLOT_OPTIONS`; pgoutput: "
         "proto_version 2, messages, streaming) vs the connector in-process (default settings, snapshot never, "
         "exit when caught up) writing a fresh log directory, and (bench workload) into a single-broker Kafka; "
-        "interleaved run by run. The connector's per-change core is its default (`--core auto`): the native core "
+        "interleaved run by run; the pre-filled table workload adds a third run per pair, pg_recvlogical with "
+        "minimal options (the ceiling without the options the connector asks for). Headline ratios are the median "
+        f"of the paired runs' ratios (target ≥ {THROUGHPUT_TARGET:g}× pg_recvlogical with the connector's own "
+        "options, docs/targets.md), best run over best run an extra column. The connector's per-change core is "
+        "its default (`--core auto`): the native core "
         "(`capture.native`, Rust) for both plugins when `tideline_native` is built; the connector also runs with "
-        "`--core python` on the same WAL, interleaved (rows '(Python core)').",
+        "`--core python` on the same WAL, interleaved (rows '(Python core)'; not for the pre-filled table).",
         f"Latency: connector in its own process (default settings: 4 MiB / linger 20 ms log transactions, fsync "
         f"per log transaction), a writer process committing {LATENCY_TXN_ROWS}-row INSERTs on a fixed schedule of "
         f"{LATENCY_RATE // LATENCY_TXN_ROWS:,} transactions/s for {sizes.latency_seconds:.0f} s, and a "
         "read_committed consumer in the benchmark process recording poll-return time − `source.ts_ms` (commit "
-        "timestamp, ms) per event; target p99 ≤ 50 ms (DESIGN.md §3). Into Kafka the same at 10,000 changes/s: the "
+        "timestamp, ms) per event; target p99 ≤ 50 ms (docs/targets.md). Into Kafka the same at 10,000 changes/s: the "
         "connector with the Kafka sink (its own slot, one broker) and a read_committed confluent-kafka consumer "
         "(`poll` for the first message, then what else arrived; `fetch.wait.max.ms` 5).",
         f"Snapshot: a {sizes.snapshot_rows:,}-row table with the bench table's columns; the connector's initial "
         "snapshot of it alone (new slot, fresh log directory) against the best of two `COPY … TO STDOUT` reads of "
-        "it drained through psycopg; target ≥ 0.5× (DESIGN.md §3), for the best of two compressed parallel runs; "
+        "it drained through psycopg; target ≥ 0.5× (docs/targets.md), for the best of two compressed parallel runs; "
         "the single reader, then "
         f"`--snapshot-workers {SNAPSHOT_WORKERS}` (reader processes over ctid ranges), which must beat it.",
         "Where the time goes (profiles: cProfile of the connector thread, `perf record -a` of whole snapshot "
-        "runs): docs/capture.md, sections 'The native core, measured', 'Whole batches in and out, measured' "
-        "and 'Performance' (the snapshot's steps and threads).",
+        "runs): docs/capture.md, sections 'The native core, measured', 'Whole batches in and out, measured', "
+        "'The pre-filled table workload: what the connector waited for' and 'Performance' (the snapshot's steps "
+        "and threads).",
     ]
     try:
         server = pg.start()
@@ -1097,6 +1232,43 @@ def snapshot_only(argv: list[str]) -> None:
         print(f"{r.name}: {r.value:,.0f} {r.unit} ({r.ratio or 0:.3f}× {r.baseline_name}; target {r.target})")
 
 
+def throughput_only(argv: list[str]) -> None:
+    """``python -m bench.capture_bench throughput [CHANGES] [RUNS] [WORKLOAD …]``: only part 1 (default: the full
+    sizes, every workload; CHANGES sets every workload's, the pre-filled table's too; a workload named with a dash
+    for a space, e.g. ``pre-filled-table``), without Kafka, on a private cluster in a temporary directory; prints
+    its results, writes no BENCHMARKS.md."""
+
+    from rich.console import Console
+
+    from bench.__main__ import Context as RunContext
+    from bench.report import Machine
+
+    changes = int(argv[0]) if argv else 0
+    runs = int(argv[1]) if len(argv) > 1 else FULL.runs
+    by_arg = {w.replace(" ", "-"): w for w in WORKLOADS}
+    names = [by_arg.get(w, w) for w in argv[2:]] or list(WORKLOADS)
+    unknown = [w for w in names if w not in WORKLOADS]
+    if unknown or changes % TXN_ROWS or changes < 0 or runs < 1:
+        raise SystemExit(f"throughput: CHANGES a multiple of {TXN_ROWS} (0: the full sizes), RUNS ≥ 1, workloads among "
+                         f"{', '.join(w.replace(' ', '-') for w in WORKLOADS)} (got {' '.join(argv)})")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="tideline-throughput-bench-") as workdir:
+        ctx = RunContext(Path(workdir), True, Console())  # quick: no plot
+        section = Section(KEY, TITLE, Machine.collect())
+        pg = LocalPostgres(ctx.workdir / "pg", fast=True)
+        try:
+            pg.start()
+            sizes = dataclasses.replace(FULL, runs=runs, prefilled_runs=runs,
+                                        **({"changes": changes, "prefilled_changes": changes}
+                                                             if changes else {}))  # fmt: skip
+            bench_throughput(ctx, section, sizes, pg.create_database("throughput"), None, names)
+        finally:
+            pg.stop()
+    for r in section.results:
+        best = f"; best-of-{r.runs} {r.best_ratio:.2f}×" if r.best_ratio is not None else ""
+        print(f"{r.name}: {r.value:,.0f} {r.unit} ({r.ratio or 0:.2f}× {r.baseline_name}{best}; target {r.target})")
+        print(f"    {r.note}")
+
+
 def latency_only() -> None:
     """``python -m bench.capture_bench latency``: only part 2 (commit → readable, into the embedded log and into a
     single-broker Kafka) on a private cluster and broker in a temporary directory; prints its results, writes no
@@ -1128,7 +1300,10 @@ if __name__ == "__main__":
         snapshot_only(sys.argv[2:])
     elif sys.argv[1:2] == ["latency"]:
         latency_only()
+    elif sys.argv[1:2] == ["throughput"]:
+        throughput_only(sys.argv[2:])
     else:
         raise SystemExit(
-            "usage: python -m bench.capture_bench snapshot [ROWS] [WORKERS] | latency   (everything: make bench)"
+            "usage: python -m bench.capture_bench snapshot [ROWS] [WORKERS] | latency | throughput [CHANGES] [RUNS] "
+            "[WORKLOAD …]   (everything: make bench)"
         )
