@@ -56,6 +56,7 @@ from capture.sinks import Headers, ReadBatch, RoundRobin, TopicRecords, TopicSpe
 from eventstore.errors import ConfigError, TidelineError, TopicExistsError, UnknownTopicError
 from eventstore.kafka import KafkaAdmin, KafkaProducer, KafkaReader
 from eventstore.kafka.schema_store import KafkaSchemaStore
+from eventstore.kafka.txn_markers import StableOffsets, TxnMarkers
 from eventstore.offsets import TopicPartition
 from eventstore.partitioner import partitions_for_keys
 from eventstore.record_batch import Codec
@@ -74,25 +75,33 @@ LINGER_MS = 5
 # commit → readable p99 63 ms at 10k changes/s); the other producer's previous transaction ended a
 # whole batch earlier. Order is kept: a transaction's first record is sent after the previous commit
 # returned, so offsets follow commit order, as with one producer (Flink's Kafka sink pools
-# transactional ids the same way). The price is the guard of :class:`Unsettled` (below).
+# transactional ids the same way). Either way a producer sends to a partition only once its earlier
+# batches there have their commit markers (:class:`Unsettled`).
 PRODUCERS = 2
 # A commit (the flush of what the transaction sent, then EndTxn) that took longer than this met an
-# unavailable broker or coordinator: the sink waits up to OUTAGE_SETTLE_S for every committed batch
-# to settle (Unsettled). A healthy commit takes milliseconds: the appends were sent as they came.
+# unavailable broker or coordinator: the sink then waits up to OUTAGE_SETTLE_S for every committed
+# batch's markers and writes the ones still missing. A healthy commit takes milliseconds.
 SLOW_COMMIT_S = 1.0
 OUTAGE_SETTLE_S = 3.0
-# A committed batch whose partition's last stable offset has not passed it after this long hangs.
-HANGING_AFTER_S = 5.0
-# How often the sink asks the last stable offsets of the partitions with unsettled batches (one
-# ListOffsets round inside a commit): while one producer writes alone, and otherwise (a hang is then
-# seen 5-10 s after its commit; asking more often would only cost the capture loop more rounds).
-CHECK_PINNED_S = 0.1
-CHECK_EVERY_S = HANGING_AFTER_S
+# A batch of ours at whose first offset its partition's last stable offset (LSO) still stays this long
+# after its commit lost its markers (the coordinator writes them within milliseconds, p99 22 ms and at
+# most 56 ms in the probes of docs/capture.md): the sink writes its COMMIT marker. Writing one for a
+# batch whose markers are merely late is harmless (the coordinator's own then finds nothing open).
+MARKER_GRACE_S = 2.0
+# How often the sink asks the LSOs of partitions with unsettled batches when nothing else asks (a
+# partition that receives no further write gets a lost marker written within about this long).
+CHECK_EVERY_S = 5.0
+POLL_S = 0.02  # between asks while a producer waits for its own batch's markers
+CHECK_TIMEOUT_S = 2.0  # what a check (after a commit, not in a producer's way) may spend on the partitions' leaders
+PREFETCH_WAIT_S = 0.05  # how long the answer asked during the last commit is waited for before asking anew
 
 # A partition held this long by a transaction that is not one of this sink's batches (another
-# connector's on the shared positions topic, or one of ours that was aborted) is reported: Kafka
-# aborts a transaction after its timeout, so one open for twice ours is hanging.
+# connector's on the shared positions topic, or a stranger's) is reported: Kafka aborts a transaction
+# after its timeout, so one open for twice ours is hanging. It is not ours to end.
 FOREIGN_HANGING_AFTER_S = 2 * TRANSACTION_TIMEOUT_MS / 1000
+
+TP = tuple[str, int]
+ANY = -1  # the producer of merged batches (Unsettled.MAX_BATCHES): owed by every producer
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,133 +117,148 @@ class Batch:
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """A partition whose last stable offset stays at ``offset``: the first record of a transaction
-    that has no marker there. ``producer`` is the sink's producer that wrote it, or None when the
-    records there are not one of this sink's committed batches."""
+    """A partition whose last stable offset stays at ``offset`` because of an open transaction that is
+    none of this sink's batches, for ``for_s`` seconds."""
 
     topic: str
     partition: int
     offset: int
-    producer: int | None
     for_s: float
 
 
 class Unsettled:
-    """The committed batches whose partition's last stable offset (LSO) has not passed them yet,
-    and the guard of the two producers against a **hanging transaction**.
+    """The batches this sink committed whose commit markers are not yet known to be written, per
+    partition, and what the partitions' last stable offsets (LSO) say about them.
 
-    Around a restart of the transaction coordinator, a transaction with librdkafka (it speaks
-    Kafka's transactions protocol v1) can end committed without its commit marker in one of its
-    partitions (docs/capture.md: the whole-cluster restart test, about 1 run in 10 with two
-    producers; the batch was committed just before the broker stopped). That batch stays open, and
-    so does the LSO at its first offset: ``read_committed`` readers stall there until the same
-    producer writes that partition again (its next marker there ends whatever it has open). With
-    one producer the backlog after a restart does that at once; with two, the other producer may
-    take the backlog. So the sink (:meth:`KafkaLogSink._after_outage`):
+    Why it matters (docs/capture.md, "Kafka transactions and the double fault"): Kafka's transaction
+    coordinator skips the markers of a partition that has no leader at the moment it writes them and
+    completes the transaction anyway (a one-broker cluster stopped just after a commit; the only
+    replica of a partition lost). The batch's records there stay open until the same producer's next
+    marker in that partition — and if that producer's next transaction there **aborts**, its ABORT
+    marker drops them with its own records, although their commit returned and their position is
+    stored. So the sink keeps two rules (:class:`KafkaLogSink`):
 
-    - after a commit that spanned an outage (slower than :data:`SLOW_COMMIT_S`), or a reopen
-      after a failure, waits up to
-      :data:`OUTAGE_SETTLE_S` for every committed batch to settle; a batch of ours at whose first
-      offset its partition's LSO still stays is **hanging**: its producer is **pinned** (writes
-      every transaction alone, so the backlog is its next write) until every batch unsettled at
-      that moment is settled, and the hang is reported (the sink logs a warning naming topic,
-      partition and offset);
-    - otherwise, a batch unsettled for ``hanging_after_s`` (:data:`HANGING_AFTER_S`) is hanging
-      the same way (the sink asks every :data:`CHECK_EVERY_S`);
-    - a partition held for ``foreign_after_s`` (:data:`FOREIGN_HANGING_AFTER_S`) at an offset
-      that is none of this sink's batches is reported once too; it is not this sink's to heal.
+    - a producer sends to a partition only once every batch it committed there has its marker
+      (:meth:`owed` names the partitions where it has one not yet known to): its abort can then drop
+      nothing but the transaction it aborts;
+    - a batch of ours at whose first offset its partition's LSO stays past :data:`MARKER_GRACE_S`
+      lost its markers: the sink writes its COMMIT marker itself
+      (:class:`~eventstore.kafka.txn_markers.TxnMarkers`), which ends it as its coordinator decided.
 
-    A pinned producer heals a partition only by writing to it again: one that never receives
-    another change stays held (with one producer too), and the warning is what is left; Kafka's
-    ``kafka-transactions.sh find-hanging`` lists the same, and its ``abort`` would drop the records.
+    A batch is known to have its marker once the LSO passes it (:meth:`settle`), or once the
+    partition's leader reports no transaction open at its first offset (:meth:`resolved`). A
+    partition held before our batches by a transaction that is none of ours is reported once after
+    ``foreign_after_s``: it is not this sink's to end.
 
-    Pure bookkeeping, no Kafka call: the sink feeds it commits and last stable offsets.
+    Pure bookkeeping, no Kafka call: the sink feeds it commits, last stable offsets and open
+    transactions.
     """
 
-    MAX_BATCHES = 10_000  # per partition; past it the newest merge (only the oldest's producer matters)
+    MAX_BATCHES = 10_000  # per partition; past it the newest merge
 
-    def __init__(
-        self, *, hanging_after_s: float = HANGING_AFTER_S, foreign_after_s: float = FOREIGN_HANGING_AFTER_S
-    ) -> None:
-        self.hanging_after_s = hanging_after_s
+    def __init__(self, *, foreign_after_s: float = FOREIGN_HANGING_AFTER_S) -> None:
         self.foreign_after_s = foreign_after_s
-        self._batches: dict[tuple[str, int], deque[Batch]] = {}
-        self._held_since: dict[tuple[str, int], tuple[int, float]] = {}  # tp → (LSO, first seen at)
+        self._batches: dict[TP, deque[Batch]] = {}
+        self._stable: dict[TP, int] = {}  # the last LSO seen of a partition with batches
+        self._foreign: dict[TP, tuple[int, float]] = {}  # partition → (offset held at, first seen at)
         self._reported: set[tuple[str, int, int]] = set()
-        self._pinned_until: dict[tuple[str, int], int] = {}
-        self.pinned: int | None = None
 
-    def committed(self, producer: int, placed: Mapping[tuple[str, int], tuple[int, int]], now: float) -> None:
+    def committed(self, producer: int, placed: Mapping[TP, tuple[int, int]], now: float) -> None:
         """Producer number ``producer``'s commit returned at ``now`` having placed ``placed``
         (``{(topic, partition): (first offset, count)}``)."""
         for tp, (first, count) in placed.items():
             if count <= 0:
                 continue
             batches = self._batches.setdefault(tp, deque())
-            if len(batches) >= self.MAX_BATCHES:
+            if len(batches) >= self.MAX_BATCHES:  # merged: owed by every producer (ANY) until settled
                 last = batches.pop()
-                batches.append(Batch(last.first, first + count, last.producer, last.committed_s))
+                same = last.producer == producer
+                batches.append(Batch(last.first, first + count, producer if same else ANY, last.committed_s))
             else:
                 batches.append(Batch(first, first + count, producer, now))
 
-    def pin(self, producer: int) -> None:
-        """Producer number ``producer`` writes alone until every batch unsettled now is settled."""
-        self.pinned = producer
-        for tp, batches in self._batches.items():
-            if batches:
-                self._pinned_until[tp] = max(self._pinned_until.get(tp, 0), batches[-1].end)
+    def partitions(self) -> list[TP]:
+        """The partitions worth asking about: those with batches not known settled, and those held by
+        a transaction that is none of ours."""
+        return list(dict.fromkeys([*self._batches, *self._foreign]))
 
-    def partitions(self) -> list[tuple[str, int]]:
-        """The partitions whose LSO the sink should ask for: those with unsettled batches (a pin's
-        partitions among them: it ends once their batches of its moment are settled)."""
-        return list(self._batches)
+    def owed(self, producer: int, partitions: Iterable[TP]) -> list[TP]:
+        """Of ``partitions``, those where producer number ``producer`` has a batch not known to have its
+        commit marker: it must not send there yet."""
+        return [tp for tp in partitions if any(b.producer in (producer, ANY) for b in self._batches.get(tp, ()))]
 
-    def next_turn(self, turn: int, producers: int) -> int:
-        return self.pinned if self.pinned is not None else (turn + 1) % producers
+    def youngest(self, producer: int, partitions: Iterable[TP]) -> float:
+        """When the newest batch producer number ``producer`` has in ``partitions`` was committed."""
+        return max((b.committed_s for tp in partitions for b in self._batches.get(tp, ())
+                    if b.producer in (producer, ANY)), default=0.0)  # fmt: skip
 
-    def settle(
-        self, stable: Mapping[tuple[str, int], int], now: float, *, hanging_after_s: float | None = None
-    ) -> list[Held]:
+    def settle(self, stable: Mapping[TP, int], now: float) -> list[Held]:
         """Take the partitions' last stable offsets ``stable`` asked at ``now``: batches they passed
-        are settled; returns what is newly found held (each partition and offset once).
-        ``hanging_after_s``: instead of the instance's (0 after an outage: whatever has not
-        settled by now hangs)."""
-        hanging_after = self.hanging_after_s if hanging_after_s is None else hanging_after_s
+        are settled. Returns the foreign holds newly past ``foreign_after_s`` (each reported once)."""
         found: list[Held] = []
         for tp, lso in stable.items():
-            until = self._pinned_until.get(tp)
-            if until is not None and lso >= until:
-                del self._pinned_until[tp]
+            held = self._foreign.get(tp)
+            if held is not None and lso > held[0]:
+                del self._foreign[tp]
             batches = self._batches.get(tp)
-            if batches is None:
-                continue
-            while batches and batches[0].end <= lso:
-                batches.popleft()
-            if not batches:
-                del self._batches[tp]
-                self._held_since.pop(tp, None)
-                continue
-            oldest = batches[0]
-            if oldest.first <= lso:  # our batch is the one with no marker
-                held = Held(tp[0], tp[1], lso, oldest.producer, now - oldest.committed_s)
-                if held.for_s < hanging_after:
-                    continue
-                if self.pinned != oldest.producer:
-                    self.pin(oldest.producer)
-            else:  # held before our oldest batch, by records that are not one of our commits
-                offset, since = self._held_since.get(tp, (lso, now))
-                if offset != lso:  # moved on since: held again, from now
-                    since = now
-                self._held_since[tp] = (lso, since)
-                held = Held(tp[0], tp[1], lso, None, now - since)
-                if held.for_s < self.foreign_after_s:
-                    continue
-            if (held.topic, held.partition, held.offset) not in self._reported:
-                self._reported.add((held.topic, held.partition, held.offset))
-                found.append(held)
-        if self.pinned is not None and not self._pinned_until:
-            self.pinned = None
+            if batches is not None:
+                while batches and batches[0].end <= lso:
+                    batches.popleft()
+                if not batches:
+                    del self._batches[tp]
+                    self._stable.pop(tp, None)
+                else:
+                    self._stable[tp] = lso
+            held = self._foreign.get(tp)
+            if held is not None and now - held[1] >= self.foreign_after_s:
+                key = (tp[0], tp[1], held[0])
+                if key not in self._reported:
+                    self._reported.add(key)
+                    found.append(Held(tp[0], tp[1], held[0], now - held[1]))
         return found
+
+    def lingering(self, now: float, grace_s: float) -> list[TP]:
+        """Partitions whose LSO, last asked, stays before one of our batches committed over ``grace_s``
+        ago: its markers (or the ones of what holds it) are lost or late; the leader says which."""
+        return [
+            tp for tp, batches in self._batches.items()
+            if tp in self._stable and now - batches[0].committed_s >= grace_s
+        ]  # fmt: skip
+
+    def held_early(self, tp: TP) -> bool:
+        """The partition's last LSO seen stays before our oldest batch there: whatever holds it, our
+        batches' own markers cannot show in the LSO; the leader's open transactions must tell."""
+        batches = self._batches.get(tp)
+        return batches is not None and tp in self._stable and self._stable[tp] < batches[0].first
+
+    def lost(self, tp: TP, open_at: Iterable[int], now: float, grace_s: float) -> list[int]:
+        """The partition's leader reports transactions open at the offsets ``open_at``; returns those
+        that begin inside our batches committed at least ``grace_s`` ago: their markers are lost. (One
+        beginning inside a younger batch has its markers on the way.) An open transaction before our
+        batches holds the partition: reported after ``foreign_after_s``."""
+        starts = sorted(set(open_at))
+        batches = self._batches.get(tp, deque())
+        foreign = [o for o in starts if batches and o < batches[0].first]
+        if foreign:
+            offset, since = self._foreign.get(tp, (foreign[0], now))
+            self._foreign[tp] = (foreign[0], since if offset == foreign[0] else now)
+        return [o for o in starts if any(b.first <= o < b.end and now - b.committed_s >= grace_s for b in batches)]
+
+    def marked(self, tp: TP, still_open: Iterable[int]) -> None:
+        """Every batch of ours in the partition has its commit marker now but those from the first one a
+        transaction still open begins in (``still_open``: their markers are on the way)."""
+        batches = self._batches.get(tp)
+        if batches is None:
+            return
+        starts = list(still_open)
+        while batches and not any(batches[0].first <= o < batches[0].end for o in starts):
+            batches.popleft()
+        if not batches:
+            del self._batches[tp]
+            self._stable.pop(tp, None)
+
+    def batch_at(self, tp: TP, offset: int) -> Batch | None:
+        return next((b for b in self._batches.get(tp, ()) if b.first <= offset < b.end), None)
 
 
 class KafkaLogSink:
@@ -265,7 +289,10 @@ class KafkaLogSink:
         self.producers: list[KafkaProducer] = []  # PRODUCERS of them once open; transactions alternate
         self._turn = 0
         self.unsettled = Unsettled()
-        self._next_check = 0.0
+        self.check_every_s = CHECK_EVERY_S
+        self._last_check = 0.0
+        self._markers: TxnMarkers | None = None
+        self._prefetched: StableOffsets | None = None  # the next producer's partitions, asked during a commit
         self._reader: KafkaReader | None = None
         self._schemas: KafkaSchemaStore | None = None
         self._partitions: dict[str, int] = {}
@@ -294,8 +321,8 @@ class KafkaLogSink:
             )
             self.producers.append(producer)
             producer.init_transactions()  # aborts what a killed predecessor left open, fences zombies
-        self._after_outage("the producers were opened again after a failure")
-        self._turn = self.unsettled.pinned or 0
+        self._turn = 0
+        self._check(outage="the producers were opened again after a failure")
 
     def _producer(self) -> KafkaProducer:
         """The producer whose turn it is: the open transaction's, or the next one's."""
@@ -391,6 +418,7 @@ class KafkaLogSink:
                     [headers[i] for i in idx] if headers is not None else None,
                 ))
         if plan:
+            self._ensure_marked(self._turn, [(topic, partition) for topic, partition, *_ in plan])
             self._producer().send_many(plan, wait=False)
         return {}
 
@@ -403,76 +431,129 @@ class KafkaLogSink:
         producer = self._producer()
         started = time.monotonic()
         if value is not None:
+            self._ensure_marked(self._turn, [(position_topic, 0)])
             producer.send_many([(position_topic, 0, [key], [value], None)], wait=False)
+        following = (self._turn + 1) % len(self.producers)
+        owed = self.unsettled.owed(following, self.unsettled.partitions())
+        # asked now, answered while this commit flushes: the next producer finds its batches settled
+        self._prefetched = self._markers_().ask_stable_offsets(owed) if owed else None
         producer.commit_transaction()  # returns once Kafka committed: only then is the LSN confirmed
         placed = producer.take_delivered()
         now = time.monotonic()
         self.unsettled.committed(self._turn, placed, now)
+        self._turn = following
         if now - started > SLOW_COMMIT_S:
-            self._after_outage(f"a Kafka commit took {now - started:.1f} s")
-        elif now >= self._next_check:
-            self._ask_settled()
-        self._turn = self.unsettled.next_turn(self._turn, len(self.producers))
+            self._check(outage=f"a Kafka commit took {now - started:.1f} s")
+        elif now - self._last_check >= self.check_every_s:
+            self._check()
         placed.pop((position_topic, 0), None)
         return {tp: first + count for tp, (first, count) in placed.items()}
 
-    def _after_outage(self, what: str) -> None:
-        """After a broker or the coordinator was unavailable (``what`` says how it showed): wait up
-        to :data:`OUTAGE_SETTLE_S` for every committed batch to settle; one that does not is
-        hanging, and its producer writes the next transactions alone (the backlog after the
-        outage is its next write, which ends the hang)."""
+    def _markers_(self) -> TxnMarkers:
+        if self._markers is None:
+            self._markers = TxnMarkers(self.bootstrap_servers, timeout_s=self.timeout_s)
+        return self._markers
+
+    def _ensure_marked(self, number: int, partitions: Sequence[TP]) -> None:
+        """Return once every batch producer ``number`` committed in ``partitions`` has its commit
+        marker: only then may it send there (were its transaction aborted, its ABORT marker would end
+        whatever that producer has open in the partition, a committed batch without its marker too).
+        Asked from the partitions' last stable offsets (the answer asked during the last commit first),
+        waited for up to :data:`MARKER_GRACE_S`; then the partitions' leaders say which transactions are
+        open, and a batch of ours whose marker the coordinator skipped gets it written here."""
+        owed = self.unsettled.owed(number, partitions)
+        if not owed:
+            return
+        if self._prefetched is not None:  # a hint: not waited for past PREFETCH_WAIT_S
+            self._feed(self._prefetched.result(PREFETCH_WAIT_S))
+            self._prefetched = None
+            owed = self.unsettled.owed(number, owed)
+        deadline = self.unsettled.youngest(number, owed) + MARKER_GRACE_S  # every batch of it had the grace
+        while owed:
+            self._feed(self._stable_offsets(owed, max(deadline - time.monotonic(), PREFETCH_WAIT_S)))
+            owed = self.unsettled.owed(number, owed)
+            early = [tp for tp in owed if self.unsettled.held_early(tp)]  # the LSO cannot tell: the leader will
+            if early or (owed and time.monotonic() >= deadline):
+                self._write_lost_markers(early or owed)
+                owed = self.unsettled.owed(number, owed)
+            elif owed:
+                time.sleep(POLL_S)
+
+    def _stable_offsets(self, partitions: Sequence[TP], wait_s: float) -> dict[TP, int]:
+        """The partitions' last stable offsets; those whose leader does not answer within ``wait_s`` are
+        left out."""
+        return self._markers_().ask_stable_offsets(partitions).result(wait_s)
+
+    def _feed(self, stable: Mapping[TP, int]) -> None:
+        for held in self.unsettled.settle(stable, time.monotonic()):
+            log.warning(
+                "capture: Kafka topic %s partition %d has been held at offset %d for %.0f s by a transaction "
+                "that is not one of this connector's commits: read_committed readers stop there. A hanging "
+                "transaction? kafka-transactions.sh find-hanging names it",
+                held.topic, held.partition, held.offset, held.for_s,
+            )  # fmt: skip
+
+    def _write_lost_markers(
+        self, partitions: Sequence[TP], grace_s: float = MARKER_GRACE_S, timeout_s: float | None = None
+    ) -> None:
+        """Ask the partitions' leaders which transactions are open there; one that begins inside a batch
+        this sink committed lost its COMMIT marker (its partition had no leader when the coordinator
+        wrote them): write it. Raises if a leader cannot be asked or the marker not written: the batch
+        is then still owed, and its producer must not send there."""
+        markers = self._markers_()
+        found = markers.producers(partitions, timeout_s=timeout_s)
+        now = time.monotonic()
+        for tp in partitions:
+            states = {s.txn_start_offset: s for s in found.get(tp, []) if s.txn_start_offset >= 0}
+            lost = self.unsettled.lost(tp, states, now, grace_s)
+            for offset in lost:
+                state = states[offset]
+                markers.commit(tp[0], tp[1], state, timeout_s=timeout_s)
+                owner = self.unsettled.batch_at(tp, offset)
+                log.warning(
+                    "capture: Kafka topic %s partition %d: the batch at offset %d, committed by producer %s %.1f s "
+                    "ago, had no commit marker there (Kafka's coordinator skips a partition that has no leader "
+                    "when it writes them); the sink wrote it (producer id %d, epoch %d): read_committed readers "
+                    "go on past it",
+                    tp[0], tp[1], offset, self._producer_id(owner.producer if owner else ANY),
+                    now - owner.committed_s if owner else 0.0, state.producer_id, state.producer_epoch,
+                )  # fmt: skip
+            self.unsettled.marked(tp, [o for o in states if o not in lost])
+
+    def _check(self, *, outage: str | None = None) -> None:
+        """Ask the last stable offsets of the partitions with unsettled batches; write the markers of our
+        batches whose partition stays held at them past :data:`MARKER_GRACE_S`. After an ``outage``
+        (what showed it: a slow commit, a reopen), wait up to :data:`OUTAGE_SETTLE_S` for every batch
+        first, then write whatever is still missing. A commit has already succeeded: a failure to ask is
+        logged and asked again at the next check."""
+        self._last_check = time.monotonic()
         if not self.unsettled.partitions():
             return
-        log.info(
-            "capture: %s (a broker or the coordinator was unavailable?): waiting up to %.0f s for the commit "
-            "markers of every committed batch", what, OUTAGE_SETTLE_S,
-        )  # fmt: skip
-        deadline = time.monotonic() + OUTAGE_SETTLE_S
-        while self.unsettled.partitions():
-            time.sleep(CHECK_PINNED_S)
+        if outage is not None:
+            log.info(
+                "capture: %s (a broker or the coordinator was unavailable?): waiting up to %.0f s for the commit "
+                "markers of every committed batch", outage, OUTAGE_SETTLE_S,
+            )  # fmt: skip
+        deadline = time.monotonic() + (OUTAGE_SETTLE_S if outage is not None else 0.0)
+        while True:
+            self._feed(self._stable_offsets(self.unsettled.partitions(), max(deadline - time.monotonic(), 1.0)))
             last = time.monotonic() >= deadline
-            self._ask_settled(hanging_after_s=0.0 if last else None)  # the last ask: what is left hangs
-            if last:
-                return
-
-    def _ask_settled(self, *, hanging_after_s: float | None = None) -> None:
-        """Ask the last stable offsets of the partitions with unsettled batches and feed them to
-        :class:`Unsettled`; the next ask is due in :data:`CHECK_EVERY_S` (:data:`CHECK_PINNED_S`
-        while one producer writes alone). A commit has already succeeded: a failure to ask is
-        logged and asked again later."""
-        pinned = self.unsettled.pinned
-        partitions = self.unsettled.partitions()
-        stable: Mapping[tuple[str, int], int] = {}
-        if partitions:
+            if last or not self.unsettled.partitions():
+                break
+            time.sleep(POLL_S * 5)
+        grace = OUTAGE_SETTLE_S if outage is not None else MARKER_GRACE_S  # after an outage: all but the newest
+        lingering = self.unsettled.lingering(time.monotonic(), grace)
+        if lingering:
             try:
-                stable = self.admin.end_offsets(partitions, read_committed=True)
+                self._write_lost_markers(lingering, grace, CHECK_TIMEOUT_S)
             except TidelineError as e:
-                log.warning("capture: could not ask Kafka's last stable offsets (asked again later): %s", e)
-        for held in self.unsettled.settle(stable, time.monotonic(), hanging_after_s=hanging_after_s):
-            if held.producer is None:
-                log.warning(
-                    "capture: Kafka topic %s partition %d has been held at offset %d for %.0f s by a transaction "
-                    "that is not one of this connector's commits: read_committed readers stop there. A hanging "
-                    "transaction? kafka-transactions.sh find-hanging names it",
-                    held.topic, held.partition, held.offset, held.for_s,
-                )  # fmt: skip
-            else:
-                log.warning(
-                    "capture: a hanging Kafka transaction: topic %s partition %d holds at offset %d, a batch "
-                    "producer %s committed %.1f s ago without a commit marker there (transactions protocol v1 "
-                    "after a coordinator restart); that producer now writes alone: its next write to the "
-                    "partition ends it. read_committed readers stop there until then",
-                    held.topic, held.partition, held.offset, self._producer_id(held.producer), held.for_s,
-                )  # fmt: skip
-        if pinned is not None and self.unsettled.pinned is None:
-            log.info("capture: every batch settled; Kafka transactions alternate between the producers again")
-        interval = CHECK_PINNED_S if self.unsettled.pinned is not None else CHECK_EVERY_S  # after a new pin too
-        self._next_check = time.monotonic() + interval
+                log.warning("capture: could not write the lost commit markers of %s (tried again in %.0f s): %s",
+                            ", ".join(f"{t}[{p}]" for t, p in lingering), self.check_every_s, e)  # fmt: skip
 
     def _producer_id(self, number: int) -> str:
-        if number < len(self.producers):
+        if 0 <= number < len(self.producers):
             return str(self.producers[number].transactional_id)
-        return f"#{number}"
+        return "(either)"
 
     def abort(self) -> None:
         self._producer().abort_transaction()

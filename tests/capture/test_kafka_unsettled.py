@@ -1,8 +1,10 @@
-"""The Kafka sink's guard against hanging transactions (:class:`capture.sinks.kafka.Unsettled`).
+"""The Kafka sink's bookkeeping of commit markers (:class:`capture.sinks.kafka.Unsettled`).
 
-Pure bookkeeping first (commits and last stable offsets as numbers), then the sink against a real
-broker: after a commit across a paused broker the sink waits for every batch's markers, and a
-partition held by another producer's open transaction is reported with its offset.
+Pure bookkeeping first (commits, last stable offsets and open transactions as numbers), then the sink
+against a real broker: after a commit across a paused broker the sink waits for every batch's markers,
+and a partition held by another producer's open transaction is reported with its offset while the sink
+goes on writing there. The double fault itself (a batch whose markers Kafka skipped, then an abort by
+the same producer) is tests/capture/test_kafka_double_fault.py.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 from confluent_kafka import Producer
 
 from capture.sinks import TopicRecords, TopicSpec
-from capture.sinks.kafka import CHECK_EVERY_S, SLOW_COMMIT_S, KafkaLogSink, Unsettled
+from capture.sinks.kafka import ANY, SLOW_COMMIT_S, KafkaLogSink, Unsettled
 from tideline.kafkaharness import LocalKafka
 
 T0 = ("t", 0)
@@ -27,72 +29,69 @@ T1 = ("t", 1)
 
 
 def test_batches_passed_by_the_stable_offset_are_settled() -> None:
-    u = Unsettled(hanging_after_s=5)
+    u = Unsettled()
     u.committed(0, {T0: (0, 10), T1: (0, 4)}, now=0.0)
     u.committed(1, {T0: (10, 5)}, now=0.1)
     assert sorted(u.partitions()) == [T0, T1]
+    assert u.owed(0, [T0, T1]) == [T0, T1] and u.owed(1, [T0, T1]) == [T0]
     assert u.settle({T0: 10, T1: 4}, now=0.2) == []
     assert u.partitions() == [T0]  # producer 1's batch at 10..15 not yet
+    assert u.owed(0, [T0, T1]) == [] and u.owed(1, [T0]) == [T0]
     assert u.settle({T0: 15}, now=0.3) == []
-    assert u.partitions() == []
-    assert u.pinned is None
+    assert u.partitions() == [] and u.owed(1, [T0]) == []
 
 
-def test_a_batch_whose_offset_holds_the_partition_past_the_limit_is_hanging_and_pins_its_producer() -> None:
-    u = Unsettled(hanging_after_s=5)
+def test_a_batch_whose_partition_stays_at_its_first_offset_lingers_after_the_grace() -> None:
+    u = Unsettled()
     u.committed(0, {T0: (317, 11)}, now=0.0)
     u.committed(1, {T0: (328, 20), T1: (0, 3)}, now=0.5)
-    assert u.settle({T0: 317, T1: 3}, now=4.9) == []  # markers can be late: not yet
-    assert u.pinned is None
-    assert u.next_turn(0, 2) == 1
-    (held,) = u.settle({T0: 317}, now=5.1)
-    assert (held.topic, held.partition, held.offset, held.producer) == ("t", 0, 317, 0)
-    assert held.for_s == pytest.approx(5.1)
-    assert u.pinned == 0
-    assert u.next_turn(0, 2) == 0 and u.next_turn(1, 2) == 0  # producer 0 alone: its next write heals
-    assert u.settle({T0: 317}, now=9.0) == []  # reported once
-    u.committed(0, {T0: (348, 2)}, now=9.1)
-    assert u.settle({T0: 317}, now=9.15) == [] and u.pinned == 0  # its markers not yet written
-    assert u.settle({T0: 348}, now=9.2) == []  # healed: what was unsettled at the pin is settled
-    assert u.pinned is None and u.next_turn(0, 2) == 1
-    assert u.partitions() == [T0]  # the healing batch itself, 348..350
-    assert u.settle({T0: 350}, now=9.3) == [] and u.partitions() == []
+    assert u.lingering(now=0.1, grace_s=2.0) == []  # not asked yet: nothing is known
+    u.settle({T0: 317, T1: 3}, now=1.0)
+    assert u.lingering(now=1.9, grace_s=2.0) == []  # markers can be late: not yet
+    assert u.lingering(now=2.1, grace_s=2.0) == [T0]
+    assert not u.held_early(T0)  # held at our own batch: the LSO tells, the grace decides
+    assert u.youngest(0, [T0, T1]) == 0.0 and u.youngest(1, [T0, T1]) == 0.5
 
 
-def test_a_pin_lasts_until_every_batch_unsettled_at_that_moment_is_settled() -> None:
+def test_the_leaders_open_transactions_decide_which_markers_are_lost() -> None:
     u = Unsettled()
-    u.committed(1, {T0: (0, 5)}, now=0.0)
-    u.committed(0, {T0: (5, 5), T1: (0, 2)}, now=2.0)  # the slow one: the sink pins its producer
-    u.pin(0)
-    u.committed(0, {T1: (2, 2)}, now=2.1)
-    assert u.settle({T0: 10, T1: 0}, now=2.2) == []
-    assert u.pinned == 0  # T1's batch of the pin's moment (0..2) not yet
-    assert u.settle({T0: 10, T1: 2}, now=2.3) == []
-    assert u.pinned is None  # every batch of the pin's moment settled; the later one (2..4) need not be
-    assert u.partitions() == [T1]
+    u.committed(0, {T0: (317, 11)}, now=100.0)  # its markers were skipped
+    u.committed(1, {T0: (328, 20)}, now=101.0)  # markers written: the LSO cannot show it (held at 317)
+    u.committed(0, {T0: (348, 2)}, now=104.9)  # just committed: its markers are on the way
+    u.settle({T0: 317}, now=105.0)
+    # the leader: producer 0's transaction open at 317 (the lost one) and at 348 (the young one)
+    assert u.lost(T0, [317, 348], now=105.0, grace_s=2.0) == [317]
+    u.marked(T0, still_open=[348])  # 317 written by the caller; 348 still waits for its own markers
+    assert u.owed(1, [T0]) == [] and u.owed(0, [T0]) == [T0]
+    assert u.settle({T0: 350}, now=105.1) == [] and u.partitions() == []
 
 
-def test_a_partition_held_before_our_batches_is_reported_only_after_the_foreign_limit() -> None:
-    u = Unsettled(hanging_after_s=1, foreign_after_s=10)
+def test_a_partition_held_before_our_batches_is_foreign_and_reported_only_after_its_limit() -> None:
+    u = Unsettled(foreign_after_s=10)
     u.committed(0, {T0: (50, 5)}, now=0.0)
-    assert u.settle({T0: 40}, now=5.0) == []  # another producer's transaction at 40
-    assert u.settle({T0: 40}, now=14.0) == []  # 9 s since first seen held there
-    (held,) = u.settle({T0: 40}, now=15.5)
-    assert (held.offset, held.producer) == (40, None)
-    assert u.pinned is None  # not ours to heal
-    assert u.settle({T0: 45}, now=16.0) == []  # moved on: the clock starts again
-    assert u.settle({T0: 45}, now=25.0) == []
-    assert u.settle({T0: 55}, now=26.0) == [] and u.partitions() == []
+    assert u.settle({T0: 40}, now=1.0) == []  # another producer's transaction at 40
+    assert u.held_early(T0)  # our batch's own marker cannot show in the LSO: the leader must tell
+    assert u.lost(T0, [40], now=1.0, grace_s=2.0) == []  # the only open transaction is not ours
+    u.marked(T0, still_open=[])
+    assert u.owed(0, [T0]) == []  # our batch has its marker: producer 0 may write there
+    assert u.partitions() == [T0]  # still asked about: the foreign hold is watched
+    assert u.settle({T0: 40}, now=10.5) == []  # 9.5 s since first seen held there
+    (held,) = u.settle({T0: 40}, now=11.5)
+    assert (held.topic, held.partition, held.offset) == ("t", 0, 40)
+    assert u.settle({T0: 40}, now=20.0) == []  # reported once
+    assert u.settle({T0: 55}, now=21.0) == [] and u.partitions() == []
 
 
-def test_bookkeeping_stays_bounded_while_a_partition_hangs() -> None:
-    u = Unsettled(hanging_after_s=1)
+def test_bookkeeping_stays_bounded_and_merged_batches_are_owed_by_every_producer() -> None:
+    u = Unsettled()
     u.committed(1, {T0: (0, 1)}, now=0.0)
     for i in range(1, 3 * Unsettled.MAX_BATCHES):
         u.committed(i % 2, {T0: (i, 1)}, now=float(i))
-    (held,) = u.settle({T0: 0}, now=1e6)
-    assert held.producer == 1  # the oldest batch keeps its producer
     assert len(u._batches[T0]) == Unsettled.MAX_BATCHES
+    assert u._batches[T0][-1].producer == ANY
+    u.settle({T0: 0}, now=1e6)
+    assert u.owed(0, [T0]) == [T0] and u.owed(1, [T0]) == [T0]
+    assert u.lost(T0, [0, 25_000], now=1e6, grace_s=2.0) == [0, 25_000]  # inside the merged batch too
     assert u.settle({T0: 3 * Unsettled.MAX_BATCHES}, now=1e6 + 1) == [] and u.partitions() == []
 
 
@@ -134,7 +133,7 @@ def test_after_a_commit_across_a_paused_broker_the_sink_waits_for_every_batch_th
         assert took is not None and float(took[1]) >= SLOW_COMMIT_S, caplog.text
         assert "waiting up to" in caplog.text
         assert sink.unsettled.partitions() == []  # returned once every batch's markers were seen
-        assert sink.unsettled.pinned is None and "hanging" not in caplog.text
+        assert "had no commit marker" not in caplog.text
         turns = []
         for _ in range(3):
             turns.append(sink._turn)
@@ -142,17 +141,6 @@ def test_after_a_commit_across_a_paused_broker_the_sink_waits_for_every_batch_th
         assert turns == [0, 1, 0]
     finally:
         sink.close()
-
-
-def test_a_batch_still_open_after_an_outage_pins_its_producer() -> None:
-    """The decision after an outage's wait: what has not settled hangs at once (hanging_after_s=0)."""
-    u = Unsettled()
-    u.committed(1, {T0: (317, 11), ("positions", 0): (70, 1)}, now=101.0)  # just before the broker stopped
-    u.committed(0, {T0: (329, 200), ("positions", 0): (72, 1)}, now=105.0)  # the slow one, across it
-    assert u.settle({T0: 317, ("positions", 0): 70}, now=105.2) == []  # 4.2 s: not yet by the clock
-    found = u.settle({T0: 317, ("positions", 0): 70}, now=108.0, hanging_after_s=0.0)
-    assert {(h.topic, h.offset, h.producer) for h in found} == {("t", 317, 1), ("positions", 70, 1)}
-    assert u.pinned == 1 and u.next_turn(0, 2) == 1  # the backlog goes to producer 1: it heals both
 
 
 def test_a_partition_held_by_another_producers_transaction_is_reported_and_then_settles(
@@ -175,17 +163,15 @@ def test_a_partition_held_by_another_producers_transaction_is_reported_and_then_
                 one_transaction(sink, "held", 2)
                 time.sleep(0.3)
         assert "Kafka topic held partition 0 has been held at offset 0" in caplog.text
-        assert sink.unsettled.pinned is None  # not ours to heal: the producers keep alternating
-        assert ("held", 0) in sink.unsettled.partitions()
+        assert "had no commit marker" not in caplog.text  # not ours to end: no marker written for it
+        assert ("held", 0) in sink.unsettled.partitions()  # watched
         other.commit_transaction(30)
+        sink.check_every_s = 0.0
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            time.sleep(CHECK_EVERY_S + 0.05)
+        while ("held", 0) in sink.unsettled._foreign and time.monotonic() < deadline:
             one_transaction(sink, "held", 1)  # its commit asks the stable offsets again
-            left = sink.unsettled._batches.get(("held", 0), ())
-            if len(left) <= 1:
-                break
-        assert len(left) <= 1  # every batch behind their transaction settled; the one just made may wait
+            time.sleep(0.1)
+        assert ("held", 0) not in sink.unsettled._foreign  # their transaction ended: the partition is free
     finally:
         other.flush(5)
         sink.close()
