@@ -12,10 +12,14 @@ machinery instead of Kafka Connect's offsets topic:
   order. Appends do not wait; :meth:`KafkaLogSink.commit` flushes, and returns only after
   Kafka's commit returned (``acks=all``, idempotence, and the topics'
   ``min.insync.replicas``); only then does the connector confirm the flush LSN to Postgres.
-- **Hanging transactions** (with transactions protocol v1 a batch committed around a
-  coordinator restart can stay without its commit marker) are watched for: after an outage the
-  sink waits for every committed batch's markers, and a producer whose batch hangs writes alone
-  until its next write has ended it; the hang is logged (:class:`Unsettled`).
+- **Commit markers Kafka skipped.** Kafka's transaction coordinator skips the markers of a
+  partition that has no leader when it writes them and completes the transaction anyway (a
+  one-broker cluster restarted just after a commit; a partition's only replica lost): the batch
+  stays open there, read_committed readers stop at it, and the same producer's next ABORT there
+  would drop it. So a producer sends to a partition only once its earlier batches there have
+  their markers, and the sink writes the COMMIT marker of a batch of ours still open after
+  :data:`MARKER_GRACE_S` itself (:class:`Unsettled`, docs/capture.md "Kafka transactions and the
+  double fault").
 - **One writer.** :meth:`KafkaLogSink.open` runs ``init_transactions`` for both ids: a
   predecessor's open transaction is aborted and a zombie with the same identity is fenced —
   its next call raises :class:`~eventstore.errors.ProducerFencedError` ("another instance
@@ -42,6 +46,7 @@ Thread-safety: none; used by the connector thread.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import deque
@@ -101,6 +106,7 @@ PREFETCH_WAIT_S = 0.05  # how long the answer asked during the last commit is wa
 FOREIGN_HANGING_AFTER_S = 2 * TRANSACTION_TIMEOUT_MS / 1000
 
 TP = tuple[str, int]
+BATCHES_FILE_VERSION = 1
 ANY = -1  # the producer of merged batches (Unsettled.MAX_BATCHES): owed by every producer
 
 
@@ -257,6 +263,20 @@ class Unsettled:
             del self._batches[tp]
             self._stable.pop(tp, None)
 
+    def to_json(self) -> list[list[str | int]]:
+        """The batches, ``[topic, partition, first, end, producer]`` each (what :meth:`restore` takes)."""
+        return [[tp[0], tp[1], b.first, b.end, b.producer] for tp, batches in self._batches.items() for b in batches]
+
+    def restore(self, entries: Iterable[Sequence[str | int]]) -> int:
+        """Take the batches an earlier run left (:meth:`to_json`) as committed long ago; returns how many."""
+        n = 0
+        for topic, partition, first, end, producer in entries:
+            self._batches.setdefault((str(topic), int(partition)), deque()).append(
+                Batch(int(first), int(end), int(producer), 0.0)
+            )
+            n += 1
+        return n
+
     def batch_at(self, tp: TP, offset: int) -> Batch | None:
         return next((b for b in self._batches.get(tp, ()) if b.first <= offset < b.end), None)
 
@@ -293,6 +313,7 @@ class KafkaLogSink:
         self._last_check = 0.0
         self._markers: TxnMarkers | None = None
         self._prefetched: StableOffsets | None = None  # the next producer's partitions, asked during a commit
+        self._batches_file: Path | None = None  # the unsettled batches, for the next run (open)
         self._reader: KafkaReader | None = None
         self._schemas: KafkaSchemaStore | None = None
         self._partitions: dict[str, int] = {}
@@ -322,6 +343,9 @@ class KafkaLogSink:
             self.producers.append(producer)
             producer.init_transactions()  # aborts what a killed predecessor left open, fences zombies
         self._turn = 0
+        self._batches_file = self.state_dir / f"{transactional_id}.batches.json"
+        if not self.unsettled.partitions():
+            self._restore()
         self._check(outage="the producers were opened again after a failure")
 
     def _producer(self) -> KafkaProducer:
@@ -441,6 +465,7 @@ class KafkaLogSink:
         placed = producer.take_delivered()
         now = time.monotonic()
         self.unsettled.committed(self._turn, placed, now)
+        self._save()
         self._turn = following
         if now - started > SLOW_COMMIT_S:
             self._check(outage=f"a Kafka commit took {now - started:.1f} s")
@@ -448,6 +473,40 @@ class KafkaLogSink:
             self._check()
         placed.pop((position_topic, 0), None)
         return {tp: first + count for tp, (first, count) in placed.items()}
+
+    def _save(self) -> None:
+        """Write the batches whose markers are not yet known to be written to ``state_dir``: a run that
+        starts after this one died keeps the rules for them (:meth:`_restore`). Written after every
+        commit, without fsync: it is for a connector killed (kill -9, a crash), not for a machine lost."""
+        path = self._batches_file
+        if path is None:
+            return
+        text = json.dumps({"version": BATCHES_FILE_VERSION, "batches": self.unsettled.to_json()})
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+        except OSError as e:
+            log.warning("capture: could not write %s (a restart would not know this run's unsettled batches): %s",
+                        path, e)  # fmt: skip
+
+    def _restore(self) -> None:
+        """Take the unsettled batches an earlier run of this connector left in ``state_dir``: a batch whose
+        markers Kafka skipped stays owed by its producer, and gets its marker written, as in that run."""
+        path = self._batches_file
+        if path is None or not path.exists():
+            return
+        try:
+            saved = json.loads(path.read_text())
+            entries = saved["batches"] if saved.get("version") == BATCHES_FILE_VERSION else []
+            existing = set(self.admin.topics())
+            n = self.unsettled.restore(e for e in entries if e[0] in existing)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("capture: could not read %s (the last run's unsettled batches): %s", path, e)
+            return
+        if n:
+            log.info("capture: %d batch(es) of the last run without known commit markers: checked first", n)
 
     def _markers_(self) -> TxnMarkers:
         if self._markers is None:

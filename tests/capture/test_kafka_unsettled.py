@@ -9,6 +9,7 @@ the same producer) is tests/capture/test_kafka_double_fault.py.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -93,6 +94,18 @@ def test_bookkeeping_stays_bounded_and_merged_batches_are_owed_by_every_producer
     assert u.owed(0, [T0]) == [T0] and u.owed(1, [T0]) == [T0]
     assert u.lost(T0, [0, 25_000], now=1e6, grace_s=2.0) == [0, 25_000]  # inside the merged batch too
     assert u.settle({T0: 3 * Unsettled.MAX_BATCHES}, now=1e6 + 1) == [] and u.partitions() == []
+
+
+def test_the_batches_a_run_leaves_are_owed_in_the_next_as_committed_long_ago() -> None:
+    u = Unsettled()
+    u.committed(0, {T0: (317, 11), ("positions", 0): (70, 1)}, now=500.0)
+    u.committed(1, {T1: (4, 2)}, now=500.1)
+    saved = json.loads(json.dumps(u.to_json()))  # what the sink writes after each commit
+    later = Unsettled()
+    assert later.restore(saved) == 3
+    assert later.owed(0, [T0, T1, ("positions", 0)]) == [T0, ("positions", 0)] and later.owed(1, [T1]) == [T1]
+    later.settle({T0: 317, T1: 6, ("positions", 0): 70}, now=3.0)  # a new process: its clock starts low
+    assert later.lingering(now=3.0, grace_s=2.0) == [T0, ("positions", 0)]  # no grace left to wait for
 
 
 # -- against a real broker --------------------------------------------------------------------
