@@ -125,7 +125,7 @@ def test_an_abort_after_a_skipped_commit_marker_drops_only_its_own_records(
     stopped = int(names["stopped"])
     admin, markers = AdminClient(client_config(boot)), TxnMarkers(boot)
     sink = KafkaLogSink(boot, state_dir=tmp_path / "state")
-    sink.check_every_s = 1e9  # no periodic check until the end: the producer's own write path must hold
+    sink.check_every_s = 1e9  # no periodic check: what holds must be the producer's own write path
     producer = Producer({**client_config(boot), "transactional.id": str(names["bare_id"]), "acks": "all"})
     caplog.set_level(logging.INFO, logger="capture.sink")
 
