@@ -16,7 +16,9 @@ incoming batch of an idempotent producer against it (Kafka's ``ProducerStateMana
 
 Transactions: the first transactional batch of a producer opens its transaction in this
 partition at that batch's base offset; a control batch (commit or abort marker) closes
-it. The **last stable offset** (LSO) is the first offset of the earliest open
+it. A marker of a newer epoch is stored even where that producer has nothing open: it
+records the bump, so a fenced instance's append still in flight is refused here too
+(Kafka writes its markers the same way). The **last stable offset** (LSO) is the first offset of the earliest open
 transaction, or the log end when none is open; ``read_committed`` readers stop there.
 
 Files in the partition directory (see also :mod:`eventstore.partition_log`)::
@@ -167,7 +169,12 @@ class ProducerStateTable:
             )
         if header.is_control:
             open_here = entry is not None and entry.txn_first_offset >= 0
-            return Check(Verdict.APPEND if open_here else Verdict.NOOP)
+            # A marker of a newer epoch is stored even with nothing open here: it is what fences the older
+            # epoch in this partition. Without it, a fenced instance's append still in flight when its
+            # transaction was aborted would land after the abort, open a transaction under the shared
+            # producer id, and the new instance's next commit marker would commit it.
+            fences = entry is None or header.producer_epoch > entry.epoch
+            return Check(Verdict.APPEND if open_here or fences else Verdict.NOOP)
         if entry is not None and header.producer_epoch == entry.epoch:
             last_seq = next_sequence(header.base_sequence, header.record_count - 1)
             for span in entry.recent:

@@ -310,9 +310,12 @@ def test_killed_mid_snapshot_resumes_in_order(db: str, tmp_path: Path, plugin: P
             argv = [sys.executable, "-c", CHILD, db, str(log_dir), plugin.value, str(KILLED_CHUNK), "never"]
             child = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=stderr)
         try:
-            wait_until(lambda: snapshot_rows_logged(err) >= ROWS // 4,  # inside the first table, far from its end
-                       "a quarter of the rows read by the incremental snapshot", every=0.02, alive=child,
-                       details=lambda: err.read_text()[-3000:])  # fmt: skip
+            # The status line counts the rows of the open batch; the kill must land after a stored one (the
+            # stored position is what a resume starts from), inside the first table, far from its end.
+            wait_until(lambda: snapshot_rows_logged(err) >= ROWS // 4, "a quarter of the rows read by the "
+                       "incremental snapshot", every=0.02, alive=child, details=lambda: err.read_text()[-3000:])
+            wait_until(lambda: stored_snapshot_rows(log_dir) > 0, "a chunk of the incremental snapshot stored",
+                       every=0.05, alive=child, details=lambda: err.read_text()[-3000:])  # fmt: skip
         finally:
             child.kill()  # SIGKILL, by PID
             child.wait()
@@ -342,6 +345,12 @@ def test_killed_mid_snapshot_resumes_in_order(db: str, tmp_path: Path, plugin: P
     assert items.get("r") and items.get("u") and items.get("d"), items
     assert pairs.get("r"), pairs
     print(f"churn: {churn.transactions} transactions; inc_items ops {items}; inc_pairs ops {pairs}")
+
+
+def stored_snapshot_rows(log_dir: Path) -> int:
+    """The incremental snapshot's rows in the stored position (0: none stored yet)."""
+    position = stored_position(log_dir)
+    return 0 if position is None or position.incremental is None else position.incremental.rows
 
 
 def snapshot_rows_logged(stderr: Path) -> int:

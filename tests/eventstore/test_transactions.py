@@ -14,7 +14,8 @@
   fenced instance stays fenced; closing with an abort that fails still closes.
 * Queued appends (``send_batch_queued``) keep their order among synchronous ones; one that fails
   fails the transaction with the log's own error, and nothing queued after it is written; commit,
-  abort and close wait for the queue.
+  abort and close wait for the queue. An append that lands after its fenced transaction was aborted
+  is refused, also where that transaction had written nothing yet.
 """
 
 from __future__ import annotations
@@ -385,6 +386,25 @@ def test_a_fenced_instance_stays_fenced_even_when_it_aborts_after_a_failed_send(
             old.abort_transaction()
         assert old.epoch < new.epoch
         goes_on(new, log, tps, b"new", [])
+
+
+def test_an_append_that_lands_after_its_fenced_transaction_was_aborted_is_refused(tmp_path: Path) -> None:
+    """The old instance registered a partition but its append had not landed when a new instance aborted its
+    transaction (a queued append still in flight). The abort's marker fences the old epoch in that partition
+    although nothing was open there, so the late append is refused, and the new instance's commit does not
+    commit it (both instances share one producer id)."""
+    with Log(tmp_path / "log") as log:
+        tps = make_topics(log, 1)
+        old = Producer(log, transactional_id="late", linger_ms=1)
+        old.init_transactions()
+        old.begin_transaction()
+        old.add_partitions_to_transaction([("orders", 0)])  # registered; its append is still on its way
+        new = Producer(log, transactional_id="late", linger_ms=1)
+        new.init_transactions()  # aborts old's transaction, whose partition holds nothing yet
+        with pytest.raises(ProducerFencedError):
+            old.send_batch("orders", [b"in flight"], [b"k"], partition=0)
+        goes_on(new, log, tps, b"the new instance's", [])
+        assert values_seen(log, tps, "read_uncommitted") == [b"the new instance's"]
 
 
 def test_closing_with_an_abort_that_fails_still_closes_and_the_next_instance_aborts(tmp_path: Path) -> None:
