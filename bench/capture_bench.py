@@ -54,27 +54,23 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
    ``source.ts_ms`` (Postgres' commit timestamp, floored to the millisecond: one clock,
    one machine). The first second is a warm-up and not counted.
 
-3. **Snapshot of one big table** (docs/targets.md: ≥ 0.5× ``COPY`` of the same table). A table
-   ``snap`` (the bench table's columns) of ``snapshot_rows`` rows, vacuumed; best of two
-   ``COPY snap TO STDOUT`` drained through psycopg and discarded (the ``COPY … TO
-   '/dev/null'``-style read: every row as text, over the wire, nothing kept; with the cyclic
-   garbage collector paused, as the snapshot's readers run — with it, this process's heap made
-   the drain up to 2× slower, a baseline that flattered the snapshot) against the
-   connector's initial snapshot of that table alone (``--snapshot initial``, a new slot, a
-   fresh log directory, exit when caught up), timed from construction to return; the log
-   must hold ``snapshot_rows`` reads. In a row: the single reader (``--snapshot-workers 1``, native), the
-   same on the Python path (``--core python``: the single reader as issue 18 found it), then
-   ``SNAPSHOT_WORKERS`` reader processes (capture.snapshot_readers), which must beat the Python-path
-   single reader of the same run, then the same with ``--compression lz4`` (twice: the target row is the
-   best of the two, as its COPY baseline is the best of two reads); CPU seconds of the connector and
-   of its readers, and the bytes the log stores, are noted. The ≥ 0.5× target is the compressed run's: the
-   uncompressed log stores about 6× the bytes COPY reads (2.5 GB for 5,000,000 rows: every read is a whole
-   envelope, ``source`` block included), and this machine's disk took such writes at 0.4–2 GB/s, varying
-   from one minute to the next (25 MiB writes, each fdatasync'd: 365 MiB/s, then 2,178 MiB/s a minute
-   later); five uncompressed runs on 2026-11-28 took 0.85–1.39M rows/s (0.38–0.46× in the four whose COPY
-   was noted), the compressed ones 1.32–1.63M (0.54–0.63×). To show the disk's share, the
-   uncompressed run is also made into a log on tmpfs (``/dev/shm``, when it has room: not durable,
-   informational), the rest unchanged.
+3. **Snapshot of one big table** (docs/targets.md: ≥ 0.5× ``COPY`` of the same table, in the default
+   configuration). A table ``snap`` (the bench table's columns) of ``snapshot_rows`` rows, vacuumed;
+   ``snapshot_pairs`` pairs of a ``COPY snap TO STDOUT`` drained through psycopg and discarded (the ``COPY
+   … TO '/dev/null'``-style read: every row as text, over the wire, nothing kept; with the cyclic garbage
+   collector paused, as the snapshot's readers run — with it, this process's heap made the drain up to 2×
+   slower, a baseline that flattered the snapshot) and the connector's initial snapshot of that table alone
+   in its default configuration (``--snapshot initial``, one reader, ``--compression lz4``, a new slot, a
+   fresh log directory, exit when caught up), timed from construction to return; the log must hold
+   ``snapshot_rows`` reads. The target row is the median of the pairs' ratios. Then, once each and
+   informational: ``--compression none`` (the uncompressed log stores about 6× the bytes COPY reads, 2.5 GB
+   for 5,000,000 rows: every read is a whole envelope, ``source`` block included, and this machine's disk
+   took such writes at 0.4–2 GB/s, varying from one minute to the next; on 2026-12-06, three quiet pairs:
+   uncompressed 0.32–0.42× COPY, lz4 0.69–0.76×, which is why lz4 is the default), the same into a log on
+   tmpfs (``/dev/shm``, when it has room: not durable, the disk's share), ``SNAPSHOT_WORKERS`` reader
+   processes (capture.snapshot_readers), and the single reader on the Python path (``--core python``:
+   the snapshot as issue 18 found it). CPU seconds of the connector and of its readers, and the bytes the
+   log stores, are noted.
    ``python -m bench.capture_bench snapshot [ROWS] [WORKERS]`` runs only this part.
 """
 
@@ -103,7 +99,7 @@ import psycopg
 
 from bench.report import Paired, Section, measured, measured_paired
 from capture import snapshot_readers
-from capture.config import CoreChoice
+from capture.config import DEFAULT_COMPRESSION, CoreChoice
 from capture.connector import CaptureConfig, Connector, SnapshotMode
 from capture.decoders.wal2json import SLOT_OPTIONS
 from capture.messages import Plugin
@@ -168,17 +164,19 @@ class Sizes:
     drain_seconds: float  # after the writer stops, how long to wait for its last row
 
     snapshot_rows: int  # the big table of the snapshot benchmark
+    snapshot_pairs: int  # COPY, then the connector's default snapshot: the target's paired runs
     prefilled_rows: int  # the pre-filled table workload's table before its slots exist
     prefilled_changes: int  # its changes: more than the others', so that the connector's start (~0.2 s) is amortized
     prefilled_runs: int  # its paired runs: more than the others' (a target row on a shared machine: docs/capture.md)
 
 
 FULL = Sizes(changes=300_000, runs=3, latency_seconds=10.0, low_rate_seconds=5.0, drain_seconds=30.0,
-             snapshot_rows=5_000_000, prefilled_rows=100_000, prefilled_changes=500_000, prefilled_runs=5)  # fmt: skip
+             snapshot_rows=5_000_000, snapshot_pairs=3, prefilled_rows=100_000, prefilled_changes=500_000,
+             prefilled_runs=5)  # fmt: skip
 QUICK = Sizes(changes=30_000, runs=1, latency_seconds=3.0, low_rate_seconds=2.0, drain_seconds=10.0,
-              snapshot_rows=100_000, prefilled_rows=20_000, prefilled_changes=30_000, prefilled_runs=1)  # fmt: skip
+              snapshot_rows=100_000, snapshot_pairs=1, prefilled_rows=20_000, prefilled_changes=30_000,
+              prefilled_runs=1)  # fmt: skip
 SNAPSHOT_TABLE = "snap"
-SNAPSHOT_COMPRESSION = "lz4"  # the parallel snapshot is also run with --compression lz4 (the log's syncs its limit)
 SNAPSHOT_WORKERS = 2  # reader processes of the parallel snapshot run (this machine has 2 CPUs; Postgres needs one)
 
 
@@ -992,7 +990,7 @@ class SnapshotRun:
         return f"CPU {self.connector_cpu_s:.0f} s connector{readers} = {total * 1e6 / n:.0f} µs per row"
 
 
-def snapshot_run(ctx: Context, dsn: str, workers: int, n: int, compression: str | None = None,
+def snapshot_run(ctx: Context, dsn: str, workers: int, n: int, compression: str = DEFAULT_COMPRESSION,
                  log_root: Path | None = None, core: CoreChoice | None = None) -> SnapshotRun:  # fmt: skip
     """One initial snapshot of the ``n``-row snapshot table alone (new slot, fresh log under ``log_root``, by default
     the bench's directory, ``workers``; ``core``: by default the environment's choice, as the connector's)."""
@@ -1040,110 +1038,105 @@ def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> No
     execute(dsn, INSERT_RANGE.replace(f"INTO {TABLE} ", f"INTO {SNAPSHOT_TABLE} "), (1, n))
     execute(dsn, f"VACUUM ANALYZE {SNAPSHOT_TABLE}")
     ctx.say(f"snapshot: {n:,} rows written in {time.perf_counter() - started:.1f} s")
-    copies = [copy_read_s(dsn, SNAPSHOT_TABLE) for _ in range(2)]
-    copy_s, copy_bytes = min(copies)
-    ctx.say(f"snapshot: COPY {n / copy_s:,.0f} rows/s ({copy_bytes / copy_s / 1e6:,.0f} MB/s)")
-    single = snapshot_run(ctx, dsn, 1, n)
-    single_s = single.seconds
-    ctx.say(f"snapshot: connector, single reader {n / single_s:,.0f} rows/s ({single.cpu_note(n)})")
+    copies: list[tuple[float, int]] = []
+    defaults: list[SnapshotRun] = []
+    for i in range(sizes.snapshot_pairs):  # COPY, then the default configuration: the target's pairs
+        copies.append(copy_read_s(dsn, SNAPSHOT_TABLE))
+        defaults.append(snapshot_run(ctx, dsn, 1, n))
+        (copy_s, read), run = copies[-1], defaults[-1]
+        ctx.say(f"snapshot pair {i + 1}: COPY {n / copy_s:,.0f} rows/s ({read / copy_s / 1e6:,.0f} MB/s), connector "
+                f"(default configuration) {n / run.seconds:,.0f} rows/s ({run.cpu_note(n)}; "
+                f"{run.stored_bytes / 1e6:,.0f} MB stored)")  # fmt: skip
+    copy_bytes = copies[0][1]
+    runs = Paired([n / r.seconds for r in defaults], [n / s for s, _ in copies])
+    last = defaults[-1]
+    plain = snapshot_run(ctx, dsn, 1, n, "none")
+    ctx.say(f"snapshot: connector, --compression none {n / plain.seconds:,.0f} rows/s ({plain.cpu_note(n)}; "
+            f"{plain.stored_bytes / 1e6:,.0f} MB stored)")  # fmt: skip
     python = snapshot_run(ctx, dsn, 1, n, core=CoreChoice.PYTHON)
-    ctx.say(f"snapshot: connector, single reader, --core python {n / python.seconds:,.0f} rows/s "
-            f"({python.cpu_note(n)})")  # fmt: skip
+    ctx.say(f"snapshot: connector, --core python {n / python.seconds:,.0f} rows/s ({python.cpu_note(n)})")
     # A quick run's table is below the size the readers take (2 × MIN_RANGE_BLOCKS): split it finer.
     min_blocks = snapshot_readers.MIN_RANGE_BLOCKS
     snapshot_readers.MIN_RANGE_BLOCKS = 64 if ctx.quick else min_blocks
     try:
         parallel = snapshot_run(ctx, dsn, SNAPSHOT_WORKERS, n)
-        # The target row, best of two runs as its COPY baseline is (one run of this machine read 0.44-0.63× of
-        # COPY, run to run: docs/capture.md, "Whole batches in and out, measured")
-        packed_runs = [snapshot_run(ctx, dsn, SNAPSHOT_WORKERS, n, SNAPSHOT_COMPRESSION) for _ in range(2)]
-        packed = min(packed_runs, key=lambda r: r.seconds)
-        shm = tmpfs_room(2 * parallel.stored_bytes)
+        shm = tmpfs_room(2 * plain.stored_bytes)
         in_memory = None
         if shm is not None:
             with tempfile.TemporaryDirectory(prefix="tideline-snapshot-bench-", dir=shm) as root:
-                in_memory = snapshot_run(ctx, dsn, SNAPSHOT_WORKERS, n, log_root=Path(root))
+                in_memory = snapshot_run(ctx, dsn, 1, n, "none", log_root=Path(root))
     finally:
         snapshot_readers.MIN_RANGE_BLOCKS = min_blocks
-    if parallel.readers_cpu_s <= 0 or packed.readers_cpu_s <= 0:
+    if parallel.readers_cpu_s <= 0:
         raise AssertionError("the parallel snapshot ran no reader process (table below the range threshold?)")
-    parallel_s = parallel.seconds
-    ctx.say(f"snapshot: connector, {SNAPSHOT_WORKERS} reader processes {n / parallel_s:,.0f} rows/s "
+    ctx.say(f"snapshot: connector, {SNAPSHOT_WORKERS} reader processes {n / parallel.seconds:,.0f} rows/s "
             f"({parallel.cpu_note(n)}; {parallel.stored_bytes / 1e6:,.0f} MB stored)")  # fmt: skip
-    for run in packed_runs:
-        ctx.say(f"snapshot: connector, {SNAPSHOT_WORKERS} reader processes, --compression {SNAPSHOT_COMPRESSION} "
-                f"{n / run.seconds:,.0f} rows/s ({run.cpu_note(n)}; "
-                f"{run.stored_bytes / 1e6:,.0f} MB stored)")  # fmt: skip
     if in_memory is not None:
-        ctx.say(f"snapshot: connector, {SNAPSHOT_WORKERS} reader processes, log on tmpfs "
-                f"{n / in_memory.seconds:,.0f} rows/s ({in_memory.cpu_note(n)})")  # fmt: skip
+        ctx.say(f"snapshot: connector, --compression none, log on tmpfs {n / in_memory.seconds:,.0f} rows/s "
+                f"({in_memory.cpu_note(n)})")  # fmt: skip
     table = f"table {SNAPSHOT_TABLE} with the bench table's 6 columns, {copy_bytes / 1e6:,.0f} MB as COPY text"
-    copy_runs = f"COPY runs {', '.join(f'{n / s:,.0f}' for s, _ in copies)} rows/s"
+    copy_baseline = "COPY … TO STDOUT of the same table, drained"
+    copy_s = statistics.median(seconds for seconds, _ in copies)
     section.results += [
-        measured(
-            f"snapshot of one {n:,}-row table into the durable log (single reader)",
-            n / single_s,
+        measured_paired(
+            f"snapshot of one {n:,}-row table into the durable log (default configuration)",
+            runs,
             "rows/s",
-            baseline_name="COPY … TO STDOUT of the same table, drained",
+            baseline_name=copy_baseline,
+            min_ratio=0.5,
+            note=f"{table}; the defaults (`--snapshot-workers 1`, as Debezium's `snapshot.max.threads`; "
+            f"`--compression {DEFAULT_COMPRESSION}`): the connector's own connection, read natively (COPY and the "
+            f"compiled encoder in-process); median of {len(defaults)} paired runs (COPY, then a snapshot: new slot, "
+            f"exported snapshot, one log transaction): {runs.spread()}; the last {last.cpu_note(n)}, "
+            f"{last.stored_bytes / 1e6:,.0f} MB of record batches stored",
+        ),
+        measured(
+            f"snapshot of one {n:,}-row table into the durable log (--compression none)",
+            n / plain.seconds,
+            "rows/s",
+            baseline_name=copy_baseline,
             baseline_value=n / copy_s,
-            note=f"{table}; {copy_runs}; one snapshot run ({single_s:.1f} s, new slot, exported snapshot, one log "
-            f"transaction; {single.cpu_note(n)}); the default (`--snapshot-workers 1`, as Debezium's "
-            "`snapshot.max.threads`): the connector's own connection, read natively (COPY and the compiled encoder "
-            "in-process); informational: the ≥ 0.5× target is the compressed parallel run's (issue 18)",
+            note=f"informational: the single reader storing uncompressed batches ({plain.stored_bytes / 1e6:,.0f} MB, "
+            f"{plain.stored_bytes / max(last.stored_bytes, 1):.1f}× the default's), bound by the disk's writes "
+            f"(module docstring, 3.); one run ({plain.seconds:.1f} s, {plain.cpu_note(n)}) after the pairs, against "
+            "their median COPY",
+        ),
+        *(
+            []
+            if in_memory is None
+            else [
+                measured(
+                    f"snapshot of one {n:,}-row table into a log on tmpfs (--compression none)",
+                    n / in_memory.seconds,
+                    "rows/s",
+                    baseline_name=copy_baseline,
+                    baseline_value=n / copy_s,
+                    note="the uncompressed run again with its log in /dev/shm (no disk, not durable: "
+                    "informational, the disk's share of the uncompressed run); one run "
+                    f"({in_memory.seconds:.1f} s, {in_memory.cpu_note(n)})",
+                )
+            ]
         ),
         measured(
             f"snapshot of one {n:,}-row table into the durable log ({SNAPSHOT_WORKERS} reader processes)",
-            n / parallel_s,
+            n / parallel.seconds,
             "rows/s",
-            baseline_name="COPY … TO STDOUT of the same table, drained",
+            baseline_name=copy_baseline,
             baseline_value=n / copy_s,
-            note=f"--snapshot-workers {SNAPSHOT_WORKERS}: ctid ranges read by reader processes sharing the exported "
-            f"snapshot (capture.snapshot_readers); one snapshot run ({parallel_s:.1f} s, {parallel.cpu_note(n)}; "
-            f"{parallel.stored_bytes / 1e6:,.0f} MB of record batches stored), right after the single reader's; "
-            "informational, bound by the disk's writes (module docstring, 3.): the target is the compressed run's",
+            note=f"informational: --snapshot-workers {SNAPSHOT_WORKERS}, ctid ranges read by reader processes sharing "
+            f"the exported snapshot (capture.snapshot_readers), compressed as the default; one run "
+            f"({parallel.seconds:.1f} s, {parallel.cpu_note(n)}); on 2 CPUs the single reader needs no process, pipe "
+            "or second Postgres backend, and the readers gain only where more cores spread the backends and the "
+            "encoding",
         ),
         measured(
-            f"snapshot of one {n:,}-row table into the durable log ({SNAPSHOT_WORKERS} reader processes, "
-            f"--compression {SNAPSHOT_COMPRESSION})",
-            n / packed.seconds,
+            f"snapshot of one {n:,}-row table, single reader on the Python path (--core python)",
+            n / python.seconds,
             "rows/s",
-            baseline_name="COPY … TO STDOUT of the same table, drained",
+            baseline_name=copy_baseline,
             baseline_value=n / copy_s,
-            min_ratio=0.5,
-            note=f"the same with the record batches compressed ({SNAPSHOT_COMPRESSION}): best of two snapshot runs, as "
-            f"the COPY baseline is (runs {', '.join(f'{n / r.seconds:,.0f}' for r in packed_runs)} rows/s; the best "
-            f"{packed.seconds:.1f} s, {packed.cpu_note(n)}; {packed.stored_bytes / 1e6:,.0f} MB stored, "
-            f"{parallel.stored_bytes / max(packed.stored_bytes, 1):.1f}× fewer bytes), right after the previous one",
-        ),
-        *([] if in_memory is None else [measured(
-            f"snapshot of one {n:,}-row table into a log on tmpfs ({SNAPSHOT_WORKERS} reader processes)",
-            n / in_memory.seconds,
-            "rows/s",
-            baseline_name="COPY … TO STDOUT of the same table, drained",
-            baseline_value=n / copy_s,
-            note=f"the uncompressed run again with its log in /dev/shm (no disk, not durable: informational, the "
-            f"disk's share of the uncompressed run); one run ({in_memory.seconds:.1f} s, {in_memory.cpu_note(n)})",
-        )]),
-        measured(
-            f"snapshot of one {n:,}-row table: {SNAPSHOT_WORKERS} reader processes against the single reader on "
-            "the Python path",
-            n / parallel_s,
-            "rows/s",
-            baseline_name="the single reader, --core python, in the same run",
-            baseline_value=n / python.seconds,
-            min_ratio=1.0,
-            note="must be faster than the single-reader snapshot issue 18 found (a server-side cursor, a Python "
-            f"object per value; `--core python` keeps it: one run, {python.seconds:.1f} s, {python.cpu_note(n)})",
-        ),
-        measured(
-            f"snapshot of one {n:,}-row table: {SNAPSHOT_WORKERS} reader processes against the single reader",
-            n / parallel_s,
-            "rows/s",
-            baseline_name="the single reader in the same run",
-            baseline_value=n / single_s,
-            note="informational: the single reader reads natively too now (COPY and the compiled encoder on the "
-            "connector's own connection); on 2 CPUs it needs no process, pipe or second Postgres backend, and the "
-            "readers gain only where more cores spread the backends and the encoding",
+            note="informational: the single reader as issue 18 found it (a server-side cursor, a Python object per "
+            f"value), compressed as the default; one run ({python.seconds:.1f} s, {python.cpu_note(n)})",
         ),
     ]
     execute(dsn, f"DROP TABLE {SNAPSHOT_TABLE}")
@@ -1186,10 +1179,11 @@ def run(ctx: Context, section: Section) -> None:
         "connector with the Kafka sink (its own slot, one broker) and a read_committed confluent-kafka consumer "
         "(`poll` for the first message, then what else arrived; `fetch.wait.max.ms` 5).",
         f"Snapshot: a {sizes.snapshot_rows:,}-row table with the bench table's columns; the connector's initial "
-        "snapshot of it alone (new slot, fresh log directory) against the best of two `COPY … TO STDOUT` reads of "
-        "it drained through psycopg; target ≥ 0.5× (docs/targets.md), for the best of two compressed parallel runs; "
-        "the single reader, then "
-        f"`--snapshot-workers {SNAPSHOT_WORKERS}` (reader processes over ctid ranges), which must beat it.",
+        f"snapshot of it alone (new slot, fresh log directory) in its default configuration (one reader, "
+        f"`--compression {DEFAULT_COMPRESSION}`) paired with `COPY … TO STDOUT` reads of it drained through psycopg, "
+        f"{sizes.snapshot_pairs} pairs; target ≥ 0.5× (docs/targets.md) on the median of the pairs' ratios; then "
+        f"once each, informational: `--compression none`, the same into a log on tmpfs, `--snapshot-workers "
+        f"{SNAPSHOT_WORKERS}` (reader processes over ctid ranges) and `--core python`.",
         "Where the time goes (profiles: cProfile of the connector thread, `perf record -a` of whole snapshot "
         "runs): docs/capture.md, sections 'The native core, measured', 'Whole batches in and out, measured', "
         "'The pre-filled table workload: what the connector waited for' and 'Performance' (the snapshot's steps "

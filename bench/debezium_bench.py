@@ -17,7 +17,7 @@ decodes the identical WAL from the same point to the same end:
   --publication-autocreate disabled --snapshot never --exit-when-caught-up`` as a child
   process (default settings: one partition, exactly once: a transactional producer,
   acks=all, one Kafka transaction per log batch with the position; librdkafka's batches
-  of up to 1 MB, linger 5 ms). Time: from the spawn to its exit (interpreter start,
+  of up to 1 MB, linger 5 ms, lz4 as by default). Time: from the spawn to its exit (interpreter start,
   imports and connections included). CPU: the process's utime+stime and its children's,
   read from ``/proc/<pid>/stat`` when it has exited and before it is reaped (the kernel's
   final figures).
@@ -30,8 +30,9 @@ decodes the identical WAL from the same point to the same end:
   warms its JVM up and is not counted, as a long-running Connect worker is warm).
 
   - *tuned* (:data:`TUNED`, the row the targets are checked against): the producer's
-    ``batch.size`` 1 MiB and ``linger.ms`` 20 through ``producer.override.*`` (Kafka's
-    producer configuration: larger batches and a linger are its throughput settings;
+    ``batch.size`` 1 MiB, ``linger.ms`` 20 and ``compression.type`` lz4 through
+    ``producer.override.*`` (Kafka's producer configuration: larger batches, a linger and
+    compression are its throughput settings, and lz4 is Tideline's default too;
     Kafka Connect applies per-connector overrides under
     ``connector.client.config.override.policy=All``, its default since Kafka 3.0,
     KIP-722, set explicitly here), Debezium's ``max.batch.size`` 20480 and
@@ -106,6 +107,7 @@ TUNED = Setup(
     connector={
         "producer.override.batch.size": str(1 << 20),  # Kafka producer: bigger batches (default 16 KiB)
         "producer.override.linger.ms": "20",  # Kafka producer: wait to fill them (default 5 ms)
+        "producer.override.compression.type": "lz4",  # Kafka producer: compressed batches (default none), as Tideline's
         "max.batch.size": "20480",  # Debezium: events per batch handed to Kafka Connect (default 2048)
         "max.queue.size": "81920",  # Debezium: the queue before Kafka, always larger than the batch (default 8192)
     },

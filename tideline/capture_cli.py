@@ -308,7 +308,7 @@ def run(
         typer.Option(
             "--compression",
             help="Compression of the record batches written (Kafka's compression.type): none, gzip, lz4 or zstd. "
-            "Default: the log's own (uncompressed). lz4 makes a big snapshot several times smaller and faster.",
+            "Default lz4: about 6× fewer bytes stored, a big snapshot about twice as fast (docs/capture.md).",
         ),
     ] = None,
     log_cleaner: Annotated[
@@ -326,7 +326,7 @@ def run(
     With ``tideline --kafka HOST:PORT capture run …`` the log is that Kafka cluster (one Kafka
     transaction per batch, the position in ``__tideline_capture_offsets``); the key state stays
     local (``--state-dir``, default ``<data dir>/_capture``)."""
-    from capture.config import CoreChoice, OffsetMismatch
+    from capture.config import DEFAULT_COMPRESSION, CoreChoice, OffsetMismatch
     from capture.connector import CaptureConfig, Connector, KeylessPolicy, PublicationMode, SnapshotMode, ValueFormat
     from capture.messages import Plugin
     from capture.tables import TableFilter
@@ -375,7 +375,7 @@ def run(
             signal_table=signal_table,
             incremental_chunk_size=incremental_chunk_size,
             snapshot_workers=snapshot_workers,
-            compression=compression,
+            compression=DEFAULT_COMPRESSION if compression is None else compression,
         )
         config.validate()  # before the log is opened: --core native without the extension is one line, nothing made
         if (replication_factor is not None or min_insync_replicas is not None) and State.kafka is None:

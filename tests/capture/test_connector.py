@@ -26,6 +26,7 @@ from capture.tables import TableFilter, TableInfo, TableRefusedError
 from capture.writer import LogWriter
 from eventstore.errors import ConfigError
 from eventstore.log import Log
+from eventstore.record_batch import Codec, unpack_header
 from schemas.position import parse_lsn
 from tideline.pgharness import LocalPostgres
 
@@ -408,5 +409,11 @@ def test_compressed_capture_reads_back_the_same_events(db: str, tmp_path: Path) 
         return sum(f.stat().st_size for f in log_dir.glob("cdc.public.docs-*/*.log"))
 
     assert stored(tmp_path / "log-lz4") < stored(tmp_path / "log-None") / 3
+    # The default is lz4 (CaptureConfig.compression, capture run's --compression); "none" stores plain batches.
+    for name, codec in (("default", Codec.LZ4), ("none", Codec.NONE)):
+        kw = {} if name == "default" else {"compression": name}
+        capture(tmp_path / f"log-{name}", db, slot=f"c_{name}", **kw)
+        segments = sorted((tmp_path / f"log-{name}").glob("cdc.public.docs-*/*.log"))
+        assert segments and {unpack_header(f.read_bytes()).codec for f in segments} == {codec}, name
     with pytest.raises(ConfigError, match="unknown compression codec 'snappy'"):
         capture(tmp_path / "log-snappy", db, slot="s_snappy", compression="snappy")

@@ -277,3 +277,14 @@ def test_cli_runs_pgoutput_and_status_shows_the_publications(db: str, tmp_path: 
                   "--publication-autocreate", "disabled", data_dir=data, check=False)  # fmt: skip
     assert missing.returncode == 1 and missing.stderr.startswith("error: publication nope does not exist")
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_cli_compresses_with_lz4_unless_told_otherwise(db: str, tmp_path: Path) -> None:
+    """`capture run` without --compression stores lz4 batches (the default); --compression none, plain ones."""
+    sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 50) g")  # fmt: skip
+    for slot, extra, codec in (("lz", (), Codec.LZ4), ("plain", ("--compression", "none"), Codec.NONE)):
+        data = tmp_path / slot
+        cli("capture", "run", "--dsn", db, "--slot", slot, "--exit-when-caught-up", *extra, data_dir=data)
+        segment = next((data / "tideline.public.t-0").glob("*.log")).read_bytes()
+        assert unpack_header(segment).codec is codec, slot
