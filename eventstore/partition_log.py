@@ -598,7 +598,8 @@ class PartitionLog:
             self._write_lso(active.next_offset if current < 0 else min(current, active.next_offset))
         if control_type is ControlType.ABORT:
             first = self._producers.open_transaction_first_offset(header.producer_id)
-            self._append_aborted(AbortedTransaction(header.producer_id, first, active.next_offset))
+            if first >= 0:  # a fencing marker where nothing is open aborts nothing: no range to index
+                self._append_aborted(AbortedTransaction(header.producer_id, first, active.next_offset))
 
     def _maybe_fsync(self, active: _ActiveSegment) -> None:
         mode = self.fsync.mode

@@ -398,13 +398,19 @@ def test_an_append_that_lands_after_its_fenced_transaction_was_aborted_is_refuse
         old = Producer(log, transactional_id="late", linger_ms=1)
         old.init_transactions()
         old.begin_transaction()
+        old.send_batch("orders", [b"kept"], [b"k"], partition=0)
+        old.commit_transaction()
+        old.begin_transaction()
         old.add_partitions_to_transaction([("orders", 0)])  # registered; its append is still on its way
         new = Producer(log, transactional_id="late", linger_ms=1)
-        new.init_transactions()  # aborts old's transaction, whose partition holds nothing yet
+        new.init_transactions()  # aborts old's transaction, whose partition holds nothing of it yet
         with pytest.raises(ProducerFencedError):
             old.send_batch("orders", [b"in flight"], [b"k"], partition=0)
-        goes_on(new, log, tps, b"the new instance's", [])
-        assert values_seen(log, tps, "read_uncommitted") == [b"the new instance's"]
+        # The fencing marker aborts nothing: the same producer id's committed record stays visible.
+        goes_on(new, log, tps, b"the new instance's", [b"kept"])
+        assert values_seen(log, tps, "read_uncommitted") == [b"kept", b"the new instance's"]
+    with Log(tmp_path / "log") as log:  # reopened: the partition's state rebuilt from its files says the same
+        assert values_seen(log, tps, "read_committed") == [b"kept", b"the new instance's"]
 
 
 def test_closing_with_an_abort_that_fails_still_closes_and_the_next_instance_aborts(tmp_path: Path) -> None:
