@@ -17,6 +17,7 @@ Every scenario also checks that the materialized topic equals the table.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -30,8 +31,8 @@ import pytest
 from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, sql
 from readiness import wait_until
 
-from capture.connector import Connector, PublicationMode
 from capture.config import CaptureConfig
+from capture.connector import Connector, PublicationMode
 from capture.messages import Plugin
 from capture.tables import TableFilter
 from eventstore.log import Log
@@ -53,12 +54,15 @@ class Source:
 SOURCES = [
     Source("wal2json", {"plugin": Plugin.WAL2JSON}),
     Source("pgoutput", {"plugin": Plugin.PGOUTPUT}, streams_new_tables=False),  # managed table lists
-    Source(
+    Source(  # a user's publication that streams every table of the schema from its creation
         "pgoutput-schema",
-        {"plugin": Plugin.PGOUTPUT, "publication": "everything_public",
-         "publication_autocreate": PublicationMode.DISABLED},
+        {
+            "plugin": Plugin.PGOUTPUT,
+            "publication": "everything_public",
+            "publication_autocreate": PublicationMode.DISABLED,
+        },
         ("CREATE PUBLICATION everything_public FOR TABLES IN SCHEMA public",),
-    ),  # fmt: skip
+    ),
 ]
 
 
@@ -135,7 +139,9 @@ def assert_topic_equals_table(log_dir: Path, dsn: str, table: str) -> None:
     assert state == expected, f"{table}: the materialized topic differs from the table"
 
 
-def test_a_table_created_while_stopped_is_streamed_not_snapshotted(db: str, tmp_path: Path, source: Source) -> None:
+def test_a_table_created_while_stopped_is_streamed_not_snapshotted(
+    db: str, tmp_path: Path, source: Source, caplog: pytest.LogCaptureFixture
+) -> None:
     """(a): created, filled, updated and trimmed after the stored position, while the connector was stopped."""
     log_dir = tmp_path / "log"
     run(log_dir, db, source)
@@ -149,10 +155,12 @@ def test_a_table_created_while_stopped_is_streamed_not_snapshotted(db: str, tmp_
         "INSERT INTO outside VALUES (1, 'never captured')",
         "INSERT INTO base VALUES (2, 'two')",
     )
-    run(log_dir, db, source)
+    with caplog.at_level(logging.INFO, logger="capture.connector"):
+        run(log_dir, db, source)
     if source.streams_new_tables:
         assert ops(log_dir, "fresh") == {"c": 40, "u": 5, "d": 1}, "each change once, streamed; no op=r read"
     else:  # the table joined the managed publication at this start: its rows were never streamed, read once
+        assert "no publication streamed it from its creation on" in read_because(caplog, "fresh")
         assert ops(log_dir, "fresh") == {"r": 39}
         assert all(e["source"]["snapshot"] == "incremental" for e in events(log_dir, "cdc.public.fresh"))
     assert_topic_equals_table(log_dir, db, "fresh")
@@ -166,8 +174,18 @@ def test_a_table_created_while_stopped_is_streamed_not_snapshotted(db: str, tmp_
     assert_topic_equals_table(log_dir, db, "fresh")
 
 
+def read_because(caplog: pytest.LogCaptureFixture, table: str) -> str:
+    """The reason the connector logged for reading ``table`` (the last start that read it)."""
+    said = [r.getMessage() for r in caplog.records if "tables new to the include list" in r.getMessage()]
+    for message in reversed(said):
+        for part in message.split("include list: ", 1)[1].split("; "):
+            if part.startswith(f"public.{table} ("):
+                return part
+    raise AssertionError(f"no start read {table}: {said}")
+
+
 def test_b_a_table_older_than_the_position_joining_the_include_list_is_snapshotted(
-    db: str, tmp_path: Path, source: Source
+    db: str, tmp_path: Path, source: Source, caplog: pytest.LogCaptureFixture
 ) -> None:
     """(b): existed before the stored position, outside the include list; then included."""
     log_dir = tmp_path / "log"
@@ -178,14 +196,16 @@ def test_b_a_table_older_than_the_position_joining_the_include_list_is_snapshott
     run(log_dir, db, source, TableFilter(include=["public.base"]))
     with Log(log_dir) as log:
         assert "cdc.public.older" not in log.topics()
-    run(log_dir, db, source)
+    with caplog.at_level(logging.INFO, logger="capture.connector"):
+        run(log_dir, db, source)
+    assert "existed when the last run started" in read_because(caplog, "older")
     reads = [e for e in events(log_dir, "cdc.public.older") if e["op"] == "r"]
     assert len(reads) == 30 and all(e["source"]["snapshot"] == "incremental" for e in reads)
     assert_topic_equals_table(log_dir, db, "older")
 
 
 def test_b_a_table_created_during_a_run_that_left_it_out_is_snapshotted(
-    db: str, tmp_path: Path, source: Source
+    db: str, tmp_path: Path, source: Source, caplog: pytest.LogCaptureFixture
 ) -> None:
     """(b): created after that run started (so after its start's table list) and filled while it streamed past
     it with an include list that left it out: its rows are behind the stored position, only a read has them."""
@@ -197,12 +217,16 @@ def test_b_a_table_created_during_a_run_that_left_it_out_is_snapshotted(
             "INSERT INTO late SELECT g, 'v' || g FROM generate_series(1, 25) g",
             "INSERT INTO base VALUES (2, 'after late')")  # fmt: skip
         running.wait_for("the stored position past late's rows", lambda: has_row(log_dir, "base", 2))
-    run(log_dir, db, source, TableFilter(include=["public.base", "public.late"]))
+    with caplog.at_level(logging.INFO, logger="capture.connector"):
+        run(log_dir, db, source, TableFilter(include=["public.base", "public.late"]))
+    assert "--tables/--exclude-tables left it out" in read_because(caplog, "late")
     assert ops(log_dir, "late") == {"r": 25}
     assert_topic_equals_table(log_dir, db, "late")
 
 
-def test_b_a_table_renamed_into_the_include_list_is_snapshotted(db: str, tmp_path: Path, source: Source) -> None:
+def test_b_a_table_renamed_into_the_include_list_is_snapshotted(
+    db: str, tmp_path: Path, source: Source, caplog: pytest.LogCaptureFixture
+) -> None:
     """(b): created and filled after the stored position under another name, then renamed: the stream gives
     its rows under the old name, so the new one is read."""
     log_dir = tmp_path / "log"
@@ -210,7 +234,9 @@ def test_b_a_table_renamed_into_the_include_list_is_snapshotted(db: str, tmp_pat
     sql(db, "CREATE TABLE staging (id int PRIMARY KEY, v text)",
         "INSERT INTO staging SELECT g, 'v' || g FROM generate_series(1, 20) g",
         "ALTER TABLE staging RENAME TO final", "INSERT INTO final VALUES (21, 'renamed')")  # fmt: skip
-    run(log_dir, db, source, TableFilter(include=["public.base", "public.final"]))
+    with caplog.at_level(logging.INFO, logger="capture.connector"):
+        run(log_dir, db, source, TableFilter(include=["public.base", "public.final"]))
+    assert "renamed or moved since its creation" in read_because(caplog, "final")
     assert ops(log_dir, "final")["r"] == 21
     assert_topic_equals_table(log_dir, db, "final")
 
@@ -236,3 +262,40 @@ def test_c_a_table_created_while_streaming_is_streamed(db: str, tmp_path: Path, 
     for table in ("live", "quiet", "base"):
         assert_topic_equals_table(log_dir, db, table)
     assert ops(log_dir, "base") == {"r": 1, "c": 2}
+
+
+def test_without_the_record_of_the_last_start_every_new_table_is_read(
+    db: str, tmp_path: Path, source: Source, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wiped state directory (or a first start with this version): no record, so a new table is read."""
+    log_dir = tmp_path / "log"
+    run(log_dir, db, source)
+    records = list(log_dir.glob("**/cdc.nt.tables.json"))
+    assert len(records) == 1, records
+    records[0].unlink()
+    sql(db, "CREATE TABLE fresh (id int PRIMARY KEY, v text)", "INSERT INTO fresh VALUES (1, 'one'), (2, 'two')")
+    with caplog.at_level(logging.INFO, logger="capture.connector"):
+        run(log_dir, db, source)
+    assert "no record of the tables the last run started with" in read_because(caplog, "fresh")
+    assert ops(log_dir, "fresh")["r"] == 2
+    assert_topic_equals_table(log_dir, db, "fresh")
+
+
+@pytest.mark.parametrize("source", [s for s in SOURCES if s.name == "pgoutput-schema"], ids=lambda s: s.name)
+def test_a_table_created_while_its_schema_was_out_of_the_publication_is_read(
+    db: str, tmp_path: Path, source: Source, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pgoutput, a user's FOR TABLES IN SCHEMA publication: the schema left the publication and came back while
+    the connector was stopped, and a table was created and filled in between: those rows were never streamed."""
+    log_dir = tmp_path / "log"
+    run(log_dir, db, source)
+    sql(db, "ALTER PUBLICATION everything_public DROP TABLES IN SCHEMA public",
+        "CREATE TABLE fresh (id int PRIMARY KEY, v text)",
+        "INSERT INTO fresh SELECT g, 'v' || g FROM generate_series(1, 10) g",
+        "ALTER PUBLICATION everything_public ADD TABLES IN SCHEMA public",
+        "INSERT INTO fresh VALUES (11, 'streamed')")  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="capture.connector"):
+        run(log_dir, db, source)
+    assert "no publication streamed it from its creation on" in read_because(caplog, "fresh")
+    assert ops(log_dir, "fresh")["r"] == 11
+    assert_topic_equals_table(log_dir, db, "fresh")
