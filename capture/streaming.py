@@ -45,7 +45,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 
@@ -88,9 +88,11 @@ class StreamingSource:
     _ctx_next: int = 0
     _index: int = 0
     _confirmed: int = 0
+    _refreshed_for: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...], bool]] = field(default_factory=dict)
 
     def run(self, repl: ReplicationConnection, target: int | None) -> None:
         """Stream until stopped, or until ``target`` (the WAL end at start) is stored when given."""
+        self.builder.shapes.load()  # the tables' shapes at the stored position, where the stream starts
         self._ctx = None
         self._ctx_next = 0
         self._index = 0
@@ -202,6 +204,8 @@ class StreamingSource:
             if m.kind is Kind.COMMIT:
                 if ctx is None:
                     raise DecodeError(f"COMMIT without BEGIN at {format_lsn(m.lsn)}")
+                if self._index == 0:  # no row change: a DDL, perhaps (wal2json sends such transactions)
+                    self.builder.shapes.possible_ddl(ctx.commit_lsn)
                 if not self.offsets.covers(ctx.commit_lsn, 1 << 62):
                     if self.config.transaction_metadata:
                         self._add_one(self.builder.transaction_end(ctx), compact=False)
@@ -269,14 +273,19 @@ class StreamingSource:
         if table is None:
             return  # not captured
         table = self._check_columns(table, m)
-        if self.native is not None:
-            self.native.sync(table)  # its next changes may take the native core
         if table.qualified == self.config.outbox_table:
+            if self.native is not None:
+                self.native.sync(table)
             self._route_outbox(m, table, ctx, index)
             return
         topic = self.builder.topic(table)
         self.writer.ensure_table_topic(table, topic)
-        events = self.builder.change(m, table, ctx, index, now_ms(), topic)
+        # the table's columns at this change (capture.shapes; it may read the catalog again)
+        shape = self.builder.shapes.at(m, table, topic, ctx.commit_lsn, self.catalog)
+        table = self.catalog.current(table.schema, table.name) or table
+        if self.native is not None:
+            self.native.sync(table)  # its next changes may take the native core
+        events = self.builder.change(m, table, ctx, index, now_ms(), topic, shape)
         for e in events:
             self.writer.add(e)
         self.stats.events += len(events)
@@ -337,6 +346,12 @@ class StreamingSource:
             types = table.column_types
             changed = any((c.name, c.type_oid) not in types for c in m.columns)
         if changed:
+            # once per shape the stream shows: while a backlog of older changes is caught up, the catalog is
+            # ahead of each of them (capture.shapes builds their events with the shape at the change)
+            seen = (tuple(c.name for c in m.columns), tuple(c.name for c in m.identity), m.kind is Kind.INSERT)
+            if self._refreshed_for.get((table.schema, table.name)) == seen:
+                return table
+            self._refreshed_for[(table.schema, table.name)] = seen
             refreshed = self.catalog.refresh(table.schema, table.name)
             if refreshed is not None:
                 return refreshed

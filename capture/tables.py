@@ -46,6 +46,7 @@ from capture.messages import Column
 from capture.pgtypes import parse_array, text_converter
 from capture.publications import Publications, PublishedTable
 from eventstore.errors import ConfigError
+from schemas.position import parse_lsn
 
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
 # varlena types whose values can be TOASTed (and then omitted from an UPDATE by wal2json)
@@ -95,7 +96,12 @@ class TableColumn:
 
     @property
     def toastable(self) -> bool:
-        return self.type_name.endswith("[]") or self.type_name.split("(")[0] in TOASTABLE_TYPES
+        return toastable_type(self.type_name)
+
+
+def toastable_type(type_name: str) -> bool:
+    """Whether values of the type (format_type's name) may be TOASTed: capture keeps them for a TOAST fill."""
+    return type_name.endswith("[]") or type_name.split("(")[0] in TOASTABLE_TYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +247,8 @@ class TableCatalog:
         self._columns_sql = _COLUMNS_SQL.format(generated="" if generated_columns else "AND a.attgenerated = ''")
         self._tables: dict[tuple[str, str], TableInfo] = {}
         self.generation = 0  # counts load(): table infos may have changed (the native core registers them again)
+        # the server's WAL position when the catalog was last read: every DDL committed before it is in it
+        self.read_lsn = 0
         self.keyless: list[str] = []  # captured without a key (policy keyless), "schema.table"
         self.skipped: list[str] = []  # keyless and left out (policy skip)
         self.unpublished: list[str] = []  # captured by the filter, but in none of the publications (pgoutput)
@@ -251,6 +259,8 @@ class TableCatalog:
         c = conn or psycopg.connect(self.dsn, autocommit=True)
         try:
             tables, skipped, unpublished = [], [], []
+            row = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            read_lsn = parse_lsn(row[0]) if row is not None else 0
             published = None if self.publications is None else self.publications.published(c)
             for schema, name, ident, oid in c.execute(_TABLES_SQL).fetchall():
                 if self.filter.captures(schema, name):
@@ -265,6 +275,7 @@ class TableCatalog:
                         unpublished.append(table.qualified)
             self._tables = {(t.schema, t.name): t for t in tables}
             self.generation += 1
+            self.read_lsn = read_lsn
             self.keyless = [t.qualified for t in tables if t.keyless]
             self.skipped = skipped
             self.unpublished = unpublished

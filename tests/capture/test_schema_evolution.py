@@ -11,7 +11,9 @@ leaves a TOASTed value unchanged (the plugin omits it, capture fills it), and is
 
 * ``continuous``: one connector streams while the DDL happens (its catalog is behind);
 * ``ahead``: the connector takes its snapshot, stops, and starts again only after all the DDL
-  (its catalog is ahead of every change it streams).
+  (its catalog is ahead of every change it streams);
+* ``rebuilt``: as ``ahead``, its key state deleted before the second start (what a kill -9 between the
+  log's commit and the key state's leaves to catch up, at worst): rebuilt from the log.
 
 Every change event (in commit order: ``source.commit_lsn``, ``source.event_index``) is compared
 with the audit row at the same position: ``after`` must hold exactly the columns of
@@ -19,7 +21,9 @@ with the audit row at the same position: ``after`` must hold exactly the columns
 as capture writes it), and the unchanged-TOAST placeholder only where the value was truly
 unknown — here never: every big value was captured before it was left unchanged. ``before``:
 the old row under REPLICA IDENTITY FULL, the old key otherwise.
-JSON values; both plugins (the ``plugin`` fixture).
+JSON values; both plugins (the ``plugin`` fixture); the Python path alone (``--core python``) and with the
+native core (every column of ``t`` is of a type it converts; each run it handles is checked against the
+Python path, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ import psycopg
 import pytest
 from capture_util import capture, drop_slots, events, fresh_database, sql
 
+from capture import native
+from capture.config import CoreChoice
 from capture.connector import CaptureConfig, Connector
 from capture.events import UNAVAILABLE
 from capture.messages import Plugin
@@ -70,9 +76,10 @@ END $$""",
 )
 
 TABLE = (
-    "CREATE TABLE t (id int PRIMARY KEY, n int, big text, tags text[], small text)",
+    "CREATE TABLE t (id int PRIMARY KEY, n int, big text, tags jsonb, small text)",
     "CREATE TRIGGER audit AFTER INSERT OR UPDATE OR DELETE ON t FOR EACH ROW EXECUTE FUNCTION oracle.record()",
-    "INSERT INTO t VALUES (1, 0, big('a'), '{a}', 's1'), (2, 0, big('b'), '{b}', 's2'), (3, 0, NULL, NULL, 's3')",
+    """INSERT INTO t VALUES (1, 0, big('a'), '["a"]', 's1'), (2, 0, big('b'), '{"b": 2.50}', 's2'),
+                          (3, 0, NULL, NULL, 's3')""",
 )
 
 Step = tuple[str, ...]  # the statements of one transaction
@@ -131,7 +138,7 @@ CASES = [
         "UPDATE t SET n = n + 1 WHERE id = 10",
     )]),
 ]
-MODES = ["continuous", "ahead"]
+MODES = ["continuous", "ahead", "rebuilt"]
 
 
 @pytest.fixture
@@ -160,8 +167,9 @@ def wal_end(dsn: str) -> int:
 class Streaming:
     """A connector streaming in a thread while the workload runs (its catalog read before the DDL)."""
 
-    def __init__(self, log_dir: Path, dsn: str, plugin: Plugin) -> None:
-        self.config = CaptureConfig(dsn=dsn, slot="t", topic_prefix="cdc", table_filter=CAPTURED, plugin=plugin)
+    def __init__(self, log_dir: Path, dsn: str, plugin: Plugin, core: CoreChoice) -> None:
+        self.config = CaptureConfig(dsn=dsn, slot="t", topic_prefix="cdc", table_filter=CAPTURED, plugin=plugin,
+                                    core=core)  # fmt: skip
         self.log = Log(log_dir)
         self.connector = Connector(self.config, self.log)
         self.errors: list[BaseException] = []
@@ -194,6 +202,16 @@ class Streaming:
         self.log.close()
         assert not self.thread.is_alive(), "the connector did not stop"
         assert not self.errors, self.errors
+
+
+def drop_key_state(log_dir: Path, dsn: str) -> None:
+    """Delete the connector's key state (the next start rebuilds it from the log)."""
+    with Log(log_dir) as log:
+        path = Connector(CaptureConfig(dsn=dsn, slot="t", topic_prefix="cdc"), log).state_path()
+    files = [Path(f"{path}{suffix}") for suffix in ("", "-wal", "-shm")]
+    assert files[0].exists(), path
+    for file in files:
+        file.unlink(missing_ok=True)
 
 
 def audit(dsn: str) -> list[dict[str, Any]]:
@@ -274,24 +292,29 @@ def report(problems: list[str]) -> str:
     return f"{len(problems)} differences ({kinds}):\n" + "\n".join(problems[:30])
 
 
+@pytest.mark.parametrize("core", [CoreChoice.PYTHON, CoreChoice.AUTO], ids=["python", "native"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_row_images_follow_the_schema_at_the_change(db: str, tmp_path: Path, plugin: Plugin, case: Case,
-                                                    mode: str) -> None:  # fmt: skip
+                                                    mode: str, core: CoreChoice) -> None:  # fmt: skip
     """Every event's columns and values are the row image its table had at the change, catalog behind or ahead."""
+    if core is CoreChoice.AUTO and not native.available():
+        pytest.skip(native.unavailable_reason())
     sql(db, *TABLE, *case.setup, *(["ALTER TABLE t REPLICA IDENTITY FULL"] if case.full else []))
     sql(db, "INSERT INTO oracle.snapshot_taken SELECT coalesce(max(seq), 0) FROM oracle.audit")
     workload = BEFORE + case.steps + AFTER
     log_dir = tmp_path / "log"
     if mode == "continuous":
-        with Streaming(log_dir, db, plugin) as streaming:
+        with Streaming(log_dir, db, plugin, core) as streaming:
             streaming.wait(wal_end(db))  # the snapshot is stored: what follows is streamed
             run(db, workload)
             streaming.wait(wal_end(db))
     else:
-        capture(log_dir, db, plugin=plugin, table_filter=CAPTURED)  # the snapshot
+        capture(log_dir, db, plugin=plugin, table_filter=CAPTURED, core=core)  # the snapshot
         run(db, workload)
-        capture(log_dir, db, plugin=plugin, table_filter=CAPTURED)  # every change behind the catalog
+        if mode == "rebuilt":
+            drop_key_state(log_dir, db)
+        capture(log_dir, db, plugin=plugin, table_filter=CAPTURED, core=core)  # every change behind the catalog
     problems = compare(db, log_dir, full=case.full)
     assert not problems, report(problems)
 
