@@ -232,8 +232,9 @@ class EventEncoder:
 
     @staticmethod
     def toast_values(
-        table: TableInfo, after: dict[str, Any], value_bytes: int | None = None, columns: tuple[str, ...] | None = None
-    ) -> dict[str, Any] | None:
+        table: TableInfo, after: dict[str, Any], value_bytes: int | None = None,
+        columns: frozenset[str] | None = None,
+    ) -> dict[str, Any] | None:  # fmt: skip
         """The TOAST-able values of a row big enough to have been TOASTed at all (None: a small row).
 
         The row's size is judged by its TOAST-able (variable-length) columns alone: the
@@ -249,7 +250,10 @@ class EventEncoder:
             return None
         if value_bytes is not None and 2 * value_bytes + ENTRY_SCALAR_BYTES * len(cols) < TOAST_MIN_ROW_BYTES:
             return None
-        values = {c: after[c] for c in cols if c in after and after[c] != UNAVAILABLE}
+        if columns is None:
+            values = {c: after[c] for c in cols if c in after and after[c] != UNAVAILABLE}
+        else:  # in the row's order (a shape's is the stream's, which may differ from one change to the next)
+            values = {c: v for c, v in after.items() if c in columns and v != UNAVAILABLE}
         return values if ToastCache.size_of(values) >= TOAST_MIN_ROW_BYTES else None
 
     def _source(self, m: ChangeMessage | None, table: TableInfo | None, ctx: TxnContext, index: int) -> bytes:
@@ -494,7 +498,7 @@ class EventBuilder(EventEncoder):
 
     def _remember(
         self, table: TableInfo, topic: str, key: bytes | None, after: dict[str, Any], *, update: bool = False,
-        value_bytes: int | None = None, toastable: tuple[str, ...] | None = None,
+        value_bytes: int | None = None, toastable: frozenset[str] | None = None,
     ) -> None:  # fmt: skip
         """Record the key as live, with the TOAST-able values of rows big enough to have been TOASTed at all.
 

@@ -66,14 +66,15 @@ class Shape:
     names: tuple[str, ...]
     types: tuple[str, ...]  # format_type's names, as the stream and the catalog write them
     aliases: dict[str, tuple[str, ...]] = field(default_factory=dict)  # column → its earlier names, newest first
-    toastable: tuple[str, ...] = ()  # the columns outside the key whose values may be TOASTed
+    toastable: frozenset[str] = frozenset()  # the columns outside the key whose values may be TOASTed
     name_set: frozenset[str] = frozenset()
+    types_by_name: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, names: tuple[str, ...], types: tuple[str, ...], key: tuple[str, ...],
            aliases: dict[str, tuple[str, ...]] | None = None) -> Shape:  # fmt: skip
-        toastable = tuple(n for n, t in zip(names, types, strict=True) if toastable_type(t) and n not in key)
-        return cls(names, types, aliases or {}, toastable, frozenset(names))
+        toastable = frozenset(n for n, t in zip(names, types, strict=True) if toastable_type(t) and n not in key)
+        return cls(names, types, aliases or {}, toastable, frozenset(names), dict(zip(names, types, strict=True)))
 
     def to_json(self, confirmed: int) -> str:
         return json.dumps({"names": self.names, "types": self.types, "aliases": self.aliases, "confirmed": confirmed})
@@ -140,10 +141,9 @@ class ShapeTracker:
             return tracked.shape
         whole = self._whole_row(m, table)
         if whole is not None:
-            names = tuple(c.name for c in whole)
-            if names != tracked.shape.names or any(c.type_name != t for c, t in zip(whole, tracked.shape.types,
-                                                                                     strict=True)):  # fmt: skip
-                types = tuple(c.type_name for c in whole)
+            if len(whole) != len(tracked.shape.names) or any(tracked.shape.types_by_name.get(c.name) != c.type_name
+                                                             for c in whole):  # fmt: skip
+                names, types = tuple(c.name for c in whole), tuple(c.type_name for c in whole)
                 return self._set(table, topic, self._successor(tracked.shape, names, types, table.key), lsn).shape
             self._confirm(topic, tracked, lsn)
             return tracked.shape
