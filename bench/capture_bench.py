@@ -97,7 +97,7 @@ from typing import TYPE_CHECKING, Protocol
 import orjson
 import psycopg
 
-from bench.report import Paired, Section, measured, measured_paired
+from bench.report import Paired, Result, Section, measured, measured_paired
 from capture import snapshot_readers
 from capture.config import DEFAULT_COMPRESSION, CoreChoice
 from capture.connector import CaptureConfig, Connector, SnapshotMode
@@ -1077,6 +1077,14 @@ def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> No
     table = f"table {SNAPSHOT_TABLE} with the bench table's 6 columns, {copy_bytes / 1e6:,.0f} MB as COPY text"
     copy_baseline = "COPY … TO STDOUT of the same table, drained"
     copy_s = statistics.median(seconds for seconds, _ in copies)
+
+    def one_run(what: str, run: SnapshotRun, note: str) -> Result:
+        """An informational row: one snapshot run after the pairs, against their median COPY."""
+        return measured(f"snapshot of one {n:,}-row table{what}", n / run.seconds, "rows/s",
+                        baseline_name=copy_baseline, baseline_value=n / copy_s,
+                        note=f"informational: {note}; one run ({run.seconds:.1f} s, {run.cpu_note(n)}) after the "
+                        "pairs, against their median COPY")  # fmt: skip
+
     section.results += [
         measured_paired(
             f"snapshot of one {n:,}-row table into the durable log (default configuration)",
@@ -1090,54 +1098,22 @@ def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> No
             f"exported snapshot, one log transaction): {runs.spread()}; the last {last.cpu_note(n)}, "
             f"{last.stored_bytes / 1e6:,.0f} MB of record batches stored",
         ),
-        measured(
-            f"snapshot of one {n:,}-row table into the durable log (--compression none)",
-            n / plain.seconds,
-            "rows/s",
-            baseline_name=copy_baseline,
-            baseline_value=n / copy_s,
-            note=f"informational: the single reader storing uncompressed batches ({plain.stored_bytes / 1e6:,.0f} MB, "
-            f"{plain.stored_bytes / max(last.stored_bytes, 1):.1f}× the default's), bound by the disk's writes "
-            f"(module docstring, 3.); one run ({plain.seconds:.1f} s, {plain.cpu_note(n)}) after the pairs, against "
-            "their median COPY",
-        ),
-        *(
-            []
-            if in_memory is None
-            else [
-                measured(
-                    f"snapshot of one {n:,}-row table into a log on tmpfs (--compression none)",
-                    n / in_memory.seconds,
-                    "rows/s",
-                    baseline_name=copy_baseline,
-                    baseline_value=n / copy_s,
-                    note="the uncompressed run again with its log in /dev/shm (no disk, not durable: "
-                    "informational, the disk's share of the uncompressed run); one run "
-                    f"({in_memory.seconds:.1f} s, {in_memory.cpu_note(n)})",
-                )
-            ]
-        ),
-        measured(
-            f"snapshot of one {n:,}-row table into the durable log ({SNAPSHOT_WORKERS} reader processes)",
-            n / parallel.seconds,
-            "rows/s",
-            baseline_name=copy_baseline,
-            baseline_value=n / copy_s,
-            note=f"informational: --snapshot-workers {SNAPSHOT_WORKERS}, ctid ranges read by reader processes sharing "
-            f"the exported snapshot (capture.snapshot_readers), compressed as the default; one run "
-            f"({parallel.seconds:.1f} s, {parallel.cpu_note(n)}); on 2 CPUs the single reader needs no process, pipe "
-            "or second Postgres backend, and the readers gain only where more cores spread the backends and the "
-            "encoding",
-        ),
-        measured(
-            f"snapshot of one {n:,}-row table, single reader on the Python path (--core python)",
-            n / python.seconds,
-            "rows/s",
-            baseline_name=copy_baseline,
-            baseline_value=n / copy_s,
-            note="informational: the single reader as issue 18 found it (a server-side cursor, a Python object per "
-            f"value), compressed as the default; one run ({python.seconds:.1f} s, {python.cpu_note(n)})",
-        ),
+        one_run(" into the durable log (--compression none)", plain,
+                f"the single reader storing uncompressed batches ({plain.stored_bytes / 1e6:,.0f} MB, "
+                f"{plain.stored_bytes / max(last.stored_bytes, 1):.1f}× the default's), bound by the disk's writes "
+                "(module docstring, 3.)"),
+        *([] if in_memory is None else [one_run(
+            " into a log on tmpfs (--compression none)", in_memory,
+            "the uncompressed run again with its log in /dev/shm (no disk, not durable: the disk's share of the "
+            "uncompressed run)")]),
+        one_run(f" into the durable log ({SNAPSHOT_WORKERS} reader processes)", parallel,
+                f"--snapshot-workers {SNAPSHOT_WORKERS}, ctid ranges read by reader processes sharing the exported "
+                "snapshot (capture.snapshot_readers), compressed as the default; on 2 CPUs the single reader needs "
+                "no process, pipe or second Postgres backend, and the readers gain only where more cores spread the "
+                "backends and the encoding"),
+        one_run(", single reader on the Python path (--core python)", python,
+                "the single reader as issue 18 found it (a server-side cursor, a Python object per value), "
+                "compressed as the default"),
     ]
     execute(dsn, f"DROP TABLE {SNAPSHOT_TABLE}")
 
