@@ -52,7 +52,10 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
    this process reads the table topic with a read_committed consumer (long poll, woken by
    inotify) and records, for every event, the wall-clock time its poll returned minus
    ``source.ts_ms`` (Postgres' commit timestamp, floored to the millisecond: one clock,
-   one machine). The first second is a warm-up and not counted.
+   one machine). The first second is a warm-up and not counted. ``os.sync()`` runs before each
+   latency run: the throughput runs before it leave gigabytes of dirty pages, and their writeback
+   landing in the run stalls the connector's fsyncs (a run of 2026-12-06 read p99 133 ms that way,
+   where 3 interleaved runs with and without lz4 right after read 27–32 ms).
 
 3. **Snapshot of one big table** (docs/targets.md: ≥ 0.5× ``COPY`` of the same table, in the default
    configuration). A table ``snap`` (the bench table's columns) of ``snapshot_rows`` rows, vacuumed;
@@ -765,12 +768,14 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka:
                 time.sleep(0.05)
             tail = LogTail(log, topic)
             try:
+                os.sync()  # no earlier run's dirty pages written back on the clock (module docstring, 2.)
                 target = measure_latency(tail, dsn, env, 10_000_000, LATENCY_RATE, sizes.latency_seconds, sizes)
             finally:
                 tail.close()
             ctx.say(f"latency at {LATENCY_RATE:,} changes/s: {target.describe()}")
             tail = LogTail(log, topic)
             try:
+                os.sync()
                 low = measure_latency(tail, dsn, env, 20_000_000, LOW_RATE, sizes.low_rate_seconds, sizes)
             finally:
                 tail.close()
@@ -789,6 +794,7 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka:
                 time.sleep(0.1)
             kafka_tail = KafkaTail(kafka, topic)
             try:
+                os.sync()
                 into_kafka = measure_latency(
                     kafka_tail, dsn, env, 30_000_000, LATENCY_RATE, sizes.latency_seconds, sizes
                 )
