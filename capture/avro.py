@@ -81,7 +81,7 @@ class AvroEncoder:
         # Values are converted to Avro's underlying types by schemas.pgvalues: no logical types needed.
         self.wire = AvroWire(registry.schema_by_id, logical_types=False)
         self._ids: dict[TableInfo, TableSchemaIds] = {}
-        self._types: dict[TableInfo, dict[str, str]] = {}  # the catalog's column → type name, per table
+        self._kinds: dict[TableInfo, dict[str, ColumnType]] = {}  # the catalog's column → its representation
         self._shape_ids: dict[tuple[TableInfo, tuple[str, ...], tuple[str, ...]], TableSchemaIds] = {}
         self._written_kinds: dict[int, dict[str, ColumnType]] = {}  # envelope schema id → its columns' types
         self._written_columns: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
@@ -96,6 +96,7 @@ class AvroEncoder:
         then; a column the catalog has under the same name and type takes the catalog's OID and default, any
         other (dropped, renamed or retyped since) its type name alone (schemas.pgavro maps it by name)."""
         catalog = {c.name: c for c in table.columns}
+        kinds = self._catalog_kinds(table)
         wanted = (
             [(c.name, c.type_name) for c in table.columns]
             if shape is None
@@ -111,7 +112,8 @@ class AvroEncoder:
                 out.append(PgColumn(name, "text", 25, not_null=not_null))
                 continue
             col = catalog.get(name)
-            if col is None or col.type_name != type_name:
+            same = col is not None and (col.type_name == type_name or column_type(type_name) == kinds[name])
+            if col is None or not same:
                 out.append(PgColumn(name, type_name, 0, not_null=not_null))
                 continue
             column = PgColumn(col.name, col.type_name, col.type_oid, not_null=not_null)
@@ -125,7 +127,7 @@ class AvroEncoder:
         """The registered schemas of the table's columns at a change: the catalog's (:meth:`ids`) when ``shape`` is
         theirs, else those of ``shape`` — the first change of a new shape registers its version (or stops capture
         with :class:`SchemaChangeError`) before anything of it is written."""
-        if shape is None or shape.types_by_name == self._catalog_types(table):
+        if shape is None or self._is_catalog_shape(table, shape):
             return self.ids(table)
         found = self._shape_ids.get((table, shape.names, shape.types))
         if found is None:
@@ -141,11 +143,22 @@ class AvroEncoder:
             self._ids[table] = found
         return found
 
-    def _catalog_types(self, table: TableInfo) -> dict[str, str]:
-        found = self._types.get(table)
+    def _catalog_kinds(self, table: TableInfo) -> dict[str, ColumnType]:
+        """The catalog's columns as the schema writes them (a type name the stream spells otherwise, with the same
+        representation, is the same column: the catalog's schema, with its OIDs and defaults, is kept)."""
+        found = self._kinds.get(table)
         if found is None:
-            found = self._types[table] = {c.name: c.type_name for c in table.columns}
+            found = self._kinds[table] = {
+                c.name: PgColumn(c.name, c.type_name, c.type_oid).column_type for c in table.columns
+            }
         return found
+
+    def _is_catalog_shape(self, table: TableInfo, shape: Shape) -> bool:
+        kinds = self._catalog_kinds(table)
+        if shape.name_set != kinds.keys():
+            return False
+        types = {c.name: c.type_name for c in table.columns}
+        return all(types[n] == t or column_type(t) == kinds[n] for n, t in zip(shape.names, shape.types, strict=True))
 
     def _register(self, table: TableInfo, columns: list[PgColumn]) -> TableSchemaIds:
         try:
