@@ -127,7 +127,7 @@ class AvroEncoder:
         """The registered schemas of the table's columns at a change: the catalog's (:meth:`ids`) when ``shape`` is
         theirs, else those of ``shape`` — the first change of a new shape registers its version (or stops capture
         with :class:`SchemaChangeError`) before anything of it is written."""
-        if shape is None or self.is_catalog_shape(table, shape):
+        if shape is None or self._is_catalog_shape(table, shape):
             return self.ids(table)
         found = self._shape_ids.get((table, shape.names, shape.types))
         if found is None:
@@ -153,8 +153,7 @@ class AvroEncoder:
             }
         return found
 
-    def is_catalog_shape(self, table: TableInfo, shape: Shape) -> bool:
-        """Whether a change of ``shape`` is written under the catalog's schema (:meth:`ids`)."""
+    def _is_catalog_shape(self, table: TableInfo, shape: Shape) -> bool:
         kinds = self._catalog_kinds(table)
         if shape.name_set != kinds.keys():
             return False

@@ -296,15 +296,10 @@ class NativeCore:
             return
         key = (table.schema, table.name)
         tid = self._ids.get(key)
-        topic = self.builder.topic(table)
-        shape = self.builder.shapes.current(topic)
-        avro_elsewhere = self.avro is not None and shape is not None and not self.avro.is_catalog_shape(table, shape)
-        if avro_elsewhere or (self.pgoutput is None and not self.builder.shapes.is_catalog_shape(table, topic)):
+        if self.pgoutput is None and not self.builder.shapes.is_catalog_shape(table, self.builder.topic(table)):
             # wal2json: the stream is at another shape of the table than the catalog (capture.shapes); the core
             # checks a change against the catalog only, so its changes take the Python path until the stream
-            # shows the catalog's shape (pgoutput's row messages carry their Relation message: checked there).
-            # Avro, either plugin: the Python path writes the change under its shape's schema, the core under the
-            # catalog's: the core waits while the two differ (a column's type changed: the stream's is in force)
+            # shows the catalog's shape (pgoutput's row messages carry their Relation message: checked there)
             if tid is not None:
                 self.core.unregister_table(table.schema, table.name)
                 del self._ids[key]

@@ -152,11 +152,6 @@ class ShapeTracker:
                 aliases[name] = previous.aliases[name]
         self._set(table, topic, Shape.of(names, types, table.key, aliases, attnums), lsn)
 
-    def current(self, topic: str) -> Shape | None:
-        """The tracked shape of ``topic`` at the stream's position (None: not seen yet since the start)."""
-        tracked = self._tracked.get(topic)
-        return None if tracked is None else tracked.shape
-
     def is_catalog_shape(self, table: TableInfo, topic: str) -> bool:
         """Whether the table's shape at the stream's position has the catalog's columns (the native core, which
         checks a change against the catalog, may then handle its changes; capture.native)."""
