@@ -54,7 +54,7 @@ from capture.tables import TableFilter, TableInfo
 from eventstore.errors import TidelineError
 from schemas.errors import IncompatibleSchemaError, ValueConversionError, WireFormatError
 from schemas.pgavro import PG_TYPE_PROP, ColumnType, Kind, PgColumn, column_type
-from schemas.pgvalues import avro_default_json, to_json_converter
+from schemas.pgvalues import RowCodec, avro_default_json, to_json_converter
 from schemas.registry import SchemaRegistry
 from schemas.tables import TableSchemaIds, TableSchemas
 from schemas.wire import AvroWire, parse_header
@@ -81,6 +81,7 @@ class AvroEncoder:
         # Values are converted to Avro's underlying types by schemas.pgvalues: no logical types needed.
         self.wire = AvroWire(registry.schema_by_id, logical_types=False)
         self._ids: dict[TableInfo, TableSchemaIds] = {}
+        self._keys: dict[TableInfo, tuple[int, RowCodec]] = {}  # the key schema's id and converter, per table
         self._kinds: dict[TableInfo, dict[str, ColumnType]] = {}  # the catalog's column → its representation
         self._shape_ids: dict[tuple[TableInfo, tuple[str, ...], tuple[str, ...]], TableSchemaIds] = {}
         self._written_kinds: dict[int, dict[str, ColumnType]] = {}  # envelope schema id → its columns' types
@@ -172,8 +173,20 @@ class AvroEncoder:
             ) from e
 
     def key(self, table: TableInfo, image: dict[str, Any]) -> bytes:
-        ids = self.ids(table)
-        return self._encode(table, ids.key_id, ids.key_codec.to_avro(image))
+        """The record key under ``<topic>-key`` alone: the value schema is registered by the value written (a
+        change's may be another shape's than the catalog's, :meth:`ids_at`)."""
+        found = self._keys.get(table)
+        if found is None:
+            try:
+                found = self.tables.key_for_table(table.schema, table.name, self.columns(table), key_columns=table.key)
+            except IncompatibleSchemaError as e:
+                raise SchemaChangeError(
+                    f"capture of {table.qualified} stops here: its key columns changed in a way the subject "
+                    f"{e.subject} refuses ({e}). Nothing of this change was written."
+                ) from e
+            self._keys[table] = found
+        key_id, codec = found
+        return self._encode(table, key_id, codec.to_avro(image))
 
     def envelope(
         self,
