@@ -768,14 +768,12 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka:
                 time.sleep(0.05)
             tail = LogTail(log, topic)
             try:
-                os.sync()  # no earlier run's dirty pages written back on the clock (module docstring, 2.)
                 target = measure_latency(tail, dsn, env, 10_000_000, LATENCY_RATE, sizes.latency_seconds, sizes)
             finally:
                 tail.close()
             ctx.say(f"latency at {LATENCY_RATE:,} changes/s: {target.describe()}")
             tail = LogTail(log, topic)
             try:
-                os.sync()
                 low = measure_latency(tail, dsn, env, 20_000_000, LOW_RATE, sizes.low_rate_seconds, sizes)
             finally:
                 tail.close()
@@ -794,7 +792,6 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka:
                 time.sleep(0.1)
             kafka_tail = KafkaTail(kafka, topic)
             try:
-                os.sync()
                 into_kafka = measure_latency(
                     kafka_tail, dsn, env, 30_000_000, LATENCY_RATE, sizes.latency_seconds, sizes
                 )
@@ -852,6 +849,7 @@ def measure_latency(
     tail: Tail, dsn: str, env: dict[str, str], first_id: int, rate: int, seconds: float, sizes: Sizes
 ) -> LatencyRun:
     """Write at ``rate`` for ``seconds``; read the topic until the last row arrives or the drain ends."""
+    os.sync()  # no earlier run's dirty pages written back on the clock (module docstring, 2.)
     writer = subprocess.Popen(
         [sys.executable, "-c", WRITER_CHILD, dsn, INSERT_RANGE, str(first_id), str(LATENCY_TXN_ROWS),
          str(rate / LATENCY_TXN_ROWS), str(seconds)],
