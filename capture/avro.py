@@ -12,17 +12,21 @@ keeps the value rows written before it read as, ``attmissingval``) gets that val
 Avro field default, so events written before the column existed read, under the new
 schema, as the row reads in Postgres — Debezium propagates defaults the same way.
 
-Schema changes: the column list is read from the catalog (``capture.tables``), which the
-connector refreshes when a change carries a column it does not know, lacks one it knows
-(an INSERT has every column), or carries one under another type OID. A new column list
-registers a new version under the subject's compatibility level (``BACKWARD`` by
-default: ``ADD COLUMN`` and ``DROP COLUMN`` pass, since every column is a nullable
-field with default null). A change the level refuses (e.g. ``ALTER COLUMN … TYPE text``
-over an integer) raises :class:`SchemaChangeError` *before* anything of that change is
-written: the connector stops with the reason (the table cannot go on silently — the
-slot would move past its changes), and the operator chooses (set the subject's
-compatibility to ``NONE`` with ``tideline schemas compatibility``, or capture that table
-under a new topic prefix).
+Schema changes: a change is written under the schema of its table's columns *at the change*
+(capture.shapes: pgoutput's Relation message in force, wal2json's tracked shape, the
+snapshot's catalog), never today's catalog: a change written before an ``ADD COLUMN`` has no
+such field, one written before ``ALTER COLUMN n TYPE numeric`` carries ``n`` as the integer it
+was (:meth:`AvroEncoder.ids_at`). The first change of a new column list registers a new version
+under the subject's compatibility level (``BACKWARD`` by default: ``ADD COLUMN`` and ``DROP
+COLUMN`` pass, since every column is a nullable field with default null); a column list seen
+before (a column dropped and added again) finds its earlier version. A change the level refuses
+(e.g. ``ALTER COLUMN … TYPE text`` over an integer) raises :class:`SchemaChangeError` *before*
+anything of that change is written: the connector stops with the reason (the table cannot go
+on silently — the slot would move past its changes), and the operator chooses (set the
+subject's compatibility to ``NONE`` with ``tideline schemas compatibility``, or capture that
+table under a new topic prefix). Reading back (the key state's catch-up, TOAST fills) decodes
+each record with the schema id it names and reads its values as the column types of that
+schema (each row field carries its Postgres type name), not the catalog's of today.
 
 What stays JSON: the transaction metadata and logical message topics, and a TRUNCATE
 event's key ``{}`` (no key record can say "the whole table"); readers tell the two
@@ -41,7 +45,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -49,11 +53,14 @@ from capture.pgtypes import text_converter
 from capture.tables import TableFilter, TableInfo
 from eventstore.errors import TidelineError
 from schemas.errors import IncompatibleSchemaError, ValueConversionError, WireFormatError
-from schemas.pgavro import Kind, PgColumn
-from schemas.pgvalues import avro_default_json, to_json_converter
+from schemas.pgavro import PG_TYPE_PROP, ColumnType, Kind, PgColumn, column_type
+from schemas.pgvalues import RowCodec, avro_default_json, to_json_converter
 from schemas.registry import SchemaRegistry
 from schemas.tables import TableSchemaIds, TableSchemas
-from schemas.wire import AvroWire
+from schemas.wire import AvroWire, parse_header
+
+if TYPE_CHECKING:
+    from capture.shapes import Shape
 
 UNAVAILABLE = "__debezium_unavailable_value"  # capture.events.UNAVAILABLE (imported there from here)
 _TEXT_KINDS = (Kind.STRING, Kind.JSON)
@@ -74,18 +81,41 @@ class AvroEncoder:
         # Values are converted to Avro's underlying types by schemas.pgvalues: no logical types needed.
         self.wire = AvroWire(registry.schema_by_id, logical_types=False)
         self._ids: dict[TableInfo, TableSchemaIds] = {}
+        self._keys: dict[TableInfo, tuple[int, RowCodec]] = {}  # the key schema's id and converter, per table
+        self._kinds: dict[TableInfo, dict[str, ColumnType]] = {}  # the catalog's column → its representation
+        self._shape_ids: dict[tuple[TableInfo, tuple[str, ...], tuple[str, ...]], TableSchemaIds] = {}
+        self._written_kinds: dict[int, dict[str, ColumnType]] = {}  # envelope schema id → its columns' types
+        self._written_columns: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        # the last record read_change read: its schema id and position (commit LSN, event index)
+        self.last_read: tuple[int, tuple[int, int]] | None = None
         self.unavailable_nulled = 0
 
-    def columns(self, table: TableInfo) -> list[PgColumn]:
-        """The table's columns as the events carry them: filtered out ones gone, masked ones text."""
+    def columns(self, table: TableInfo, shape: Shape | None = None) -> list[PgColumn]:
+        """The table's columns as the events carry them: filtered out ones gone, masked ones text.
+
+        ``shape``: the columns the table had at the change (capture.shapes), in their order, with their types
+        then; a column the catalog has under the same name and type takes the catalog's OID and default, any
+        other (dropped, renamed or retyped since) its type name alone (schemas.pgavro maps it by name)."""
+        catalog = {c.name: c for c in table.columns}
+        kinds = self._catalog_kinds(table)
+        wanted = (
+            [(c.name, c.type_name) for c in table.columns]
+            if shape is None
+            else list(zip(shape.names, shape.types, strict=True))
+        )
         out = []
-        for col in table.columns:
-            action = self.filter.column_action(table.schema, table.name, col.name)
+        for name, type_name in wanted:
+            action = self.filter.column_action(table.schema, table.name, name)
             if action == "drop":
                 continue
-            not_null = col.name in table.key
+            not_null = name in table.key
             if action == "mask":
-                out.append(PgColumn(col.name, "text", 25, not_null=not_null))
+                out.append(PgColumn(name, "text", 25, not_null=not_null))
+                continue
+            col = catalog.get(name)
+            same = col is not None and (col.type_name == type_name or column_type(type_name) == kinds[name])
+            if col is None or not same:
+                out.append(PgColumn(name, type_name, 0, not_null=not_null))
                 continue
             column = PgColumn(col.name, col.type_name, col.type_oid, not_null=not_null)
             if col.missing_value is not None and not not_null:
@@ -94,25 +124,69 @@ class AvroEncoder:
             out.append(column)
         return out
 
+    def ids_at(self, table: TableInfo, shape: Shape | None) -> TableSchemaIds:
+        """The registered schemas of the table's columns at a change: the catalog's (:meth:`ids`) when ``shape`` is
+        theirs, else those of ``shape`` — the first change of a new shape registers its version (or stops capture
+        with :class:`SchemaChangeError`) before anything of it is written."""
+        if shape is None or self._is_catalog_shape(table, shape):
+            return self.ids(table)
+        found = self._shape_ids.get((table, shape.names, shape.types))
+        if found is None:
+            found = self._register(table, self.columns(table, shape))
+            self._shape_ids[(table, shape.names, shape.types)] = found
+        return found
+
     def ids(self, table: TableInfo) -> TableSchemaIds:
         """The registered key and value schemas of ``table``'s current columns (registering a new version)."""
         found = self._ids.get(table)
         if found is None:
-            try:
-                found = self.tables.for_table(table.schema, table.name, self.columns(table), key_columns=table.key)
-            except IncompatibleSchemaError as e:
-                raise SchemaChangeError(
-                    f"capture of {table.qualified} stops here: its columns changed in a way its schema subject "
-                    f"refuses ({e}). Nothing of this change was written. To go on, allow the change "
-                    f"(tideline schemas compatibility {e.subject} NONE) or capture the table under a new "
-                    "--topic-prefix."
-                ) from e
+            found = self._register(table, self.columns(table))
             self._ids[table] = found
         return found
 
+    def _catalog_kinds(self, table: TableInfo) -> dict[str, ColumnType]:
+        """The catalog's columns as the schema writes them (a type name the stream spells otherwise, with the same
+        representation, is the same column: the catalog's schema, with its OIDs and defaults, is kept)."""
+        found = self._kinds.get(table)
+        if found is None:
+            found = self._kinds[table] = {
+                c.name: PgColumn(c.name, c.type_name, c.type_oid).column_type for c in table.columns
+            }
+        return found
+
+    def _is_catalog_shape(self, table: TableInfo, shape: Shape) -> bool:
+        kinds = self._catalog_kinds(table)
+        if shape.name_set != kinds.keys():
+            return False
+        types = {c.name: c.type_name for c in table.columns}
+        return all(types[n] == t or column_type(t) == kinds[n] for n, t in zip(shape.names, shape.types, strict=True))
+
+    def _register(self, table: TableInfo, columns: list[PgColumn]) -> TableSchemaIds:
+        try:
+            return self.tables.for_table(table.schema, table.name, columns, key_columns=table.key)
+        except IncompatibleSchemaError as e:
+            raise SchemaChangeError(
+                f"capture of {table.qualified} stops here: its columns changed in a way its schema subject "
+                f"refuses ({e}). Nothing of this change was written. To go on, allow the change "
+                f"(tideline schemas compatibility {e.subject} NONE) or capture the table under a new "
+                "--topic-prefix."
+            ) from e
+
     def key(self, table: TableInfo, image: dict[str, Any]) -> bytes:
-        ids = self.ids(table)
-        return self._encode(table, ids.key_id, ids.key_codec.to_avro(image))
+        """The record key under ``<topic>-key`` alone: the value schema is registered by the value written (a
+        change's may be another shape's than the catalog's, :meth:`ids_at`)."""
+        found = self._keys.get(table)
+        if found is None:
+            try:
+                found = self.tables.key_for_table(table.schema, table.name, self.columns(table), key_columns=table.key)
+            except IncompatibleSchemaError as e:
+                raise SchemaChangeError(
+                    f"capture of {table.qualified} stops here: its key columns changed in a way the subject "
+                    f"{e.subject} refuses ({e}). Nothing of this change was written."
+                ) from e
+            self._keys[table] = found
+        key_id, codec = found
+        return self._encode(table, key_id, codec.to_avro(image))
 
     def envelope(
         self,
@@ -123,9 +197,11 @@ class AvroEncoder:
         source: bytes,
         transaction: bytes | None,
         ts_ms: int,
+        shape: Shape | None = None,
     ) -> bytes:
-        """The Avro envelope; ``source`` and ``transaction`` come as the JSON the JSON path writes."""
-        ids = self.ids(table)
+        """The Avro envelope; ``source`` and ``transaction`` come as the JSON the JSON path writes; under the
+        schema of ``shape`` (the table's columns at the change, :meth:`ids_at`)."""
+        ids = self.ids_at(table, shape)
         try:
             datum = ids.row_codec.envelope_to_avro(
                 op=op,
@@ -149,11 +225,15 @@ class AvroEncoder:
         datum = self.wire.decode(value)
         if not isinstance(datum, dict):
             return "", None
+        source = datum.get("source")
+        if isinstance(source, dict):
+            position = (int(source.get("commit_lsn") or 0), int(source.get("event_index") or 0))
+            self.last_read = (parse_header(value), position)
         op = str(datum.get("op"))
         after = datum.get("after")
         if not isinstance(after, dict):
             return op, None
-        kinds = {c.name: c.column_type for c in self.ids(table).row_codec.columns}
+        kinds = self.written_kinds(parse_header(value))
         out: dict[str, Any] = {}
         for name, raw in after.items():
             ctype = kinds.get(name)
@@ -166,6 +246,34 @@ class AvroEncoder:
             elif ctype.kind in (Kind.DECIMAL, Kind.VARIABLE_DECIMAL):
                 out[name] = Decimal(to_json_converter(ctype)(raw))
         return op, out
+
+    def written_columns(self, schema_id: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The column names and Postgres type names of the envelope schema ``schema_id``: the shape of its table
+        when a record written with it changed (capture.shapes; an Avro change is written under that shape)."""
+        self.written_kinds(schema_id)
+        return self._written_columns[schema_id]
+
+    def written_kinds(self, schema_id: int) -> dict[str, ColumnType]:
+        """The column types of the envelope schema ``schema_id``, as written (not the catalog's of today).
+
+        A record is decoded with the schema it was written with, and its values read as the types its
+        columns had then: ``n`` stored as ``integer`` before an ``ALTER COLUMN n TYPE numeric`` is an int,
+        not the bytes of a decimal. Each row field carries its Postgres type name (schemas.pgavro)."""
+        found = self._written_kinds.get(schema_id)
+        if found is None:
+            envelope = orjson.loads(self.registry.schema_by_id(schema_id))
+            row: dict[str, Any] = {}
+            for field in envelope.get("fields", []):
+                if field.get("name") == "before":  # the row record is defined there (``after`` names it)
+                    branches = field["type"] if isinstance(field["type"], list) else [field["type"]]
+                    row = next((b for b in branches if isinstance(b, dict) and b.get("type") == "record"), {})
+            fields = [f for f in row.get("fields", []) if PG_TYPE_PROP in f]
+            found = {f["name"]: column_type(str(f[PG_TYPE_PROP])) for f in fields}
+            self._written_kinds[schema_id] = found
+            self._written_columns[schema_id] = (
+                tuple(str(f["name"]) for f in fields), tuple(str(f[PG_TYPE_PROP]) for f in fields)
+            )
+        return found
 
     def _placeholders(self, ids: TableSchemaIds, image: dict[str, Any]) -> dict[str, Any]:
         if UNAVAILABLE not in image.values():

@@ -137,6 +137,9 @@ class CaptureConfig:
     # by default there too): one more partition in every log transaction, two events per
     # Postgres transaction. Events carry their ``transaction`` block either way.
     transaction_metadata: bool = False
+    # Schema change events (capture.schema_changes): each DDL on a captured table as an event on
+    # <prefix>.schema_changes at its WAL position; installs an event trigger in the source database.
+    schema_changes: bool = False
     value_format: ValueFormat = ValueFormat.JSON  # avro: table topics through the schema registry (capture.avro)
     # Outbox routing (capture.events): rows inserted into this table ("schema.table", e.g. the
     # commands' "public.events") become records on <outbox_topic_prefix>.<stream_type>.

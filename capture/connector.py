@@ -7,7 +7,8 @@ The parts follow Debezium's seams (docs/capture.md, "How it is built"):
   altered to the captured tables at every start, before the slot,
 * the **snapshot source** (capture.snapshot) and the **streaming source** (capture.streaming),
   with incremental snapshots while streaming (capture.incremental) started by signals
-  (capture.signals) or by tables new to the include list,
+  (capture.signals) or by tables new to the include list whose history the stream cannot
+  give (capture.table_history: each connection records the tables it starts with),
 * the **offset context** (capture.offsets; the record itself is schemas.position),
 * the **event builder** (capture.events) with a **value converter** (capture.converters),
 * the **log writer** (capture.writer) over a **sink** (capture.sinks: the embedded log
@@ -53,6 +54,7 @@ from pathlib import Path
 
 import psycopg
 
+from capture import schema_changes
 from capture.config import CaptureConfig, KeylessPolicy, PublicationMode, SnapshotMode, ValueFormat
 from capture.converters import converter_for
 from capture.errors import (
@@ -80,6 +82,7 @@ from capture.slots import current_wal_lsn, slot_state, slot_status
 from capture.snapshot import SnapshotSource, SnapshotStopped
 from capture.status import CoreReport, Stats, StatusReporter, write_core_report
 from capture.streaming import StreamingSource
+from capture.table_history import TableHistory
 from capture.tables import KEYLESS_WARNING, TableCatalog
 from capture.topics import TopicRouter
 from capture.writer import LogWriter
@@ -142,6 +145,7 @@ class Connector:
             generated_columns=capabilities.emits_generated_columns,
         )
         self.router = TopicRouter(config.topic_prefix, config.table_topics)
+        self.history = TableHistory(config, self.publications, self.history_path())
         self.key = connector_key(config.topic_prefix, config.slot)
         self.keystate: KeyState | None = None
         self.writer: LogWriter | None = None
@@ -167,6 +171,10 @@ class Connector:
         state_dir = self.config.state_dir or self.sink.default_state_dir()
         return state_dir / f"{self.config.connector_id}.keystate.sqlite"
 
+    def history_path(self) -> Path:
+        """The tables the connector's last connection started with (capture.table_history): next to its key state."""
+        return self.state_path().with_name(f"{self.config.connector_id}.tables.json")
+
     def core_report_path(self) -> Path:
         """Where the connector writes its core report (capture.status): next to its key state."""
         return self.state_path().with_name(f"{self.config.connector_id}.core.json")
@@ -191,6 +199,7 @@ class Connector:
             ToastCache(self.config.toast_cache_bytes),
             self.keystate,
         )
+        builder.shapes.exact = self.config.schema_changes  # each DDL says how a shape changed (capture.shapes)
         backoff = FIRST_BACKOFF_S
         failing_since: float | None = None
         reopen = False
@@ -269,13 +278,15 @@ class Connector:
     def _run_once(self, builder: EventBuilder) -> None:
         assert self.writer is not None
         self.offsets = OffsetContext(self.read_position())
+        previous = self.history.read()  # the last connection's start, before this one records its own
         self._ensure_signal_table()
+        self._ensure_schema_changes()
         self._sync_publications()
         tables = self.catalog.load()
         self._ever_connected = True
         self.router.check(
             [(t.schema, t.name) for t in tables if t.qualified != self.config.outbox_table],
-            reserved=(builder.message_topic, builder.transaction_topic),
+            reserved=(builder.message_topic, builder.transaction_topic, builder.schema_changes_topic),
         )
         self._warn_keyless()
         self._report_core(core_report(self.config, builder.converter, tables))
@@ -295,12 +306,17 @@ class Connector:
             start_lsn = snapshot.prepare(repl, slot, resnapshot=decision.resnapshot)
             if self._stop.is_set():
                 return
+            # The stream's start is fixed (slot, snapshot): the tables now are recorded before any position
+            # of this connection is stored, and those positions name it (capture.table_history).
+            stored = self.offsets.stored
+            self.offsets.run_started(self.history.record(stored))
             incremental = IncrementalSnapshot(
                 self.config, self.catalog, builder, self.writer, self.offsets, self.stats
             )
             closing.append(incremental.close)
-            if not start_lsn and self.config.snapshot is not SnapshotMode.NEVER and self.offsets.stored is not None:
-                incremental.include_new_tables(tables, lambda topic: self.sink.topic_incarnation(topic) is not None)
+            if not start_lsn and self.config.snapshot is not SnapshotMode.NEVER and stored is not None:
+                incremental.include_new_tables(tables, lambda topic: self.sink.topic_incarnation(topic) is not None,
+                                               lambda new: self.history.decide(previous, stored, new))  # fmt: skip
             target = current_wal_lsn(self.config.dsn) if self.config.exit_when_caught_up else None
             settings = self.config.decoder_settings(self.state_path().parent)
             if not self._streaming_allowed:
@@ -405,6 +421,16 @@ class Connector:
         except psycopg.errors.InsufficientPrivilege as e:
             log.warning("capture: cannot create signal table %s (%s): signals are off until someone creates it "
                         "(see docs/capture.md, Signals)", self.config.signal_table, _one_line(e))  # fmt: skip
+
+    def _ensure_schema_changes(self) -> None:
+        """``--schema-changes``: the event triggers that write each DDL into the WAL are installed (capture.
+        schema_changes); a role that may not create them stops the connector with one line saying what to do."""
+        if not self.config.schema_changes:
+            return
+        if schema_changes.install(self.config.dsn):
+            log.info("capture: installed the event triggers %s (--schema-changes): each DDL on a captured table "
+                     "becomes an event on %s.schema_changes", ", ".join(schema_changes.TRIGGERS),
+                     self.config.topic_prefix)  # fmt: skip
 
     def _warn_keyless(self) -> None:
         if self.stats.keyless_tables != self.catalog.keyless:

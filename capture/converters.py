@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from capture.avro import AvroEncoder
 from capture.config import ValueFormat
 from capture.pgtypes import JsonNumber, dumps_values
+from capture.shapes import Shape
 from capture.tables import TableFilter, TableInfo
 from eventstore.errors import ConfigError
 from eventstore.log import Log
@@ -54,8 +55,11 @@ class ValueConverter(Protocol):
         source: bytes,
         transaction: bytes | None,
         now_ms: int,
+        shape: Shape | None = None,
     ) -> bytes:
-        """The change event's value; ``source`` and ``transaction`` come rendered as JSON."""
+        """The change event's value; ``source`` and ``transaction`` come rendered as JSON. ``shape``: the table's
+        columns at the change (capture.shapes) when they may differ from the catalog's (``table``); a format whose
+        schema names the columns (Avro) writes the change under the schema of that shape."""
         ...
 
     def read_change(self, table: TableInfo, value: bytes) -> tuple[str, dict[str, Any] | None]:
@@ -64,6 +68,11 @@ class ValueConverter(Protocol):
 
     def key_image(self, table: TableInfo, key: bytes) -> dict[str, Any] | None:
         """The key columns of a stored record key as capture values (None: this format does not decode keys)."""
+        ...
+
+    def written_shape(self) -> tuple[tuple[int, int], tuple[str, ...], tuple[str, ...]] | None:
+        """The position and the table's columns (names, type names) of the change :meth:`read_change` read last,
+        when its format records them (Avro: the schema it was written with); None: it does not (JSON)."""
         ...
 
 
@@ -84,6 +93,7 @@ class JsonConverter:
         source: bytes,
         transaction: bytes | None,
         now_ms: int,
+        shape: Shape | None = None,
     ) -> bytes:
         """The envelope, concatenated from its JSON parts (the same JSON as one ``dumps`` of it, faster)."""
         return b"".join(
@@ -113,6 +123,9 @@ class JsonConverter:
         image = json.loads(key, parse_float=JsonNumber)
         return image if isinstance(image, dict) else None
 
+    def written_shape(self) -> tuple[tuple[int, int], tuple[str, ...], tuple[str, ...]] | None:
+        return None  # the whole row images read back say it (capture.writer)
+
 
 class AvroConverter:
     """Confluent-framed Avro keys and envelopes, schemas in a schema registry (capture.avro)."""
@@ -134,8 +147,9 @@ class AvroConverter:
         source: bytes,
         transaction: bytes | None,
         now_ms: int,
+        shape: Shape | None = None,
     ) -> bytes:
-        return self.encoder.envelope(table, op.decode(), before, after, source, transaction, now_ms)
+        return self.encoder.envelope(table, op.decode(), before, after, source, transaction, now_ms, shape)
 
     def read_change(self, table: TableInfo, value: bytes) -> tuple[str, dict[str, Any] | None]:
         if value[:1] != b"\x00":  # written before the table's topic went Avro: JSON
@@ -144,6 +158,14 @@ class AvroConverter:
 
     def key_image(self, table: TableInfo, key: bytes) -> dict[str, Any] | None:
         return None  # an Avro key decodes to Avro's values, not capture's: ``before`` stays null
+
+    def written_shape(self) -> tuple[tuple[int, int], tuple[str, ...], tuple[str, ...]] | None:
+        last = self.encoder.last_read
+        if last is None:
+            return None
+        schema_id, position = last
+        names, types = self.encoder.written_columns(schema_id)
+        return position, names, types
 
 
 def converter_for(

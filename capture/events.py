@@ -41,12 +41,15 @@ Rules, Debezium's unless noted:
   anyway the connector logs it and counts it (``outbox_violations``), writing nothing.
 * Logical messages → ``m`` events on ``<prefix>.message``: ``{"op": "m", "message":
   {"prefix", "content": base64}}``, key ``{"prefix": …}`` (Debezium's message key).
-* **Unchanged TOAST columns** (wal2json omits them from an UPDATE): filled from the old
-  row image when the table has REPLICA IDENTITY FULL, else from the key's last known
-  image (an LRU cache of the TOAST-able columns of rows over 1 KB — smaller rows are
-  never TOASTed — bounded in bytes, and on a miss the key state's copy of the same
-  values, capture.keystate), else set to the marker :data:`UNAVAILABLE` (Debezium's
-  ``__debezium_unavailable_value``).
+* **Unchanged TOAST columns** (wal2json omits them from an UPDATE, pgoutput marks them 'u'):
+  the columns of the table's shape at the change (capture.shapes: pgoutput's Relation message
+  in force, wal2json's tracked shape) that the UPDATE lacks, and only those — never a column
+  the catalog has now but the table did not have then. Each is filled from the old row image
+  when the table has REPLICA IDENTITY FULL, else from the key's last known image (an LRU
+  cache of the TOAST-able columns of rows over 1 KB — smaller rows are never TOASTed —
+  bounded in bytes, and on a miss the key state's copy of the same values,
+  capture.keystate), under its name or, for a renamed column, an earlier one, else set to
+  the marker :data:`UNAVAILABLE` (Debezium's ``__debezium_unavailable_value``).
 
 Thread-safety: none; owned by the connector thread.
 """
@@ -65,6 +68,8 @@ from capture.converters import JsonConverter, ValueConverter
 from capture.keystate import KeyState
 from capture.messages import ChangeMessage, Column, Kind
 from capture.pgtypes import JsonText, dumps, dumps_values
+from capture.schema_changes import DdlMessage, table_change
+from capture.shapes import Shape, ShapeTracker
 from capture.tables import TableFilter, TableInfo
 from capture.topics import TopicRouter, table_topic
 from eventstore.errors import ConfigError
@@ -227,7 +232,10 @@ class EventEncoder:
         return self.key_of(table, self._image(table, columns))
 
     @staticmethod
-    def toast_values(table: TableInfo, after: dict[str, Any], value_bytes: int | None = None) -> dict[str, Any] | None:
+    def toast_values(
+        table: TableInfo, after: dict[str, Any], value_bytes: int | None = None,
+        columns: frozenset[str] | None = None,
+    ) -> dict[str, Any] | None:  # fmt: skip
         """The TOAST-able values of a row big enough to have been TOASTed at all (None: a small row).
 
         The row's size is judged by its TOAST-able (variable-length) columns alone: the
@@ -238,12 +246,15 @@ class EventEncoder:
         differs by a few characters per element at most), and the others count 16 each: a value
         shorter than half the threshold less those is a small row without looking at the values.
         """
-        cols = table.toastable_columns
+        cols = table.toastable_columns if columns is None else columns  # columns: the change's shape's
         if not cols:
             return None
         if value_bytes is not None and 2 * value_bytes + ENTRY_SCALAR_BYTES * len(cols) < TOAST_MIN_ROW_BYTES:
             return None
-        values = {c: after[c] for c in cols if c in after and after[c] != UNAVAILABLE}
+        if columns is None:
+            values = {c: after[c] for c in cols if c in after and after[c] != UNAVAILABLE}
+        else:  # in the row's order (a shape's is the stream's, which may differ from one change to the next)
+            values = {c: v for c, v in after.items() if c in columns and v != UNAVAILABLE}
         return values if ToastCache.size_of(values) >= TOAST_MIN_ROW_BYTES else None
 
     def _source(self, m: ChangeMessage | None, table: TableInfo | None, ctx: TxnContext, index: int) -> bytes:
@@ -314,8 +325,10 @@ class EventBuilder(EventEncoder):
         self.toast = toast_cache
         self.keystate = keystate
         self.message_topic = f"{prefix}.message"
+        self.schema_changes_topic = f"{prefix}.schema_changes"
         self.transaction_topic = f"{prefix}.transaction"
         self.unavailable_filled = 0
+        self.shapes = ShapeTracker(keystate)  # each table's shape at the stream's position (capture.shapes)
 
     def topic(self, table: TableInfo) -> str:
         return self.router.topic(table.schema, table.name)
@@ -382,11 +395,14 @@ class EventBuilder(EventEncoder):
             self.keystate.put(topic, key, values)
 
     def change(
-        self, m: ChangeMessage, table: TableInfo, ctx: TxnContext, index: int, now_ms: int, topic: str | None = None
-    ) -> list[Event]:
+        self, m: ChangeMessage, table: TableInfo, ctx: TxnContext, index: int, now_ms: int, topic: str | None = None,
+        shape: Shape | None = None,
+    ) -> list[Event]:  # fmt: skip
         """The events of one row change (a TRUNCATE's tombstones come from :meth:`truncate_tombstones`).
 
-        ``topic``: the table's topic when the caller has it already (:meth:`topic` otherwise).
+        ``topic``: the table's topic when the caller has it already (:meth:`topic` otherwise). ``shape``: the
+        table's columns at the change (capture.shapes); None: the catalog's (``table``), for a change that has
+        every one of them (the native core's, checked again by capture.native_verify).
         """
         if topic is None:
             topic = self.topic(table)
@@ -395,19 +411,20 @@ class EventBuilder(EventEncoder):
         if m.kind is Kind.INSERT:
             after = self._image(table, m.columns)
             key = self.key_of(table, after)
-            self._remember(table, topic, key, after)
+            self._remember(table, topic, key, after, toastable=None if shape is None else shape.toastable)
             txn = self._transaction(table, ctx)
-            return [Event(topic, key, convert(table, b"c", None, after, source, txn, now_ms))]
+            return [Event(topic, key, convert(table, b"c", None, after, source, txn, now_ms, shape))]
         if m.kind is Kind.DELETE:
             before = self._image(table, m.identity)
             key = self.key_of(table, before)
             txn = self._transaction(table, ctx)
             if key is None:  # a keyless table's delete (the plugin sends none; be safe): no tombstone
-                return [Event(topic, None, convert(table, b"d", before, None, source, txn, now_ms))]
+                return [Event(topic, None, convert(table, b"d", before, None, source, txn, now_ms, shape))]
             self._forget(topic, key)
-            return [Event(topic, key, convert(table, b"d", before, None, source, txn, now_ms)), Event(topic, key, None)]
+            deleted = convert(table, b"d", before, None, source, txn, now_ms, shape)
+            return [Event(topic, key, deleted), Event(topic, key, None)]
         if m.kind is Kind.UPDATE:
-            return self._update(m, table, topic, source, ctx, now_ms)
+            return self._update(m, table, topic, source, ctx, now_ms, shape)
         if m.kind is Kind.TRUNCATE:
             txn = self._transaction(table, ctx)
             self.toast.drop_topic(topic)
@@ -416,8 +433,9 @@ class EventBuilder(EventEncoder):
         raise ValueError(f"not a row change: {m.kind}")
 
     def _update(
-        self, m: ChangeMessage, table: TableInfo, topic: str, source: bytes, ctx: TxnContext, now_ms: int
-    ) -> list[Event]:
+        self, m: ChangeMessage, table: TableInfo, topic: str, source: bytes, ctx: TxnContext, now_ms: int,
+        shape: Shape | None,
+    ) -> list[Event]:  # fmt: skip
         convert = self.converter.envelope
         after = self._image(table, m.columns)
         identity = self._image(table, m.identity) if m.identity else None
@@ -425,17 +443,20 @@ class EventBuilder(EventEncoder):
         # ``before`` of a ``u`` is the old row only under REPLICA IDENTITY FULL (Debezium's rule);
         # otherwise the identity holds just the old key, which decides whether the key changed.
         full_before = identity if table.replica_identity == "f" else None
-        missing = [c for c in table.toastable_columns if c not in after and self._kept(table, c)]
+        # unchanged TOASTed values: the columns the table had at the change that the UPDATE lacks
+        columns = table.toastable_columns if shape is None else shape.names
+        missing = [c for c in columns if c not in after and self._kept(table, c)]
         if missing and old_key is not None:
-            self._fill_toast(topic, old_key, after, full_before, missing)
+            self._fill_toast(topic, old_key, after, full_before, missing, None if shape is None else shape.aliases)
         key = self.key_of(table, after)
         txn = self._transaction(table, ctx)
+        toastable = None if shape is None else shape.toastable
         if key == old_key or key is None:
-            self._remember(table, topic, key, after, update=True)
-            return [Event(topic, key, convert(table, b"u", full_before, after, source, txn, now_ms))]
+            self._remember(table, topic, key, after, update=True, toastable=toastable)
+            return [Event(topic, key, convert(table, b"u", full_before, after, source, txn, now_ms, shape))]
         assert old_key is not None
         self._forget(topic, old_key)
-        self._remember(table, topic, key, after)
+        self._remember(table, topic, key, after, toastable=toastable)
         # The delete of a key change carries the old image the replica identity provides (the
         # old key columns at least), as a plain DELETE does.
         before = identity
@@ -445,34 +466,42 @@ class EventBuilder(EventEncoder):
         # event_count), as Debezium counts them
         created_txn = self._transaction(table, ctx)
         return [
-            Event(topic, old_key, convert(table, b"d", before, None, source, txn, now_ms), to_new),
+            Event(topic, old_key, convert(table, b"d", before, None, source, txn, now_ms, shape), to_new),
             Event(topic, old_key, None, to_new),
-            Event(topic, key, convert(table, b"c", None, after, source, created_txn, now_ms), from_old),
+            Event(topic, key, convert(table, b"c", None, after, source, created_txn, now_ms, shape), from_old),
         ]
 
     def _kept(self, table: TableInfo, column: str) -> bool:
         return self.filter.column_action(table.schema, table.name, column) != "drop"
 
     def _fill_toast(
-        self, topic: str, key: bytes, after: dict[str, Any], before: dict[str, Any] | None, missing: list[str]
-    ) -> None:
-        known: dict[str, Any] | None = None
-        if before is not None and all(c in before for c in missing):
-            known = before  # REPLICA IDENTITY FULL: the old row has them
-        if known is None:
-            known = self.toast.get(topic, key)
-        if known is None or not all(c in known for c in missing):
-            known = self.keystate.toast(topic, key)
+        self, topic: str, key: bytes, after: dict[str, Any], before: dict[str, Any] | None, missing: list[str],
+        aliases: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:  # fmt: skip
+        """Each missing column from the first that has it: the old row (REPLICA IDENTITY FULL), the TOAST cache,
+        the key state; under its name or an earlier one (``aliases``: RENAME COLUMN); else the placeholder."""
+        cached: Any = _NOT_FOUND  # looked up once, when a column needs it
+        stored: Any = _NOT_FOUND
         for c in missing:
-            if known is not None and c in known:
-                after[c] = known[c]
-            else:
+            names = (c, *aliases[c]) if aliases and c in aliases else (c,)
+            found = _find(before, names)
+            if found is _NOT_FOUND:
+                if cached is _NOT_FOUND:
+                    cached = self.toast.get(topic, key)
+                found = _find(cached, names)
+            if found is _NOT_FOUND:
+                if stored is _NOT_FOUND:
+                    stored = self.keystate.toast(topic, key)
+                found = _find(stored, names)
+            if found is _NOT_FOUND:
                 after[c] = UNAVAILABLE
                 self.unavailable_filled += 1
+            else:
+                after[c] = found
 
     def _remember(
         self, table: TableInfo, topic: str, key: bytes | None, after: dict[str, Any], *, update: bool = False,
-        value_bytes: int | None = None,
+        value_bytes: int | None = None, toastable: frozenset[str] | None = None,
     ) -> None:  # fmt: skip
         """Record the key as live, with the TOAST-able values of rows big enough to have been TOASTed at all.
 
@@ -483,7 +512,7 @@ class EventBuilder(EventEncoder):
         """
         if key is None:
             return  # keyless: nothing to fill or truncate by key
-        values = self.toast_values(table, after, value_bytes)
+        values = self.toast_values(table, after, value_bytes, toastable)
         if values is None:
             self.toast.drop(topic, key)  # a small row is stored inline: nothing to fill later
             if not update:
@@ -548,6 +577,23 @@ class EventBuilder(EventEncoder):
         )
         return Event(self.message_topic, dumps({"prefix": m.prefix}), value)
 
+    def schema_change(self, ddl: DdlMessage, m: ChangeMessage, ctx: TxnContext, index: int, now_ms: int) -> Event:
+        """The schema change event of one DDL on a captured table (capture.schema_changes)."""
+        source = dumps({
+            "version": VERSION, "connector": "postgresql", "name": self.prefix, "ts_ms": ctx.ts_ms,
+            "snapshot": ctx.snapshot, "db": self.db, "schema": ddl.schema, "table": ddl.table, "txId": ctx.xid,
+            "commit_lsn": ctx.commit_lsn, "lsn": m.lsn, "event_index": index,
+        })  # fmt: skip
+
+        def keep(column: str) -> bool:
+            return self.filter.column_action(ddl.schema, ddl.table, column) != "drop"
+
+        value = dumps({
+            "source": orjson.Fragment(source), "ts_ms": now_ms, "databaseName": self.db, "schemaName": ddl.schema,
+            "ddl": ddl.ddl, "tableChanges": [table_change(ddl, keep)],
+        })  # fmt: skip
+        return Event(self.schema_changes_topic, dumps({"table": ddl.qualified}), value)
+
     def transaction_begin(self, ctx: TxnContext) -> Event:
         txn_id = f"{ctx.xid}:{ctx.commit_lsn}"
         value = dumps(
@@ -568,6 +614,18 @@ class EventBuilder(EventEncoder):
             }
         )
         return Event(self.transaction_topic, dumps({"id": txn_id}), value)
+
+
+_NOT_FOUND: Any = object()
+
+
+def _find(source: dict[str, Any] | None, names: tuple[str, ...]) -> Any:
+    """The value of the first of ``names`` that ``source`` has (``_NOT_FOUND``: none)."""
+    if source is not None:
+        for name in names:
+            if name in source:
+                return source[name]
+    return _NOT_FOUND
 
 
 def outbox_topic(topic_prefix: str, stream_type: str) -> str:

@@ -37,7 +37,8 @@ the stored last key, with new watermarks; its old ones in the stream are ignored
 ``resume-snapshot``, ``stop-snapshot``), acted on where they are in the stream, their effect
 stored with their transaction's position. A new ``execute-snapshot`` while one runs adds its
 tables to it. At start, a captured table that has no topic in the log yet (it joined the
-include list since the last run) is snapshotted this way (:meth:`IncrementalSnapshot.include_new_tables`).
+include list since the last run) is snapshotted this way (:meth:`IncrementalSnapshot.include_new_tables`),
+unless its whole history is in the stream: created since the stored position (capture.table_history).
 
 Tables need a unique key to page by: a primary key or a replica identity index; others
 are refused with a warning naming the fix. Memory: O(chunk).
@@ -51,6 +52,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -64,6 +66,7 @@ from capture.offsets import OffsetContext
 from capture.pgtypes import SESSION_OPTIONS
 from capture.signals import Signal, SignalError, SignalType, signal_from_insert
 from capture.status import Stats
+from capture.table_history import NewTables
 from capture.tables import TableCatalog, TableInfo, qualified_name, result_rows, select_columns_sql
 from capture.writer import LogWriter
 from eventstore.topic import now_ms
@@ -236,15 +239,26 @@ class IncrementalSnapshot:
                 return False
         return True
 
-    def include_new_tables(self, tables: list[TableInfo], topic_exists: Any) -> None:
-        """At start: captured tables that have no topic yet joined the include list since the last run;
-        snapshot them incrementally (stored at once, in a log transaction of its own)."""
-        new = [t.qualified for t in tables if t.qualified != self.config.outbox_table and not t.keyless
-               and not topic_exists(self.builder.topic(t))
-               and (self.progress is None or t.qualified not in self.progress.tables)]  # fmt: skip
+    def include_new_tables(
+        self, tables: list[TableInfo], topic_exists: Any, decide: Callable[[list[TableInfo]], NewTables]
+    ) -> None:
+        """At start: captured tables that have no topic yet are new to the connector; ``decide``
+        (capture.table_history) says which of them the stream holds whole, the others are snapshotted
+        incrementally (stored at once, in a log transaction of its own)."""
+        candidates = [t for t in tables if t.qualified != self.config.outbox_table and not t.keyless
+                      and not topic_exists(self.builder.topic(t))
+                      and (self.progress is None or t.qualified not in self.progress.tables)]  # fmt: skip
+        if not candidates:
+            return
+        decision = decide(candidates)
+        if decision.streamed:
+            log.info("capture: tables created since the stored position: %s; their whole history is in the stream "
+                     "from there: streamed, not snapshotted", ", ".join(decision.streamed))  # fmt: skip
+        new = [t.qualified for t in candidates if t.qualified in decision.read]
         if not new:
             return
-        log.info("capture: tables new to the include list: %s; snapshotting them incrementally", ", ".join(new))
+        log.info("capture: tables new to the include list: %s; snapshotting them incrementally",
+                 "; ".join(f"{name} ({decision.read[name]})" for name in new))  # fmt: skip
         self.request(f"include-{uuid.uuid4().hex[:12]}", new, {}, None)
         if self.writer.in_txn:
             position = self.offsets.take_pending()

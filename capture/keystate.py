@@ -37,6 +37,12 @@ files; journal_mode WAL, synchronous NORMAL). Tables::
     dead(topic_id, key BLOB) WITHOUT ROWID
         a key of one of the topic's runs that was deleted since (a later put of it goes to
         ``keys`` as usual, which wins); only written for topics with runs
+    shapes(topic_id INTEGER PRIMARY KEY, shape TEXT)
+        the table's columns at the stored position as capture.shapes tracks them (JSON, its
+        format); meta's ``shape_sign`` is the last position where the stream showed that a table
+        may have changed unseen (added without a format change: older files get the empty table;
+        a topic caught up from the log gets the shape of its latest whole row image there:
+        capture.writer)
     set_aside(topic_id, key BLOB) WITHOUT ROWID
         only inside the SQLite transaction of a snapshot: the topic's live keys from before
         the snapshot (moved out of ``keys``, which the snapshot's reads fill again). Those
@@ -132,6 +138,7 @@ _SCHEMA = (
     "keys INTEGER NOT NULL, bytes INTEGER NOT NULL)",
     "CREATE TABLE IF NOT EXISTS dead(topic_id INTEGER NOT NULL, key BLOB NOT NULL, "
     "PRIMARY KEY(topic_id, key)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS shapes(topic_id INTEGER PRIMARY KEY, shape TEXT NOT NULL)",
 )
 
 RUN_MAGIC = b"TLKRUN01"
@@ -195,6 +202,8 @@ class KeyState:
         self._ids: dict[str, int] = {row[1]: row[0] for row in self.db.execute("SELECT id, name FROM topics")}
         self._keys: dict[tuple[int, bytes], Any] = {}  # buffered: toast bytes | None | _DELETE
         self._streams: dict[tuple[int, bytes], int] = {}
+        self._shapes: dict[int, str] = {}  # buffered: topic id → its shape (capture.shapes)
+        self._meta: dict[str, str] = {}  # buffered meta values
         self._in_txn = False
         self._open_runs: dict[int, _OpenRun] = {}  # topic id → its run being written in this transaction
         self._doomed: list[int] = []  # runs ended in this transaction: their files go after its commit
@@ -339,7 +348,7 @@ class KeyState:
         if own:
             self.db.execute("BEGIN")
         try:
-            for table in ("checkpoints", "keys", "streams", "set_aside"):
+            for table in ("checkpoints", "keys", "streams", "set_aside", "shapes"):
                 self.db.execute(f"DELETE FROM {table} WHERE topic_id = ?", (topic_id,))
             self._end_runs(topic_id)
             if own:
@@ -351,6 +360,9 @@ class KeyState:
         if own:
             self._unlink_runs(self._doomed)
             self._doomed.clear()
+
+    def is_tracked(self, topic: str) -> bool:
+        return topic in self._ids
 
     def _id(self, topic: str) -> int:
         found = self._ids.get(topic)
@@ -446,6 +458,31 @@ class KeyState:
         if len(self._streams) >= WRITE_BUFFER_ENTRIES:
             self.flush()
 
+    def put_shape(self, topic: str, shape: str) -> None:
+        """The table's shape (capture.shapes, as text) at the position this transaction stores."""
+        self._shapes[self._id(topic)] = shape
+
+    def put_meta(self, name: str, value: str) -> None:
+        """A value of ``meta`` as of the position this transaction stores."""
+        self._meta[name] = value
+
+    def shape(self, topic: str) -> str | None:
+        """The topic's stored shape (this transaction's included); None: none, or the topic is not tracked."""
+        tid = self._ids.get(topic)
+        if tid is None:
+            return None
+        if tid in self._shapes:
+            return self._shapes[tid]
+        row = self.db.execute("SELECT shape FROM shapes WHERE topic_id = ?", (tid,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def meta(self, name: str) -> str | None:
+        """A value of ``meta`` (this transaction's included)."""
+        if name in self._meta:
+            return self._meta[name]
+        row = self.db.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return None if row is None else str(row[0])
+
     def flush(self) -> None:
         """Write the buffered changes into the open SQLite transaction (seen by this connection's reads)."""
         self.begin()
@@ -467,6 +504,12 @@ class KeyState:
                 [(t, s, v) for (t, s), v in self._streams.items()],
             )
             self._streams.clear()
+        if self._shapes:
+            self.db.executemany("INSERT OR REPLACE INTO shapes VALUES (?, ?)", list(self._shapes.items()))
+            self._shapes.clear()
+        if self._meta:
+            self.db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(self._meta.items()))
+            self._meta.clear()
 
     def commit(self, written: dict[tuple[str, int], int]) -> None:
         """After the log transaction committed: its changes and the new checkpoints, in one SQLite commit."""
@@ -496,6 +539,8 @@ class KeyState:
         """The log transaction was aborted (or its outcome is unknown): forget its changes."""
         self._keys.clear()
         self._streams.clear()
+        self._shapes.clear()
+        self._meta.clear()
         for run in self._open_runs.values():
             run.file.close()
         self._unlink_runs([run.id for run in self._open_runs.values()])

@@ -121,6 +121,17 @@ class Column:
     value: Any
 
 
+@dataclass(frozen=True, slots=True)
+class RowShape:
+    """The columns a table had at a change, as the stream itself describes them (pgoutput: the Relation message
+    in force), in column order: what the change's row images hold, an unchanged TOASTed value included (it is
+    left out of ``columns``, then filled: capture.events). wal2json describes no shape of its own: an UPDATE omits
+    its unchanged TOASTed columns without a mark, so capture.shapes tracks the shape from the stream for it."""
+
+    names: tuple[str, ...]
+    types: tuple[str, ...]  # as the stream names them (format_type's names, typmod included)
+
+
 @dataclass(slots=True)
 class ChangeMessage:
     """One decoded item of the stream: a transaction boundary, a row change, a truncate or a message."""
@@ -142,6 +153,8 @@ class ChangeMessage:
     # truncates (T): what the TRUNCATE statement said (pgoutput tells; wal2json does not: False)
     truncate_cascade: bool = False
     truncate_restart_identity: bool = False
+    # I, U, D: the table's columns at the change when the stream says (pgoutput), else None (capture.shapes)
+    shape: RowShape | None = None
 
 
 class Decoder(Protocol):

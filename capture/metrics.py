@@ -7,6 +7,7 @@ Read from :class:`capture.status.Stats` at scrape time::
   tideline_capture_batches_total            counter  log transactions committed
   tideline_capture_snapshot_rows_total      counter  rows read by snapshots
   tideline_capture_outbox_violations_total  counter  updates/deletes of outbox rows (flagged, not routed)
+  tideline_capture_schema_changes_total  counter  schema change events written (--schema-changes)
   tideline_capture_reconnects_total         counter  transient failures recovered from (capture.errors)
   tideline_capture_lag_ms                   gauge    when the last position was stored − its commit time
   tideline_capture_lag_bytes                gauge    server WAL end − last stored commit LSN
@@ -59,6 +60,7 @@ class CaptureCollector(Collector):
         yield counter("batches", "Log transactions committed.", stats.batches)
         yield counter("snapshot_rows", "Rows read by snapshots.", stats.snapshot_rows)
         yield counter("outbox_violations", "Updates/deletes of outbox rows (not routed).", stats.outbox_violations)
+        yield counter("schema_changes", "Schema change events written (--schema-changes).", stats.schema_changes)
         yield counter("reconnects", "Transient failures recovered from.", stats.reconnects)
         yield gauge("lag_ms", "When the last position was stored minus its commit time.", stats.lag_ms())
         yield gauge("lag_bytes", "Server WAL end minus the last stored commit LSN.", stats.lag_bytes())

@@ -26,7 +26,8 @@ real/double included). pgoutput's row messages name their relation by OID: the c
 the Relation message the decoder holds for a table (:meth:`NativeCore.sync`, after the Python
 path handled a change of it) and forgets it as soon as the decoder has read any Relation
 message for that OID again (checked at the start of every run), so the core always decodes
-with the Relation the Python decoder would use.
+with the Relation the Python decoder would use; a Relation message with other columns than the
+catalog's is not given (the core checks a change against the catalog's columns: capture.shapes).
 
 Avro (``--value-format avro``): the core writes the Confluent-framed Avro keys and envelopes
 itself (native/src/avro.rs). A table's registration carries what capture.native_avro reads from
@@ -66,7 +67,9 @@ core the connector runs and, per table, ``native`` or ``python`` with the reason
 at once: ``--core python``, the extension not built (:data:`UNAVAILABLE`: the import's error, or a
 build older than its sources), excluded or masked columns; per table: a column whose type the core does
 not convert (:func:`table_reason`: arrays, interval, enums, domains, extension types), the outbox table,
-an Avro layout it cannot write. A table's occasional change on the Python path (its first, a TOASTed
+an Avro layout it cannot write, and, until the stream reaches it, a catalog at another shape of the table
+than the stream's (:data:`SHAPE_REASON`: a DDL between the two; the core checks a change against the catalog's
+columns, capture.shapes). A table's occasional change on the Python path (its first, a TOASTed
 row, an infinite timestamp …) is not a fallback of the table and is not reported.
 
 Thread-safety: none; owned by the connector thread.
@@ -138,6 +141,10 @@ BUILT = UNAVAILABLE is None
 log = logging.getLogger("capture.connector")
 
 RUN_LIMIT = 512  # payloads per native call at most (the batch's byte bound is checked after each run)
+# A table whose changes in the stream have another shape than the catalog's (capture.shapes): the catalog ahead
+# of a backlog (columns added, dropped or renamed since), or behind a DDL until it is read again.
+SHAPE_REASON = ("the stream is at another shape of the table than the catalog (a DDL between them): its changes "
+                "take the Python path until the stream reaches the catalog's shape")  # fmt: skip
 
 
 def binary_array(buffers: tuple[bytes, bytes, bytes | None, int, int]) -> pa.Array:
@@ -267,6 +274,7 @@ class NativeCore:
         )
         self._relations: dict[int, Relation] = {}  # pgoutput: relation OID → the Relation the core holds
         self._relations_read = 0
+        self._reasons: dict[str, str | None] = {}  # a registered table → why the Python path keeps it (None: not)
         self._ids: dict[tuple[str, str], int] = {}
         self._tables: list[TableInfo] = []
         self._schema_ids: list[TableSchemaIds | None] = []  # Avro: the ids each registration writes with
@@ -288,6 +296,15 @@ class NativeCore:
             return
         key = (table.schema, table.name)
         tid = self._ids.get(key)
+        if not self._stream_at_catalog(table):
+            # the stream is at another shape of the table than the catalog (capture.shapes); the core checks a
+            # change against the catalog only, so its changes take the Python path until the stream shows the
+            # catalog's shape (nor are the catalog's schemas registered ahead of the stream, with Avro)
+            if tid is not None:
+                self.core.unregister_table(table.schema, table.name)
+                del self._ids[key]
+            self._report(table.qualified, table_reason(self.config, table) or SHAPE_REASON)
+            return
         ids = self._current_ids(table)
         if tid is not None and self._tables[tid] is table and self._schema_ids[tid] is ids:
             if self.pgoutput is not None:
@@ -321,6 +338,7 @@ class NativeCore:
                 )  # fmt: skip
             elif reason is None:
                 reason = "Avro: the native core cannot write the layout of its registered schemas"
+        self._reasons[table.qualified] = reason
         self._report(table.qualified, reason)
         if self.pgoutput is not None:
             self._sync_relation(tid, table)
@@ -333,6 +351,22 @@ class NativeCore:
         core = TableCore(NATIVE) if reason is None else TableCore(PYTHON, reason)
         if report.set_table(table, core) and reason is not None:
             log.warning("capture: table %s takes the Python core: %s", table, reason)
+
+    def _stream_at_catalog(self, table: TableInfo) -> bool:
+        """Whether the stream is at the catalog's shape of ``table``: wal2json, the tracked shape (capture.shapes);
+        pgoutput, the Relation message in force (none yet: checked when one comes, :meth:`_sync_relation`). With
+        Avro the column types must be the catalog's too (the core writes under the catalog's schemas)."""
+        avro = self.avro is not None
+        if self.pgoutput is None:
+            return self.builder.shapes.is_catalog_shape(table, self.builder.topic(table), types=avro)
+        relation = self.pgoutput.relation_named(table.schema, table.name)
+        if relation is None:
+            return True
+        types = {c.name: c.type_name for c in table.columns}
+        return len(relation.shape.names) == len(types) and all(
+            n in types and (not avro or types[n] == t)
+            for n, t in zip(relation.shape.names, relation.shape.types, strict=True)
+        )
 
     def _current_ids(self, table: TableInfo) -> TableSchemaIds | None:
         """Avro: the table's registered schemas, as the Python path is about to write its change with (called
@@ -352,6 +386,18 @@ class NativeCore:
         relation = self.pgoutput.relation_named(table.schema, table.name)
         if relation is None or self._relations.get(relation.oid) is relation:
             return
+        if not self._stream_at_catalog(table):
+            # the Relation message in force is another shape of the table than the catalog's, which the core
+            # checks a change against (an unchanged TOASTed column left out may make a change look like the
+            # catalog's): its changes take the Python path, which builds them with the Relation message
+            # (capture.shapes), until the two agree again (a Relation message after the DDL, or the catalog
+            # read again)
+            if relation.oid in self._relations:
+                self.core.forget_relation(relation.oid)
+                del self._relations[relation.oid]
+            self._report(table.qualified, self._reasons.get(table.qualified) or SHAPE_REASON)
+            return
+        self._report(table.qualified, self._reasons.get(table.qualified))
         self._relations[relation.oid] = relation
         self.core.register_relation(
             relation.oid,

@@ -35,8 +35,8 @@ SOURCE_FIELDS = frozenset(
 TRANSACTION_FIELDS = frozenset({"id", "total_order", "data_collection_order"})
 SCALARS = frozenset({"string", "long"})
 
-# (name, type OID, kind, precision, scale, null branch, value branch)
-ColumnLayout = tuple[str, int, str, int, int, int, int]
+# (name, type OID, type name (format_type's, typmod included), kind, precision, scale, null branch, value branch)
+ColumnLayout = tuple[str, int, str, str, int, int, int, int]
 # (name, "string" | "long", null branch, value branch)
 FieldLayout = tuple[str, str, int, int]
 
@@ -85,7 +85,7 @@ def _column(field: dict[str, Any], column: PgColumn) -> ColumnLayout | None:
         return None
     null, value = branches(field["type"])
     precision, scale = ctype.precision or 0, ctype.scale or 0
-    return (column.name, column.type_oid, kind, precision, scale, null, value)
+    return (column.name, column.type_oid, column.type_name, kind, precision, scale, null, value)
 
 
 def _fields(record: Any, known: frozenset[str]) -> list[FieldLayout] | None:

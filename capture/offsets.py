@@ -18,6 +18,10 @@ The progress of an incremental snapshot (capture.incremental) is part of the pos
 that the progress commits atomically with the ``op=r`` events it accounts for (and with
 the signal that changed it).
 
+Every position stored after :meth:`OffsetContext.run_started` carries the connection's
+``run`` (capture.table_history: the tables that connection started with are recorded
+under that name, so that the next start knows which tables its stream holds whole).
+
 Thread-safety: none; owned by the connector thread.
 """
 
@@ -44,6 +48,7 @@ class OffsetContext:
         self._confirm = 0
         self._snapshot_done = True
         self._incremental = stored.incremental if stored is not None else None
+        self._run: str | None = None  # the connection's run, once its start is recorded (capture.table_history)
 
     @property
     def pending(self) -> SourcePosition | None:
@@ -51,7 +56,11 @@ class OffsetContext:
         if not self._has_pending:
             return None
         return SourcePosition(self._commit_lsn, self._index, self._complete, self._confirm, self._snapshot_done,
-                              self._incremental)  # fmt: skip
+                              self._incremental, self._run)  # fmt: skip
+
+    def run_started(self, run: str | None) -> None:
+        """Positions stored from now on name this run (None: the run's start could not be recorded)."""
+        self._run = run
 
     @property
     def incremental(self) -> IncrementalProgress | None:

@@ -346,6 +346,7 @@ class SnapshotSource:
                         topic = self.builder.topic(table)
                         self.writer.ensure_table_topic(table, topic)
                         reconciliation.table_started(table, topic)  # keys live before: deleted if not read again
+                        self.builder.shapes.snapshot_read(table, topic, consistent_point)  # its shape from here on
                     self._check_not_rewritten(c, table)
                     ranges = [] if outbox else self._ranges(c, table)
                     if not ranges:

@@ -158,6 +158,7 @@ class Stats:
     last_stored_lsn: int = 0
     server_wal_end: int = 0
     outbox_violations: int = 0  # updates/deletes/truncates of outbox rows seen (and not routed)
+    schema_changes: int = 0  # schema change events written (--schema-changes, capture.schema_changes)
     retained_wal_bytes: int = -1  # the slot's, at the last check (WAL_CHECK_S); -1: not checked yet
     reconnects: int = 0  # transient failures recovered from
     key_state_caught_up: int = 0  # log records the key state read back at start (0: it was current)
@@ -199,6 +200,7 @@ class Stats:
             "lag_ms": self.lag_ms(),
             "lag_bytes": self.lag_bytes(),
             "outbox_violations": self.outbox_violations,
+            "schema_changes": self.schema_changes,
             "reconnects": self.reconnects,
             "key_state_caught_up": self.key_state_caught_up,
             "keyless_tables": self.keyless_tables,

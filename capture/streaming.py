@@ -45,17 +45,19 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 
 from capture.config import CaptureConfig
 from capture.events import Event, EventBuilder, TxnContext
 from capture.incremental import WATERMARK_PREFIX, IncrementalSnapshot
-from capture.messages import ChangeMessage, DecodeError, Decoder, Kind
+from capture.messages import ChangeMessage, DecodeError, Decoder, Kind, Plugin
 from capture.native import NativeCore
 from capture.offsets import OffsetContext
 from capture.replication import Keepalive, ReplicationConnection, XLogData, XLogRun
+from capture.schema_changes import DDL_PREFIX, DdlMessage, DdlMessageError
+from capture.schema_changes import parse as parse_ddl
 from capture.status import Stats, StatusReporter
 from capture.tables import TableCatalog, TableInfo
 from capture.writer import LogWriter
@@ -88,9 +90,11 @@ class StreamingSource:
     _ctx_next: int = 0
     _index: int = 0
     _confirmed: int = 0
+    _refreshed_for: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...], bool]] = field(default_factory=dict)
 
     def run(self, repl: ReplicationConnection, target: int | None) -> None:
         """Stream until stopped, or until ``target`` (the WAL end at start) is stored when given."""
+        self.builder.shapes.load()  # the tables' shapes at the stored position, where the stream starts
         self._ctx = None
         self._ctx_next = 0
         self._index = 0
@@ -202,6 +206,8 @@ class StreamingSource:
             if m.kind is Kind.COMMIT:
                 if ctx is None:
                     raise DecodeError(f"COMMIT without BEGIN at {format_lsn(m.lsn)}")
+                if self._index == 0:  # no row change: a DDL, perhaps (wal2json sends such transactions)
+                    self.builder.shapes.possible_ddl(ctx.commit_lsn)
                 if not self.offsets.covers(ctx.commit_lsn, 1 << 62):
                     if self.config.transaction_metadata:
                         self._add_one(self.builder.transaction_end(ctx), compact=False)
@@ -227,6 +233,17 @@ class StreamingSource:
                 if not self.offsets.covers(ctx.commit_lsn, 1 << 62):
                     self.incremental.on_watermark(m, ctx)
                 continue  # not an event: takes no index
+            if m.kind is Kind.MESSAGE and m.prefix == DDL_PREFIX:
+                self.builder.shapes.possible_ddl(ctx.commit_lsn)  # a DDL: the tables' shapes may change here
+                ddl = self._ddl(m, ctx)
+                if ddl is None or not self.config.schema_changes:
+                    continue  # not an event: takes no index
+                i = self._index
+                self._index += 1
+                if not self.offsets.covers(ctx.commit_lsn, i):
+                    self._add_schema_change(self.builder.schema_change(ddl, m, ctx, i, now_ms()))
+                    self.offsets.event_stored(ctx.commit_lsn, i)
+                continue
             i = self._index
             self._index += 1
             if self.offsets.covers(ctx.commit_lsn, i):
@@ -237,6 +254,33 @@ class StreamingSource:
             if writer.txn_full:
                 self._commit()  # mid-transaction: bounded memory; the position says how far
         return False
+
+    def _ddl(self, m: ChangeMessage, ctx: TxnContext) -> DdlMessage | None:
+        """A DDL message (capture.schema_changes) about a captured table (None: another, or unreadable). With
+        wal2json, whose UPDATEs do not say which columns they left out, the table's shape follows it exactly
+        (capture.shapes; pgoutput's Relation messages say so themselves), whether or not its events are written."""
+        try:
+            ddl = parse_ddl(m.content)
+        except DdlMessageError as e:
+            log.warning("capture: a %s message at %s is not a schema change (%s): ignored", DDL_PREFIX,
+                        format_lsn(m.lsn), e)  # fmt: skip
+            return None
+        if not self.config.table_filter.captures(ddl.schema, ddl.table) or ddl.qualified in (
+            self.config.outbox_table, self.config.signal_table
+        ):
+            return None
+        if ddl.columns is not None and self.config.plugin is Plugin.WAL2JSON:
+            table = self.catalog.get(ddl.schema, ddl.table)
+            if table is not None:
+                columns = [(str(c["name"]), str(c["type"]), int(c["position"])) for c in ddl.columns]
+                self.builder.shapes.ddl(table, self.builder.topic(table), columns, ctx.commit_lsn)
+        return ddl
+
+    def _add_schema_change(self, event: Event) -> None:
+        self.writer.ensure_schema_changes_topic(event.topic)
+        self.writer.add(event)
+        self.stats.events += 1
+        self.stats.schema_changes += 1
 
     def _keeping_alive(self, messages: Iterable[ChangeMessage], repl: ReplicationConnection,
                        confirmed: int, at: int) -> Iterator[ChangeMessage]:  # fmt: skip
@@ -269,14 +313,19 @@ class StreamingSource:
         if table is None:
             return  # not captured
         table = self._check_columns(table, m)
-        if self.native is not None:
-            self.native.sync(table)  # its next changes may take the native core
         if table.qualified == self.config.outbox_table:
+            if self.native is not None:
+                self.native.sync(table)
             self._route_outbox(m, table, ctx, index)
             return
         topic = self.builder.topic(table)
         self.writer.ensure_table_topic(table, topic)
-        events = self.builder.change(m, table, ctx, index, now_ms(), topic)
+        # the table's columns at this change (capture.shapes; it may read the catalog again)
+        shape = self.builder.shapes.at(m, table, topic, ctx.commit_lsn, self.catalog)
+        table = self.catalog.current(table.schema, table.name) or table
+        if self.native is not None:
+            self.native.sync(table)  # its next changes may take the native core
+        events = self.builder.change(m, table, ctx, index, now_ms(), topic, shape)
         for e in events:
             self.writer.add(e)
         self.stats.events += len(events)
@@ -337,6 +386,12 @@ class StreamingSource:
             types = table.column_types
             changed = any((c.name, c.type_oid) not in types for c in m.columns)
         if changed:
+            # once per shape the stream shows: while a backlog of older changes is caught up, the catalog is
+            # ahead of each of them (capture.shapes builds their events with the shape at the change)
+            seen = (tuple(c.name for c in m.columns), tuple(c.name for c in m.identity), m.kind is Kind.INSERT)
+            if self._refreshed_for.get((table.schema, table.name)) == seen:
+                return table
+            self._refreshed_for[(table.schema, table.name)] = seen
             refreshed = self.catalog.refresh(table.schema, table.name)
             if refreshed is not None:
                 return refreshed

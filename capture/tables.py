@@ -46,6 +46,7 @@ from capture.messages import Column
 from capture.pgtypes import parse_array, text_converter
 from capture.publications import Publications, PublishedTable
 from eventstore.errors import ConfigError
+from schemas.position import parse_lsn
 
 SYSTEM_SCHEMAS = ("pg_catalog", "information_schema", "pg_toast")
 # varlena types whose values can be TOASTed (and then omitted from an UPDATE by wal2json)
@@ -92,10 +93,16 @@ class TableColumn:
     # After ADD COLUMN … DEFAULT without a rewrite, the value rows written before read as
     # (pg_attribute.attmissingval, as the type's text output); None when there is none.
     missing_value: str | None = None
+    attnum: int = 0  # pg_attribute.attnum: a column's identity across RENAME (0: not known)
 
     @property
     def toastable(self) -> bool:
-        return self.type_name.endswith("[]") or self.type_name.split("(")[0] in TOASTABLE_TYPES
+        return toastable_type(self.type_name)
+
+
+def toastable_type(type_name: str) -> bool:
+    """Whether values of the type (format_type's name) may be TOASTed: capture keeps them for a TOAST fill."""
+    return type_name.endswith("[]") or type_name.split("(")[0] in TOASTABLE_TYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +218,7 @@ ORDER BY 1, 2
 """
 _COLUMNS_SQL = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
-       CASE WHEN a.atthasmissing THEN a.attmissingval::text END
+       CASE WHEN a.atthasmissing THEN a.attmissingval::text END, a.attnum
 FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped {generated} ORDER BY a.attnum
 """
 _INDEX_KEY_SQL = """
@@ -241,6 +248,8 @@ class TableCatalog:
         self._columns_sql = _COLUMNS_SQL.format(generated="" if generated_columns else "AND a.attgenerated = ''")
         self._tables: dict[tuple[str, str], TableInfo] = {}
         self.generation = 0  # counts load(): table infos may have changed (the native core registers them again)
+        # the server's WAL position when the catalog was last read: every DDL committed before it is in it
+        self.read_lsn = 0
         self.keyless: list[str] = []  # captured without a key (policy keyless), "schema.table"
         self.skipped: list[str] = []  # keyless and left out (policy skip)
         self.unpublished: list[str] = []  # captured by the filter, but in none of the publications (pgoutput)
@@ -251,6 +260,8 @@ class TableCatalog:
         c = conn or psycopg.connect(self.dsn, autocommit=True)
         try:
             tables, skipped, unpublished = [], [], []
+            row = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            read_lsn = parse_lsn(row[0]) if row is not None else 0
             published = None if self.publications is None else self.publications.published(c)
             for schema, name, ident, oid in c.execute(_TABLES_SQL).fetchall():
                 if self.filter.captures(schema, name):
@@ -265,6 +276,7 @@ class TableCatalog:
                         unpublished.append(table.qualified)
             self._tables = {(t.schema, t.name): t for t in tables}
             self.generation += 1
+            self.read_lsn = read_lsn
             self.keyless = [t.qualified for t in tables if t.keyless]
             self.skipped = skipped
             self.unpublished = unpublished
@@ -292,8 +304,8 @@ class TableCatalog:
 
     def _describe(self, c: psycopg.Connection[Any], schema: str, name: str, ident: str, oid: int) -> TableInfo:
         columns = tuple(
-            TableColumn(n, t, int(o), None if m is None else parse_array(m)[0])
-            for n, t, o, m in c.execute(self._columns_sql.encode(), (oid,)).fetchall()
+            TableColumn(n, t, int(o), None if m is None else parse_array(m)[0], int(a))
+            for n, t, o, m, a in c.execute(self._columns_sql.encode(), (oid,)).fetchall()
         )
         qualified = f"{schema}.{name}"
         names = {col.name for col in columns}

@@ -17,6 +17,7 @@ at a time, while it does not use the sink: :class:`BackgroundAppends`).
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterable
@@ -30,6 +31,7 @@ from capture.config import CaptureConfig
 from capture.converters import ValueConverter
 from capture.events import TOAST_MIN_ROW_BYTES, Event, ToastCache
 from capture.keystate import OUTBOX_TOPIC, TABLE_TOPIC, Change, KeyState
+from capture.shapes import Shape
 from capture.sinks import Sink, TopicRecords, TopicSpec
 from capture.tables import TableInfo
 from eventstore.errors import ProducerFencedError
@@ -42,6 +44,8 @@ RECORD_OVERHEAD = 24  # rough bytes per record beyond key and value, for batch s
 # holds this much, rather than all at once at the commit, which then waits only for the last part (see
 # :meth:`LogWriter.append_ahead`). 0: appended at the commit only.
 APPEND_AHEAD_BYTES = 1 << 20
+# where a JSON envelope's ``source`` ends (capture.events renders it so): its commit LSN and event index
+_SOURCE_POSITION = re.compile(rb'"source":\{.*?"commit_lsn":(\d+),"lsn":\d+,"event_index":(\d+)\}')
 
 
 class LogWriter:
@@ -57,6 +61,9 @@ class LogWriter:
         self._tables_by_topic: dict[str, TableInfo] = {}
         self._known: set[str] = set()
         self._written: dict[tuple[str, int], int] = {}
+        # catch-up: per table topic, the latest whole row image read back ((commit LSN, event index), its columns)
+        # (Avro: and their types as written; JSON: None, the catalog's)
+        self._shapes_read: dict[str, tuple[tuple[int, int], tuple[str, ...], tuple[str, ...] | None]] = {}
         self.in_txn = False  # a transaction is open: events buffered or appended, not committed
         self.bytes = 0  # buffered since the last append
         self.events = 0
@@ -88,6 +95,12 @@ class LogWriter:
         self._ensure(topic, spec)
         self._track(topic, OUTBOX_TOPIC)
 
+    def ensure_schema_changes_topic(self, topic: str) -> None:
+        """``<prefix>.schema_changes`` (capture.schema_changes): a history in DDL order, one partition, never
+        compacted, kept forever (as Debezium's schema history topic)."""
+        if topic not in self._known:
+            self._ensure(topic, TopicSpec(compact=False, partitions=1, overrides={"retention_ms": "-1"}))
+
     def ensure_topic(self, topic: str, *, compact: bool) -> None:
         """A connector topic that has no key state (transaction metadata, logical messages)."""
         if topic not in self._known:
@@ -100,6 +113,7 @@ class LogWriter:
     def _track(self, topic: str, kind: str) -> None:
         self.keystate.track(topic, kind, self.sink.topic_incarnation(topic))
         self.keystate.catch_up(self.sink, topic, self.interpret)
+        self._caught_up_shape(topic)
 
     def catch_up_tracked(self, tables: Iterable[TableInfo], topic_of: Any) -> None:
         """At start: bring the key state of every known topic up to the log (only what was appended since)."""
@@ -111,6 +125,21 @@ class LogWriter:
                 continue  # deleted from the log: tracked again (from empty) when it is created
             self.keystate.track(topic, kind, self.sink.topic_incarnation(topic))
             self.keystate.catch_up(self.sink, topic, self.interpret)
+            self._caught_up_shape(topic)
+
+    def _caught_up_shape(self, topic: str) -> None:
+        """After a catch-up that read whole row images of a table topic: the table's shape at the latest of them
+        (capture.shapes; a key state rebuilt, or behind the log after a crash, has none or an older one)."""
+        latest = self._shapes_read.pop(topic, None)
+        table = self._tables_by_topic.get(topic)
+        if latest is None or table is None:
+            return
+        (commit_lsn, _), names, written = latest
+        if written is None:  # JSON: the catalog's types (a column it lacks, no type)
+            types = {c.name: c.type_name for c in table.columns}
+            written = tuple(types.get(n, "") for n in names)
+        shape = Shape.of(names, written, table.key)
+        self.keystate.put_shape(topic, shape.to_json(commit_lsn))
 
     def interpret(self, topic: str, key: bytes | None, value: bytes | None) -> Change:
         """What a stored record says about its key (capture.keystate's catch-up)."""
@@ -126,12 +155,38 @@ class LogWriter:
             op = orjson.loads(value).get("op") if value[:1] == b"{" else "u"
             return ("delete", None) if op == "d" else (None if op == "t" else ("put", None))
         op, after = self.converter.read_change(table, value)
+        if after is not None and op in ("c", "r", "u") and value[:1] == b"{":
+            self._shape_read(topic, value, after)
+        elif value[:1] == b"\x00" and op in ("c", "r", "u", "d"):  # Avro: written under its shape's schema
+            written = self.converter.written_shape()
+            if written is not None:
+                self._shape_written(topic, *written)
         if op == "d":
             return ("delete", None)
         if op == "t":
             return None  # the tombstones that follow it remove the keys
-        values = {c: after[c] for c in table.toastable_columns if c in after} if after else {}
+        # the TOAST-able values, and those of columns the catalog does not know (renamed or dropped since: a
+        # fill looks for a renamed column's value under its earlier names too, capture.shapes)
+        values = {c: v for c, v in after.items() if (c in table.toastable_columns or c not in table.column_names)
+                  and c not in table.key} if after else {}  # fmt: skip
         return ("put", values if values and ToastCache.size_of(values) >= TOAST_MIN_ROW_BYTES else None)
+
+    def _shape_read(self, topic: str, value: bytes, after: dict[str, Any]) -> None:
+        """A whole row image read back (JSON): the table's columns at its position, kept when the latest."""
+        found = _SOURCE_POSITION.match(value, max(0, value.rfind(b'"source":')))  # the envelope's: the last
+        if found is None:
+            return
+        position = (int(found[1]), int(found[2]))
+        latest = self._shapes_read.get(topic)
+        if latest is None or latest[0] <= position:
+            self._shapes_read[topic] = (position, tuple(after), None)
+
+    def _shape_written(self, topic: str, position: tuple[int, int], names: tuple[str, ...],
+                       types: tuple[str, ...]) -> None:  # fmt: skip
+        """An Avro change read back: the columns and types of the schema it was written with (its shape)."""
+        latest = self._shapes_read.get(topic)
+        if latest is None or latest[0] <= position:
+            self._shapes_read[topic] = (position, names, types)
 
     # ------------------------------------------------------------------ the batch
 

@@ -28,7 +28,7 @@ class Core:
         table_id: int,
         key_id: int,
         value_id: int,
-        columns: list[tuple[str, int, str, int, int, int, int]],
+        columns: list[tuple[str, int, str, str, int, int, int, int]],
         envelope: list[tuple[str, int, int]],
         source: list[tuple[str, str, int, int]],
         transaction: list[tuple[str, str, int, int]],

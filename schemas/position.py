@@ -10,10 +10,12 @@ Record (compacted topic ``__tideline_capture_offsets``, partition 0):
 
 * key: JSON ``{"connector": <topic prefix>, "slot": <slot name>}`` (:func:`connector_key`)
 * value: JSON ``{"version", "commit_lsn", "event_index", "complete", "confirm_lsn",
-  "snapshot_done", "commit_lsn_text", "incremental"}``; ``commit_lsn_text`` is for people
+  "snapshot_done", "commit_lsn_text", "incremental", "run"}``; ``commit_lsn_text`` is for people
   reading the topic (``X/Y``) and ignored on read; ``incremental`` (absent when none runs)
-  is the progress of an incremental snapshot, :class:`IncrementalProgress`. The Avro form
-  of the same record is ``schemas/avsc/connector_position.avsc``.
+  is the progress of an incremental snapshot, :class:`IncrementalProgress`; ``run`` (absent
+  when unknown) names the connection of the connector that stored the record, whose start
+  recorded the source's tables (capture.table_history). The Avro form of the same record
+  is ``schemas/avsc/connector_position.avsc``.
 
 Versions: ``version`` is :data:`POSITION_VERSION` (2). Version 1 records (written before
 incremental snapshots existed) have no ``version`` and no ``incremental`` field and read as
@@ -142,6 +144,7 @@ class SourcePosition:
     confirm_lsn: int  # the last commit end whose transaction is wholly stored (what the slot may confirm)
     snapshot_done: bool = True  # false while a snapshot is under way
     incremental: IncrementalProgress | None = None  # an incremental snapshot under way (capture.incremental)
+    run: str | None = None  # the connector's connection that stored it (capture.table_history); None: unknown
 
     def to_json(self) -> bytes:
         record: dict[str, Any] = {
@@ -155,6 +158,8 @@ class SourcePosition:
         }
         if self.incremental is not None:
             record["incremental"] = self.incremental.to_dict()
+        if self.run is not None:
+            record["run"] = self.run
         return orjson.dumps(record)
 
     @classmethod
@@ -164,6 +169,7 @@ class SourcePosition:
             d = orjson.loads(raw)
             version = int(d.get("version", 1))
             incremental = d.get("incremental")
+            run = d.get("run")
             position = cls(
                 int(d["commit_lsn"]),
                 int(d["event_index"]),
@@ -171,6 +177,7 @@ class SourcePosition:
                 int(d["confirm_lsn"]),
                 bool(d.get("snapshot_done", True)),
                 None if incremental is None else IncrementalProgress.from_dict(incremental),
+                None if run is None else str(run),
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a connector position record ({e}): {raw[:200]!r}") from None

@@ -50,9 +50,29 @@ class TableSchemas:
         self.prefix = prefix
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str, tuple[PgColumn, ...], tuple[str, ...]], TableSchemaIds] = {}
+        self._key_cache: dict[tuple[str, str, tuple[PgColumn, ...], tuple[str, ...]], tuple[int, RowCodec]] = {}
 
     def topic(self, schema: str, table: str) -> str:
         return f"{self.prefix}.{schema}.{table}"
+
+    def key_for_table(
+        self, schema: str, table: str, columns: Sequence[PgColumn], *, key_columns: Sequence[str]
+    ) -> tuple[int, RowCodec]:
+        """The key schema's id and converter alone (``<topic>-key``), registering it when new: a key can be
+        written without registering the value schema of the same columns (a change's value may be written under
+        another shape's schema)."""
+        cache_key = (schema, table, tuple(c for c in columns if c.name in key_columns), tuple(key_columns))
+        with self._lock:
+            found = self._key_cache.get(cache_key)
+        if found is not None:
+            return found
+        built = table_schemas(self.prefix, schema, table, columns, key_columns)
+        key = self.registry.register(subject_for(self.topic(schema, table), is_key=True), built.key)
+        key_cols = {k: i for i, k in enumerate(key_columns)}
+        out = (key.id, RowCodec(sorted((c for c in columns if c.name in key_cols), key=lambda c: key_cols[c.name])))
+        with self._lock:
+            self._key_cache[cache_key] = out
+        return out
 
     def for_table(
         self, schema: str, table: str, columns: Sequence[PgColumn], *, key_columns: Sequence[str]

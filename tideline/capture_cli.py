@@ -230,6 +230,16 @@ def run(
             help="Also write BEGIN/END records with per-table event counts to <prefix>.transaction.",
         ),
     ] = False,
+    schema_changes: Annotated[
+        bool,
+        typer.Option(
+            "--schema-changes",
+            help="Also write each DDL on a captured table (CREATE, ALTER, DROP TABLE) as an event on "
+            "<prefix>.schema_changes at its WAL position, before the first row of the new shape: the statement, the "
+            "table's columns and key after it. Installs an event trigger in the source database (a superuser's "
+            "right; `tideline capture schema-changes-sql` prints it for a DBA).",
+        ),
+    ] = False,
     core: Annotated[
         str | None,
         typer.Option(
@@ -368,6 +378,7 @@ def run(
             heartbeat_interval_s=heartbeat_interval,
             exit_when_caught_up=exit_when_caught_up,
             transaction_metadata=transaction_metadata,
+            schema_changes=schema_changes,
             value_format=ValueFormat.parse(value_format),
             core=CoreChoice.default() if core is None else CoreChoice.parse(core),
             outbox_table=outbox_table,
@@ -607,3 +618,13 @@ def stop_snapshot(
     """Stop the incremental snapshot (or some of its tables); rows already emitted stay in the log."""
     names = _split(tables)
     _signal(dsn, signal_table, "stop-snapshot", {"data-collections": names} if names else None, as_json)
+
+
+@app.command("schema-changes-sql")
+def schema_changes_sql() -> None:
+    """Print the SQL that installs the event triggers of --schema-changes (for a DBA to run as a superuser, where
+    the connector's role may not create event triggers); idempotent."""
+    from capture.schema_changes import install_sql
+
+    for statement in install_sql():
+        typer.echo(statement.rstrip(";") + ";")

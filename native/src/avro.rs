@@ -133,6 +133,9 @@ impl Layout {
 pub struct AvroColumn {
     pub name: String,
     pub oid: i64,
+    /// format_type's name of the column in the registered schema (typmod included): a change that carries
+    /// the column under another (wal2json's `type`) takes the Python path, which writes it under its own
+    pub type_name: String,
     pub kind: AvroKind,
     pub layout: Layout,
 }

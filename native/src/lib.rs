@@ -357,7 +357,7 @@ impl Core {
         table_id: usize,
         key_id: u32,
         value_id: u32,
-        columns: Vec<(String, i64, String, u32, u32, i64, i64)>,
+        columns: Vec<AvroColumnArgs>,
         envelope: Vec<(String, i64, i64)>,
         source: Vec<(String, String, i64, i64)>,
         transaction: Vec<(String, String, i64, i64)>,
@@ -371,9 +371,10 @@ impl Core {
         let columns = columns
             .into_iter()
             .map(
-                |(name, oid, kind, precision, scale, null, value)| avro::AvroColumn {
+                |(name, oid, type_name, kind, precision, scale, null, value)| avro::AvroColumn {
                     name,
                     oid,
+                    type_name,
                     kind: avro::AvroKind::named(&kind, precision, scale),
                     layout: avro::Layout::of(null, value),
                 },
@@ -947,6 +948,10 @@ fn build(change: Change, table: &Table, source: &Source, at: &Position) -> Optio
     }
 }
 
+/// :meth:`Core.register_avro`'s description of one row field: (name, type OID, type name, kind, precision,
+/// scale, null branch, value branch).
+type AvroColumnArgs = (String, i64, String, String, u32, u32, i64, i64);
+
 /// Whether the row's TOAST-able values are big enough to be cached (None: a value the Python path must judge).
 fn toast_sized(table: &Table, after: &[Col]) -> Option<bool> {
     if table.toastable.is_empty() {
@@ -970,7 +975,7 @@ fn columns<'a>(items: Option<&Vec<Obj<'a>>>, format: Format) -> Option<Vec<Col<'
     let mut out: Vec<Col<'a>> = Vec::with_capacity(items.len());
     for (position, obj) in items.iter().enumerate() {
         let name = raw_str(obj.get("name")?)?;
-        raw_str(obj.get("type")?)?;
+        let type_name = raw_str(obj.get("type")?)?;
         let oid = raw_i64(obj.get("typeoid")?)?;
         let value = obj.get("value")?;
         if out.iter().any(|c| c.name == name) {
@@ -981,7 +986,14 @@ fn columns<'a>(items: Option<&Vec<Obj<'a>>>, format: Format) -> Option<Vec<Col<'
         } else {
             convert::Input::Wal2json(value.get())
         };
-        out.push(column(name, position, oid, input, format)?);
+        out.push(column(
+            name,
+            position,
+            oid,
+            Some(&type_name),
+            input,
+            format,
+        )?);
     }
     Some(out)
 }
@@ -991,6 +1003,7 @@ pub(crate) fn column<'a>(
     name: std::borrow::Cow<'a, str>,
     position: usize,
     oid: i64,
+    type_name: Option<&str>,
     input: convert::Input,
     format: Format,
 ) -> Option<Col<'a>> {
@@ -998,6 +1011,9 @@ pub(crate) fn column<'a>(
     let (size, unavailable) = match format {
         Format::Avro(table) => {
             let spec = table.column(&name, position)?;
+            if type_name.is_some_and(|t| t != spec.type_name) {
+                return None; // another type than the schema's (ALTER COLUMN … TYPE): capture.shapes decides
+            }
             avro::column_value(spec, oid, input, &mut value)?
         }
         Format::Json => {

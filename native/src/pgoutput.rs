@@ -148,7 +148,7 @@ pub fn change<'r>(
     })
 }
 
-/// TupleData → columns: NULL is null, an unchanged TOAST value left out, text converted; a 'K' tuple
+/// TupleData → columns: NULL is null, text converted, an unchanged TOAST value → None (the Python path); a 'K' tuple
 /// keeps its key columns only (the others are NULL there, and not converted).
 fn tuple<'r>(
     r: &mut Reader,
@@ -179,11 +179,15 @@ fn tuple<'r>(
                 }
                 Input::Null
             }
-            b'u' => continue, // left out, as wal2json omits it: the Python path fills it
+            // unchanged TOAST: the Python path fills it, from the columns of the Relation message in force (left
+            // out here, a change could pass for one of a catalog that lacks the column: capture.shapes)
+            b'u' => return None,
             _ => return None, // binary ('b') or unknown: the reference raises
         };
         let name = Cow::Borrowed(column.name.as_str());
-        out.push(crate::column(name, position, column.oid, input, format)?);
+        out.push(crate::column(
+            name, position, column.oid, None, input, format,
+        )?);
     }
     Some(out)
 }

@@ -18,7 +18,7 @@ import pytest
 from capture_util import capture, drop_slots, fresh_database, sql
 
 from capture.avro import SchemaChangeError
-from capture.connector import ValueFormat
+from capture.connector import CaptureConfig, Connector, ValueFormat
 from capture.messages import Plugin
 from capture.pgtypes import SESSION_OPTIONS, dumps, text_converter
 from capture.tables import TableCatalog, TableFilter
@@ -159,6 +159,39 @@ def test_an_incompatible_change_stops_capture_before_writing_it(db: str, tmp_pat
     with Log(log_dir) as log:
         wire = AvroWire(SchemaRegistry(LogSchemaStore(log)).schema_by_id, logical_types=False)
         assert wire.decode(after[-1][1] or b"")["after"] == {"id": 2, "owner": 7}
+
+
+def test_a_key_state_rebuilt_from_the_log_reads_each_record_with_the_schema_it_was_written_with(
+    db: str, tmp_path: Path, plugin: Plugin
+) -> None:
+    """``n`` was ``integer`` when its first events were written and is ``numeric`` now: rebuilding the key
+    state from the log (what a kill -9 between the log's commit and the key state's leaves to catch up) decodes
+    those records as integers, by the schema id each one names, not as today's decimals (it failed on every
+    start with ``TypeError: 'int' object is not subscriptable`` before)."""
+    log_dir = tmp_path / "log"
+    big = "x" * 5000  # TOAST-able: its value is what the key state keeps (and fills unchanged UPDATEs with)
+    sql(db, "CREATE TABLE acct (id int PRIMARY KEY, n int, big text)",
+        f"INSERT INTO acct VALUES (1, 1, '{big}')")  # fmt: skip
+    capture(log_dir, db, value_format=AVRO, plugin=plugin)
+    sql(db, "ALTER TABLE acct ALTER COLUMN n TYPE numeric")
+    with Log(log_dir) as log:
+        SchemaRegistry(LogSchemaStore(log)).set_compatibility(f"{TOPIC}-value", CompatibilityLevel.NONE)
+    sql(db, "INSERT INTO acct VALUES (2, 2.5, 'y')")
+    capture(log_dir, db, value_format=AVRO, plugin=plugin)
+    with Log(log_dir) as log:
+        state = Connector(CaptureConfig(dsn=db, slot="t", topic_prefix="cdc"), log).state_path()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{state}{suffix}").unlink(missing_ok=True)
+    sql(db, "UPDATE acct SET n = 3 WHERE id = 1")  # leaves ``big`` unchanged: filled from the rebuilt key state
+    capture(log_dir, db, value_format=AVRO, plugin=plugin)
+    with Log(log_dir) as log:
+        wire = AvroWire(SchemaRegistry(LogSchemaStore(log)).schema_by_id, logical_types=False)
+        events = [wire.decode(v) for _, v in values(log_dir) if v is not None]
+    last = events[-1]["after"]
+    assert last["id"] == 1 and last["big"] == big, last
+    codec = RowCodec([PgColumn("id", "integer", 23, not_null=True), PgColumn("n", "numeric", 1700),
+                      PgColumn("big", "text", 25)])  # fmt: skip
+    assert orjson.loads(orjson.dumps(codec.to_json(last)))["n"] == "3"
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -79,8 +80,20 @@ def relation_message(tbl: TableInfo, types: dict[str, int] | None = None) -> byt
     body += tbl.replica_identity.encode() + struct.pack("!H", len(tbl.columns))
     for c in tbl.columns:
         flags = 1 if full or c.name in tbl.key else 0
-        body += bytes([flags]) + cstring(c.name) + struct.pack("!Ii", (types or {}).get(c.name, c.type_oid), -1)
+        oid = (types or {}).get(c.name, c.type_oid)
+        mod = typmod(c.type_name) if oid == c.type_oid else -1
+        body += bytes([flags]) + cstring(c.name) + struct.pack("!Ii", oid, mod)
     return body
+
+
+def typmod(type_name: str) -> int:
+    """The atttypmod PostgreSQL keeps for a type name (numeric(p,s), varchar(n), char(n)); -1: none."""
+    match = re.fullmatch(r"(numeric|character varying|character)\((\d+)(?:,(\d+))?\)", type_name)
+    if match is None:
+        return -1
+    if match[1] == "numeric":
+        return ((int(match[2]) << 16) | int(match[3] or 0)) + 4
+    return int(match[2]) + 4
 
 
 def tuple_data(tbl: TableInfo, values: dict[str, Any]) -> bytes:

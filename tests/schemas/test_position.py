@@ -25,6 +25,14 @@ def test_progress_round_trips_with_the_position() -> None:
     assert "incremental" not in orjson.loads(SourcePosition(1, 0, True, 2).to_json())  # none: no field
 
 
+def test_the_run_that_stored_a_position_round_trips_and_is_absent_when_unknown() -> None:
+    position = SourcePosition(300, 2, True, 310, True, None, "3f2a9c01d4e5b6a7")
+    assert SourcePosition.from_json(position.to_json()) == position
+    assert orjson.loads(position.to_json())["run"] == "3f2a9c01d4e5b6a7"
+    assert "run" not in orjson.loads(SourcePosition(1, 0, True, 2).to_json())
+    assert SourcePosition.from_json(SourcePosition(1, 0, True, 2).to_json()).run is None
+
+
 def test_percent_counts_tables_done_and_the_current_tables_rows() -> None:
     p = IncrementalProgress("x", ("a", "b"), table_rows=50, table_estimate=100, tables_done=2)
     assert p.percent == 62.5  # (2 done + 0.5 of a) of 4 tables

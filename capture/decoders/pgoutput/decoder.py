@@ -47,7 +47,9 @@ What comes out, compared with wal2json's decoder (the differential test checks i
   key columns, as wal2json gives it. ``primary_key`` stays empty: pgoutput does not say
   which columns are the primary key (``Capabilities.emits_primary_key`` is False).
 * **Unchanged TOAST** ('u'): the column is left out of ``columns`` exactly as wal2json
-  omits it, so capture's TOAST filling (capture.events) applies unchanged.
+  omits it, so capture's TOAST filling (capture.events) applies unchanged. Unlike wal2json,
+  each row message also says which columns the table had: ``shape``, its Relation message's
+  names and types (capture.shapes), so exactly the 'u' columns are filled.
 * Values ('t') are the types' text output, converted by
   :func:`capture.pgtypes.text_converter`, the snapshot's converters: numeric and
   real/double **NaN and ±Infinity stay distinct from NULL** (``Decimal('NaN')``,
@@ -94,7 +96,7 @@ from typing import Any
 from capture.decoders.pgoutput.reader import PayloadReader
 from capture.decoders.pgoutput.streams import SpilledTransactions
 from capture.decoders.pgoutput.types import CatalogTypeResolver, TypeResolver, builtin_type_name, catalog_type_name
-from capture.messages import ChangeMessage, Column, DecoderSettings, Kind, Plugin
+from capture.messages import ChangeMessage, Column, DecoderSettings, Kind, Plugin, RowShape
 from capture.pgtypes import text_converter
 
 log = logging.getLogger(__name__)
@@ -154,6 +156,7 @@ class Relation:
     table: str
     replica_identity: str  # 'd' default, 'n' nothing, 'f' full, 'i' index
     columns: tuple[RelationColumn, ...]
+    shape: RowShape  # the columns' names and types: every row message of the relation carries it (ChangeMessage)
 
 
 @dataclass(slots=True)
@@ -333,7 +336,8 @@ class PgOutputDecoder:
             type_name = self._type_name(type_oid, typmod)
             convert = text_converter(type_name, type_oid)
             columns.append(RelationColumn(name, bool(flags & _KEY_COLUMN), type_oid, typmod, type_name, convert))
-        relation = self._relations[oid] = Relation(oid, schema, table, chr(identity), tuple(columns))
+        shape = RowShape(tuple(c.name for c in columns), tuple(c.type_name for c in columns))
+        relation = self._relations[oid] = Relation(oid, schema, table, chr(identity), tuple(columns), shape)
         self._relations_by_name[(schema, table)] = relation
         self.relations_read += 1
         return []
@@ -518,6 +522,7 @@ class PgOutputDecoder:
             relation.table,
             columns,
             identity,
+            shape=relation.shape,
         )
         return [message]
 
