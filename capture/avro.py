@@ -28,6 +28,10 @@ table under a new topic prefix). Reading back (the key state's catch-up, TOAST f
 each record with the schema id it names and reads its values as the column types of that
 schema (each row field carries its Postgres type name), not the catalog's of today.
 
+Where each version starts: the first event written under a value schema version is recorded
+on ``__tideline_schema_starts`` in the same log transaction (schemas.starts; :class:`StartBook`
+collects them, capture.writer writes them), which ``tideline schemas`` shows.
+
 What stays JSON: the transaction metadata and logical message topics, and a TRUNCATE
 event's key ``{}`` (no key record can say "the whole table"); readers tell the two
 apart by the first byte (0 for Avro, ``{`` for JSON).
@@ -55,7 +59,8 @@ from eventstore.errors import TidelineError
 from schemas.errors import IncompatibleSchemaError, ValueConversionError, WireFormatError
 from schemas.pgavro import PG_TYPE_PROP, ColumnType, Kind, PgColumn, column_type
 from schemas.pgvalues import RowCodec, avro_default_json, to_json_converter
-from schemas.registry import SchemaRegistry
+from schemas.registry import SchemaRegistry, subject_for
+from schemas.starts import SchemaStart
 from schemas.tables import TableSchemaIds, TableSchemas
 from schemas.wire import AvroWire, parse_header
 
@@ -69,6 +74,43 @@ parse_json = text_converter("jsonb", 3802)  # JSON text → the exact parsed val
 
 class SchemaChangeError(TidelineError):
     """A table's new columns cannot be registered under its subject's compatibility level."""
+
+
+class StartBook:
+    """The value schema versions whose first event is written (schemas.starts): those stored (read at start)
+    and those of the open log transaction, until it commits (then stored) or aborts (then forgotten: the
+    changes read again after the abort record them again)."""
+
+    def __init__(self) -> None:
+        self.stored: set[int] = set()  # value schema ids whose start is in the log
+        self._pending: dict[int, SchemaStart] = {}  # noted in the open log transaction, by schema id
+
+    def load(self, starts: list[SchemaStart]) -> None:
+        self.stored = {s.schema_id for s in starts}
+        self._pending.clear()
+
+    def note(self, ids: TableSchemaIds, source: dict[str, Any]) -> None:
+        """An event is written under ``ids``' value schema, with this ``source`` block."""
+        if ids.value_id in self.stored or ids.value_id in self._pending:
+            return
+        snapshot = source.get("snapshot")
+        self._pending[ids.value_id] = SchemaStart(
+            subject_for(ids.topic, is_key=False), ids.value_version, ids.value_id, ids.topic,
+            int(source.get("commit_lsn") or 0), int(source.get("event_index") or 0),
+            0 if snapshot not in (None, "false") else int(source.get("lsn") or 0),
+            snapshot not in (None, "false"),
+        )  # fmt: skip
+
+    def pending(self) -> list[SchemaStart]:
+        """The starts of the open log transaction, to write in it (capture.writer)."""
+        return list(self._pending.values())
+
+    def committed(self) -> None:
+        self.stored.update(self._pending)
+        self._pending.clear()
+
+    def aborted(self) -> None:
+        self._pending.clear()
 
 
 class AvroEncoder:
@@ -88,6 +130,7 @@ class AvroEncoder:
         self._written_columns: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         # the last record read_change read: its schema id and position (commit LSN, event index)
         self.last_read: tuple[int, tuple[int, int]] | None = None
+        self.starts = StartBook()  # where each value schema version's first event is (schemas.starts)
         self.unavailable_nulled = 0
 
     def columns(self, table: TableInfo, shape: Shape | None = None) -> list[PgColumn]:
@@ -202,18 +245,21 @@ class AvroEncoder:
         """The Avro envelope; ``source`` and ``transaction`` come as the JSON the JSON path writes; under the
         schema of ``shape`` (the table's columns at the change, :meth:`ids_at`)."""
         ids = self.ids_at(table, shape)
+        source_block = orjson.loads(source)
         try:
             datum = ids.row_codec.envelope_to_avro(
                 op=op,
                 before=None if before is None else self._placeholders(ids, before),
                 after=None if after is None else self._placeholders(ids, after),
-                source=orjson.loads(source),
+                source=source_block,
                 ts_ms=ts_ms,
                 transaction=None if transaction is None else orjson.loads(transaction),
             )
         except ValueConversionError as e:
             raise ValueConversionError(f"{table.qualified}: {e}") from e
-        return self._encode(table, ids.value_id, datum)
+        value = self._encode(table, ids.value_id, datum)
+        self.starts.note(ids, source_block)
+        return value
 
     def read_change(self, table: TableInfo, value: bytes) -> tuple[str, dict[str, Any] | None]:
         """``(op, after image)`` of a stored Avro change event, the image as capture values, for TOAST filling.

@@ -189,6 +189,7 @@ class Connector:
                                   registry=registry)  # fmt: skip
         self.writer = LogWriter(self.config, self.sink, self.keystate, converter)
         self.writer.ensure_positions_topic()
+        self.writer.load_schema_starts()
         db = psycopg.conninfo.conninfo_to_dict(self.config.dsn).get("dbname") or "postgres"
         builder = EventBuilder(
             self.config.topic_prefix,

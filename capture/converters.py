@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from capture.avro import AvroEncoder
+from capture.avro import AvroEncoder, StartBook
 from capture.config import ValueFormat
 from capture.pgtypes import JsonNumber, dumps_values
 from capture.shapes import Shape
@@ -41,6 +41,9 @@ class ValueConverter(Protocol):
     # Whether a column's type (not only its name) is part of what is written: then a change
     # of a column's type OID makes the connector read the catalog again.
     types_matter: bool
+    # Avro: where each value schema version's first event is (capture.avro.StartBook; capture.writer writes them
+    # in the log transaction of that event); None: a format without schema versions (JSON)
+    starts: StartBook | None
 
     def key(self, table: TableInfo, image: dict[str, Any]) -> bytes:
         """The record key of a row (its key columns)."""
@@ -80,6 +83,7 @@ class JsonConverter:
     """JSON keys and envelopes (the default value format)."""
 
     types_matter = False
+    starts: StartBook | None = None
 
     def key(self, table: TableInfo, image: dict[str, Any]) -> bytes:
         return dumps_values({k: image.get(k) for k in table.key})
@@ -134,6 +138,7 @@ class AvroConverter:
 
     def __init__(self, encoder: AvroEncoder) -> None:
         self.encoder = encoder
+        self.starts: StartBook | None = encoder.starts
 
     def key(self, table: TableInfo, image: dict[str, Any]) -> bytes:
         return self.encoder.key(table, image)

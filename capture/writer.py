@@ -36,6 +36,7 @@ from capture.sinks import Sink, TopicRecords, TopicSpec
 from capture.tables import TableInfo
 from eventstore.errors import ProducerFencedError
 from schemas.position import POSITIONS_TOPIC, SourcePosition, connector_key
+from schemas.starts import STARTS_TOPIC, SchemaStart, latest_starts
 
 log = logging.getLogger("capture.writer")
 
@@ -46,6 +47,16 @@ RECORD_OVERHEAD = 24  # rough bytes per record beyond key and value, for batch s
 APPEND_AHEAD_BYTES = 1 << 20
 # where a JSON envelope's ``source`` ends (capture.events renders it so): its commit LSN and event index
 _SOURCE_POSITION = re.compile(rb'"source":\{.*?"commit_lsn":(\d+),"lsn":\d+,"event_index":(\d+)\}')
+
+
+def read_schema_starts(sink: Sink) -> dict[tuple[str, int], SchemaStart]:
+    """Where each value schema version started, per (subject, version): the committed records of
+    :data:`STARTS_TOPIC` (none when the topic does not exist)."""
+    records: list[tuple[bytes | None, bytes | None]] = []
+    for partition, end in sorted(sink.end_offsets(STARTS_TOPIC).items()):
+        for batch in sink.read(STARTS_TOPIC, partition, 0, end):
+            records.extend(zip(batch.keys, batch.values, strict=True))
+    return latest_starts(records)
 
 
 class LogWriter:
@@ -76,6 +87,17 @@ class LogWriter:
 
     def ensure_positions_topic(self) -> None:
         self._ensure(POSITIONS_TOPIC, TopicSpec(compact=True, partitions=1))
+
+    def load_schema_starts(self) -> None:
+        """Avro: the value schema versions whose first event the log holds (schemas.starts), read from
+        :data:`STARTS_TOPIC` (created on first use); each version first written from now on is recorded there, in
+        the log transaction of its first event (:meth:`commit`)."""
+        book = self.converter.starts
+        if book is None:
+            return
+        if STARTS_TOPIC not in self._known:
+            self._ensure(STARTS_TOPIC, TopicSpec(compact=True, partitions=1))
+        book.load(list(read_schema_starts(self.sink).values()))
 
     def ensure_table_topic(self, table: TableInfo, topic: str) -> None:
         """A table's topic: compacted when the table has a key, delete-policy when it is keyless."""
@@ -286,11 +308,24 @@ class LogWriter:
         """Append the batch and its position and commit, durably; then the key state. False: nothing open."""
         if not self.in_txn:
             return False
+        book = self.converter.starts
+        starts = book.pending() if book is not None else []
+        if starts:  # the first events of value schema versions are in this transaction: their starts too
+            if STARTS_TOPIC not in self._known:
+                self._ensure(STARTS_TOPIC, TopicSpec(compact=True, partitions=1))
+            records = self._records_of(STARTS_TOPIC)
+            for start in starts:
+                records.keys.append(start.key)
+                records.values.append(start.to_json())
+                if records.headers is not None:
+                    records.headers.append(None)
         self.send_pending(also=((POSITIONS_TOPIC, 0),) if position is not None else ())  # one coordinator write
         late = self.sink.commit(POSITIONS_TOPIC, self.position_key, None if position is None else position.to_json())
         for tp, end in late.items():
             self._written[tp] = max(end, self._written.get(tp, 0))
         self.in_txn = False
+        if book is not None:
+            book.committed()
         self.appended_bytes = self.appended_events = 0
         self.keystate.commit(self._written)
         self._written = {}
@@ -306,6 +341,8 @@ class LogWriter:
         self._records = {}
         self.bytes = self.events = self.appended_bytes = self.appended_events = 0
         self._written = {}
+        if self.converter.starts is not None:
+            self.converter.starts.aborted()
         self.keystate.abort()
         self._known.clear()  # topics first tracked in the aborted transaction are tracked again on next sight
         if self.in_txn:

@@ -83,7 +83,7 @@ class TidelineDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        return spark_schema()
+        return spark_schema(SourceOptions.parse(self.options).include_schema_ids)
 
     def reader(self, schema: StructType) -> TidelineBatchReader:
         return TidelineBatchReader(SourceOptions.parse(self.options), schema)
@@ -92,9 +92,10 @@ class TidelineDataSource(DataSource):
         return TidelineStreamReader(SourceOptions.parse(self.options, streaming=True), schema)
 
 
-def _check_schema(schema: StructType) -> None:
-    if schema != spark_schema():
-        raise ConfigError(f"the tideline source has a fixed schema ({spark_schema().simpleString()}); got {schema}")
+def _check_schema(schema: StructType, options: SourceOptions) -> None:
+    expected = spark_schema(options.include_schema_ids)
+    if schema != expected:
+        raise ConfigError(f"the tideline source has a fixed schema ({expected.simpleString()}); got {schema}")
 
 
 def _settings(options: SourceOptions) -> ReadSettings:
@@ -106,6 +107,7 @@ def _settings(options: SourceOptions) -> ReadSettings:
         fail_on_data_loss=options.fail_on_data_loss,
         batch_rows=options.batch_rows,
         decode_avro=options.decode_avro,
+        include_schema_ids=options.include_schema_ids,
     )
 
 
@@ -121,7 +123,7 @@ class TidelineBatchReader(DataSourceReader):
     """A batch read: offsets resolved when Spark plans the query."""
 
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
-        _check_schema(schema)
+        _check_schema(schema, options)
         self.options = options
         self.settings = _settings(options)
 
@@ -142,7 +144,7 @@ class TidelineStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     offset once it appears (a view's aggregate may have no events yet)."""
 
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
-        _check_schema(schema)
+        _check_schema(schema, options)
         self.options = options
         self.settings = _settings(options)
         self._available_now_target: PartitionOffsets | None = None

@@ -42,6 +42,7 @@ OPTION_MAX_RECORDS_PER_TRIGGER = "maxrecordspertrigger"
 OPTION_BATCH_ROWS = "batchrows"
 OPTION_DECODE_AVRO = "decodeavro"
 OPTION_WHOLE_PARTITIONS = "wholepartitions"
+OPTION_INCLUDE_SCHEMA_IDS = "includeschemaids"
 
 KNOWN_OPTIONS = frozenset(
     {
@@ -58,6 +59,7 @@ KNOWN_OPTIONS = frozenset(
         OPTION_MAX_OFFSETS_PER_PARTITION,
         OPTION_MAX_RECORDS_PER_TRIGGER,
         OPTION_BATCH_ROWS,
+        OPTION_INCLUDE_SCHEMA_IDS,
         OPTION_DECODE_AVRO,
         OPTION_WHOLE_PARTITIONS,
     }
@@ -129,6 +131,9 @@ class SourceOptions:
     batch_rows: int = DEFAULT_BATCH_ROWS
     decode_avro: bool = False  # Confluent-framed Avro keys/values → capture's JSON, through the log's registry
     whole_partitions: bool = False  # one Spark partition per log partition, all of its range, in offset order
+    # columns keySchemaId / valueSchemaId: the registry schema id a Confluent-framed key / value names (null: not
+    # framed), so that a topic whose values were written under several versions can be read per version
+    include_schema_ids: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool = False) -> SourceOptions:
@@ -185,6 +190,7 @@ class SourceOptions:
             batch_rows=_positive_int(opts, OPTION_BATCH_ROWS) or DEFAULT_BATCH_ROWS,
             decode_avro=_bool(opts, OPTION_DECODE_AVRO, default=False),
             whole_partitions=whole,
+            include_schema_ids=_bool(opts, OPTION_INCLUDE_SCHEMA_IDS, default=False),
         )
 
 

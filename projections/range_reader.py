@@ -19,6 +19,12 @@ Columns (the Spark schema :data:`SPARK_SCHEMA`; Arrow types from
     headers       array<struct<key: string, value: binary>>  nullable: null when the record has none (as Kafka's source)
     is_tombstone  boolean    not null   value is null
 
+With option ``includeSchemaIds`` (:data:`SCHEMA_ID_FIELDS`), two more:
+
+    keySchemaId   int        nullable   the schema id a Confluent-framed key names (null: not framed)
+    valueSchemaId int        nullable   the same of the value: the version it was written under, with
+                                        ``decodeAvro`` too (the id of the stored bytes, before decoding)
+
 Thread-safety: functions only; each call opens its own ``Log``.
 """
 
@@ -66,18 +72,32 @@ SPARK_SCHEMA = StructType(
         StructField("is_tombstone", BooleanType(), nullable=False),
     ]
 )
+SCHEMA_ID_FIELDS = (StructField("keySchemaId", IntegerType()), StructField("valueSchemaId", IntegerType()))
 FETCH_BYTES = 8 << 20  # bytes asked of the log per fetch
 
 
-def spark_schema() -> StructType:
-    """The source's Spark schema (a copy: StructType is mutable)."""
-    return StructType.fromJson(SPARK_SCHEMA.jsonValue())
+def spark_schema(include_schema_ids: bool = False) -> StructType:
+    """The source's Spark schema (a copy: StructType is mutable); with the schema id columns when asked."""
+    schema = StructType.fromJson(SPARK_SCHEMA.jsonValue())
+    for field in SCHEMA_ID_FIELDS if include_schema_ids else ():
+        schema.add(StructField(field.name, field.dataType, field.nullable))
+    return schema
 
 
 @cache
-def arrow_schema() -> pa.Schema:
+def arrow_schema(include_schema_ids: bool = False) -> pa.Schema:
     """The exact Arrow schema Spark expects for :func:`spark_schema` (PySpark compares it with ``equals``)."""
-    return to_arrow_schema(SPARK_SCHEMA, timezone="UTC")
+    return to_arrow_schema(spark_schema(include_schema_ids), timezone="UTC")
+
+
+def schema_ids(array: pa.Array) -> pa.Array:
+    """The schema id each Confluent-framed value of a binary array names (magic byte 0, a 4-byte big-endian id);
+    null for anything else (JSON, raw bytes, null)."""
+    ids = [
+        int.from_bytes(v[1:5], "big") if v is not None and len(v) >= 5 and v[0] == 0 else None
+        for v in array.to_pylist()
+    ]
+    return pa.array(ids, pa.int32())
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +111,7 @@ class ReadSettings:
     fail_on_data_loss: bool
     batch_rows: int
     decode_avro: bool = False
+    include_schema_ids: bool = False
 
 
 def read_range(rng: OffsetRange, settings: ReadSettings) -> Iterator[pa.RecordBatch]:
@@ -205,11 +226,12 @@ def assemble(
         offsets, timestamps_ms = offsets[keep], timestamps_ms[keep]
         mask = pa.array(keep)
         keys, values, headers = keys.filter(mask), values.filter(mask), headers.filter(mask)
+    ids = [schema_ids(keys), schema_ids(values)] if settings.include_schema_ids else []
     if decoder is not None:
         keys = decoder.column(keys, "key", rng, offsets)
         values = decoder.column(values, "value", rng, offsets)
     n = len(offsets)
-    schema = arrow_schema()
+    schema = arrow_schema(settings.include_schema_ids)
     columns = [
         pa.repeat(pa.scalar(rng.topic, pa.string()), n),
         pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
@@ -219,6 +241,7 @@ def assemble(
         values,
         headers.cast(schema.field("headers").type),
         pc.is_null(values),
+        *ids,
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 

@@ -314,6 +314,23 @@ def table_schemas(
     return TableAvroSchemas(key, value, envelope_schema(value, table_record_name(prefix, schema, table, "Envelope")))
 
 
+def envelope_row_columns(envelope: Any) -> tuple[tuple[str, str | None], ...] | None:
+    """The row record's columns of a change envelope (:func:`envelope_schema`: the record ``before`` defines and
+    ``after`` names), each with its Postgres type name (the row field's :data:`PG_TYPE_PROP`); None when
+    ``envelope`` is no such schema."""
+    if not isinstance(envelope, dict) or envelope.get("type") != "record":
+        return None
+    for field in envelope.get("fields", []):
+        if not isinstance(field, dict) or field.get("name") not in ("before", "after"):
+            continue
+        branches = field["type"] if isinstance(field.get("type"), list) else [field.get("type")]
+        for branch in branches:
+            if isinstance(branch, dict) and branch.get("type") == "record":
+                return tuple((str(f["name"]), None if f.get(PG_TYPE_PROP) is None else str(f[PG_TYPE_PROP]))
+                             for f in branch.get("fields", []))  # fmt: skip
+    return None
+
+
 def envelope_schema(row: dict[str, Any], name: str) -> dict[str, Any]:
     """The change-event envelope (``schemas/avsc/envelope.avsc``) with ``row`` as before/after."""
     envelope = load_json("envelope")

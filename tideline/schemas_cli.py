@@ -1,6 +1,8 @@
 """``tideline schemas``: the schema registry, in the log directory (topic ``__schemas``) or in Kafka (``_schemas``).
 
-Commands: ``list``, ``show SUBJECT [--version N]``, ``check SUBJECT FILE`` (would this
+Commands: ``list``, ``show SUBJECT [--version N]``, ``versions SUBJECT`` (each version with
+where its first event is in the source: the capture position recorded with it, schemas.starts),
+``check SUBJECT FILE`` (would this
 ``.avsc`` be accepted as the next version? registers nothing), ``compatibility
 SUBJECT [LEVEL | --reset]`` and ``serve --port P`` (the Confluent Schema Registry REST
 API, :mod:`schemas.rest`, until Ctrl-C). The data behind list/show/check comes from
@@ -30,10 +32,19 @@ from rich.table import Table
 from eventstore.errors import TidelineError
 from eventstore.log import Log
 from eventstore.schema_store import LogSchemaStore
-from schemas.cli_api import check_file, list_subjects, render_show, show_subject
+from schemas.cli_api import (
+    check_file,
+    list_subjects,
+    render_show,
+    render_versions,
+    show_subject,
+    start_json,
+    subject_versions,
+)
 from schemas.compat import CompatibilityLevel
 from schemas.errors import SchemaError, SchemaParseError
 from schemas.registry import SchemaRegistry
+from schemas.starts import SchemaStart
 from tideline.cli_common import fail, graceful_server, listen
 
 app = typer.Typer(
@@ -98,6 +109,35 @@ def open_registry(data_dir: Path, kafka: str | None) -> Iterator[SchemaRegistry]
             yield SchemaRegistry(LogSchemaStore(log))
 
 
+def read_starts(data_dir: Path, kafka: str | None) -> dict[tuple[str, int], SchemaStart]:
+    """Where each value schema version started (schemas.starts): the topic ``__tideline_schema_starts`` of Kafka
+    at ``kafka``, else of the log at ``data_dir`` (empty when no connector wrote one)."""
+    from capture.writer import read_schema_starts
+
+    if kafka is not None:
+        import tempfile
+
+        from capture.sinks.kafka import KafkaLogSink
+
+        with tempfile.TemporaryDirectory(prefix="tideline-schemas-") as state:
+            sink = KafkaLogSink(kafka, state_dir=Path(state))
+            try:
+                return read_schema_starts(sink)
+            finally:
+                sink.close()
+    from capture.sinks.embedded import EmbeddedLogSink
+
+    with Log(data_dir, create=False) as log:
+        return read_schema_starts(EmbeddedLogSink(log))
+
+
+def _starts() -> dict[tuple[str, int], SchemaStart]:
+    try:
+        return read_starts(_data_dir(), _kafka())
+    except (TidelineError, ValueError) as e:
+        raise fail(str(e), 1) from None
+
+
 def _echo_json(value: Any) -> None:
     typer.echo(orjson.dumps(value).decode())
 
@@ -139,14 +179,29 @@ def show(
     ] = None,
     json_output: JsonOption = False,
 ) -> None:
-    """One version of a subject: its schema id, the subject's compatibility level, the schema."""
+    """One version of a subject: its schema id, the subject's compatibility level, where its first event is in the
+    source (capture's position, when a connector recorded it), the schema."""
     with _registry() as registry:
         shown = show_subject(registry, subject, version)
         shown["versions"] = registry.versions(subject)
+    shown["started"] = start_json(_starts().get((shown["subject"], shown["version"])))
     if json_output:
         _echo_json(shown)
         return
     typer.echo(render_show(shown))
+
+
+@app.command()
+def versions(subject: SubjectArg, json_output: JsonOption = False) -> None:
+    """Every version of a subject: its schema id, its row fields, and where it started: the source position (commit
+    LSN and event index, or the snapshot's) of the first event written under it, as the connector recorded it in
+    the same log transaction ("-": no event of a connector was written under it)."""
+    with _registry() as registry:
+        rows = subject_versions(registry, subject, _starts())
+    if json_output:
+        _echo_json(rows)
+        return
+    typer.echo(render_versions(rows))
 
 
 # ---------------------------------------------------------------------------- check

@@ -10,6 +10,8 @@ skips ``__.*``), except Tideline's own topics a move needs (:data:`INTERNAL_MAPP
 * ``__schemas`` (the schema registry) → ``_schemas``, Kafka's registry topic, each record
   rewritten in Confluent's field order (:func:`~eventstore.kafka.schema_store.confluent_record`),
   so the schema ids of framed values stay valid.
+* ``__tideline_schema_starts`` (where each value schema version started, schemas.starts):
+  same name on Kafka, where ``tideline schemas versions`` reads it. Shared like the positions.
 
 Never: ``__consumer_offsets`` (embedded group offsets) and the mirror's own progress topic.
 """
@@ -28,6 +30,7 @@ from eventstore.offsets import OFFSETS_TOPIC, TopicPartition
 from eventstore.schema_store import SCHEMAS_TOPIC
 from eventstore.topic import TopicConfig
 from schemas.position import POSITIONS_TOPIC
+from schemas.starts import STARTS_TOPIC
 
 KAFKA_MIN_SEGMENT_BYTES = 1 << 20  # Kafka 4 refuses a smaller segment.bytes
 RecordConverter = Callable[[bytes, bytes | None], tuple[bytes, bytes | None]]
@@ -48,6 +51,7 @@ class TopicMapping:
 INTERNAL_MAPPINGS: dict[str, TopicMapping] = {
     POSITIONS_TOPIC: TopicMapping(shared=True, copied_after_others=True),
     SCHEMAS_TOPIC: TopicMapping(target=KAFKA_SCHEMAS_TOPIC, convert=confluent_record),
+    STARTS_TOPIC: TopicMapping(shared=True),
 }
 NOT_MIRRORABLE = {
     OFFSETS_TOPIC: "it holds the embedded log's consumer group offsets, which mean nothing on Kafka "

@@ -44,6 +44,7 @@ from schemas.position import POSITIONS_TOPIC
 from schemas.registry import SchemaRegistry
 from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
+from tideline.schemas_cli import read_starts
 
 TIDELINE = str(Path(sys.executable).parent / "tideline")
 
@@ -271,6 +272,12 @@ def test_avro_capture_into_kafka_reads_with_confluents_deserializer(
             decoded.append((key, value))
     expected = [(k, v) for _, k, v in plain.records(f"{plain.prefix}.public.t") if k is not None]
     assert by_key(decoded) == by_key(expected)
+    # where the value schema's one version started (schemas.starts, on Kafka too): the first event written under it
+    [start] = [s for s in read_starts(tmp_path, kafka.bootstrap_servers).values() if s.topic == topic]
+    sources = [json.loads(v)["source"] for _, v in decoded if v is not None]
+    first = min((source["commit_lsn"], source["event_index"]) for source in sources)
+    assert (start.subject, start.version, start.snapshot) == (f"{topic}-value", 1, True)
+    assert (start.commit_lsn, start.event_index) == first
 
 
 def test_a_parallel_native_snapshot_into_kafka_then_a_truncate(

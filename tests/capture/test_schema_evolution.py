@@ -48,6 +48,7 @@ import psycopg
 import pytest
 from capture_util import capture, drop_slots, events, fresh_database, sql, stored_position
 from readiness import patience, wait_until
+from typer.testing import CliRunner
 
 from capture import native
 from capture.config import CoreChoice, ValueFormat
@@ -60,7 +61,9 @@ from eventstore.log import Log
 from eventstore.schema_store import FramedDecoder, LogSchemaStore
 from schemas.position import parse_lsn
 from schemas.registry import CompatibilityLevel, SchemaRegistry
+from tideline.cli import app as cli_app
 from tideline.pgharness import LocalPostgres
+from tideline.schemas_cli import read_starts
 
 TOPIC = "cdc.public.t"
 CAPTURED = TableFilter(include=["public.*"])
@@ -384,6 +387,39 @@ def test_avro_events_are_written_under_the_schema_at_the_change(db: str, tmp_pat
         capture(log_dir, db, plugin=plugin, table_filter=CAPTURED, value_format=avro)
     problems = compare(db, log_dir, full=case.full, value_format=avro)
     assert not problems, report(problems)
+    assert_starts_exact(log_dir, TOPIC)
+
+
+def assert_starts_exact(log_dir: Path, topic: str) -> None:
+    """Every value schema version the topic's events were written under has its start recorded (schemas.starts), at
+    its first event's source position, and no other version has one; ``tideline schemas versions`` prints them."""
+    notes: list[str] = []
+    first: dict[int, tuple[int, int, bool]] = {}
+    with Log(log_dir) as log, Consumer(log, enable_auto_commit=False) as consumer:
+        decoder = FramedDecoder(log, notes.append)
+        consumer.assign([TopicPartition(topic, p) for p in range(log.topic(topic).partitions)])
+        consumer.seek_to_beginning()
+        while batch := consumer.poll(timeout_ms=0):
+            for r in batch:
+                if r.value is not None:
+                    text, schema_id = decoder.decode(r.value)
+                    assert schema_id is not None and text is not None, notes
+                    source = json.loads(text)["source"]
+                    snapshot = source["snapshot"] not in (None, "false")
+                    position = (source["commit_lsn"], source["event_index"], snapshot)
+                    if schema_id not in first or position[:2] < first[schema_id][:2]:
+                        first[schema_id] = position
+    starts = {s.schema_id: s for s in read_starts(log_dir, None).values() if s.topic == topic}
+    assert set(starts) == set(first), (sorted(starts), sorted(first))
+    for schema_id, (commit_lsn, index, snapshot) in first.items():
+        start = starts[schema_id]
+        assert (start.commit_lsn, start.event_index, start.snapshot) == (commit_lsn, index, snapshot), (start, first)
+    shown = CliRunner().invoke(cli_app, ["--data-dir", str(log_dir), "schemas", "versions", f"{topic}-value", "--json"])
+    assert shown.exit_code == 0, shown.output
+    rows = {r["id"]: r["started"] for r in json.loads(shown.output)}
+    assert {i for i, started in rows.items() if started is not None} == set(first)
+    for schema_id, (commit_lsn, index, _) in first.items():
+        assert (rows[schema_id]["commit_lsn"], rows[schema_id]["event_index"]) == (commit_lsn, index)
 
 
 def test_placeholder_never_for_a_column_that_did_not_exist(db: str, tmp_path: Path, plugin: Plugin) -> None:
@@ -569,3 +605,5 @@ def test_random_ddl_under_kill9_every_event_is_the_row_image_then(db: str, tmp_p
     assert last.wait(timeout=patience(300)) == 0, (tmp_path / "last.err").read_text()[-2000:]
     problems = compare(db, log_dir, full=False, value_format=value_format)
     assert not problems, report(problems)
+    if value_format is ValueFormat.AVRO:
+        assert_starts_exact(log_dir, TOPIC)  # each version's start, in the transaction of its first event

@@ -217,3 +217,8 @@ def test_decode_avro_passes_json_through_and_refuses_unknown_schema_ids(spark: S
         source(spark, log_dir, "mixed", decodeAvro="true").count()
     with pytest.raises(PySparkException, match="option decodeavro must be true or false"):
         source(spark, log_dir, "plain", decodeAvro="yes").count()
+    # includeSchemaIds: the id each framed key / value names, null for anything else (here undecoded)
+    ids = source(spark, log_dir, "mixed", includeSchemaIds="true")
+    assert ids.columns[-2:] == ["keySchemaId", "valueSchemaId"]
+    assert [(r.keySchemaId, r.valueSchemaId) for r in ids.collect()] == [(None, None), (None, 999)]
+    assert source(spark, log_dir, "mixed").columns[-1] == "is_tombstone"

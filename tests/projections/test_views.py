@@ -47,6 +47,7 @@ from projections.models import metadata as read_side
 from projections.progress import FoldFailed
 from projections.rebuild import rebuild
 from projections.reference import expected_rows, records, view_rows
+from projections.schema_versions import value_schema_versions
 from schemas.registry import SchemaRegistry
 from tideline.pgharness import LocalPostgres
 
@@ -202,12 +203,42 @@ def test_views_of_avro_capture_equal_those_of_json_capture(spark: SparkSession, 
         assert SchemaRegistry(LogSchemaStore(log)).versions(f"{ACCOUNTS_TOPIC}-value") == [1, 2]  # v1 found again
     framed = [v for _, _, (_, v) in records_raw(avro_log, (ACCOUNTS_TOPIC,)) if v is not None]
     assert framed and all(v[:1] == b"\x00" for v in framed)  # the topic really is Avro
+    assert_read_per_version(spark, avro_log, ACCOUNTS_TOPIC)
     for name in (mirror, "seats"):
         view = VIEWS[name]
         expected = expected_rows(view, json_log)
         assert expected, name
         rebuild(spark, VIEWS, name, log_dir=avro_log, dsn=db)
         assert view_rows(db, view) == expected, name
+
+
+def assert_read_per_version(spark: SparkSession, log_dir: Path, topic: str) -> None:
+    """A topic written under several value schema versions reads whole through the source: with ``decodeAvro`` and
+    ``includeSchemaIds`` each row is the JSON of the columns of the version it names (``valueSchemaId``), which
+    :func:`value_schema_versions` describes, with where each version started."""
+    versions = {v.schema_id: v for v in value_schema_versions(log_dir, topic)}
+    assert len(versions) == 2 and all(v.started is not None for v in versions.values()), versions
+    rows = (spark.read.format("tideline").option("path", str(log_dir)).option("topic", topic)
+            .option("decodeAvro", "true").option("includeSchemaIds", "true").load()
+            .where("NOT is_tombstone").select("value", "valueSchemaId", "keySchemaId").collect())  # fmt: skip
+    seen: dict[int, int] = {}
+    for row in rows:
+        event = orjson.loads(bytes(row.value))
+        if event["op"] == "t":  # a TRUNCATE: no row image, its key the JSON {}
+            assert row.keySchemaId is None and row.valueSchemaId in versions
+            continue
+        image = event["after"] if event["after"] is not None else event["before"]
+        version = versions[row.valueSchemaId]
+        assert list(image) == [name for name, _ in version.columns], (image, version)
+        assert row.keySchemaId is not None and row.keySchemaId not in versions
+        seen[row.valueSchemaId] = seen.get(row.valueSchemaId, 0) + 1
+        source = event["source"]
+        started = version.started
+        assert started is not None and (source["commit_lsn"], source["event_index"]) >= (
+            started.commit_lsn, started.event_index)  # fmt: skip
+    assert set(seen) == set(versions), seen  # both versions' events are there
+    plain = spark.read.format("tideline").option("path", str(log_dir)).option("topic", topic).load()
+    assert "valueSchemaId" not in plain.columns  # only when asked
 
 
 def records_raw(log_dir: Path, topics: tuple[str, ...]) -> Iterator[tuple[str, int, tuple[bytes | None, bytes | None]]]:

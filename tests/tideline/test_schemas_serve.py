@@ -166,7 +166,11 @@ def test_the_confluent_rest_api(registry: Registry) -> None:
     shown = CliRunner().invoke(app, [*registry.global_args, "schemas", "show", orders, "--json"])
     assert shown.exit_code == 0, shown.output
     assert json.loads(shown.output) | {"schema": None} == {"subject": orders, "version": 3, "id": id3,
-        "compatibility": "BACKWARD", "schema": None, "versions": [1, 2, 3]}  # fmt: skip
+        "compatibility": "BACKWARD", "schema": None, "versions": [1, 2, 3], "started": None}  # fmt: skip
+    # no capture wrote under it: no start (schemas.starts), also in the table of versions
+    listed = CliRunner().invoke(app, [*registry.global_args, "schemas", "versions", orders, "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [(r["version"], r["started"]) for r in json.loads(listed.output)] == [(1, None), (2, None), (3, None)]
 
     # one logfmt line per request; Ctrl-C stops cleanly
     assert any(f"method=POST path=/subjects/{orders}/versions status=409" in line for line in registry.served.lines)
