@@ -40,7 +40,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from eventstore.errors import ConfigError
-from projections.options import SourceOptions
+from projections.options import SourceOptions, includes_schema_ids
 from projections.planning import (
     LogPlanner,
     OffsetRange,
@@ -83,7 +83,7 @@ class TidelineDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        return spark_schema(SourceOptions.parse(self.options).include_schema_ids)
+        return spark_schema(includes_schema_ids(self.options))
 
     def reader(self, schema: StructType) -> TidelineBatchReader:
         return TidelineBatchReader(SourceOptions.parse(self.options), schema)

@@ -194,6 +194,12 @@ class SourceOptions:
         )
 
 
+def includes_schema_ids(options: Mapping[str, str]) -> bool:
+    """Option ``includeSchemaIds`` alone (what the source's schema depends on, asked before a read is planned,
+    batch or streaming)."""
+    return _bool({k.lower(): v for k, v in options.items()}, OPTION_INCLUDE_SCHEMA_IDS, default=False)
+
+
 def _topics(opts: Mapping[str, str]) -> tuple[str, ...]:
     given = [opts[name] for name in (OPTION_TOPIC, OPTION_SUBSCRIBE) if opts.get(name)]
     if len(given) != 1:

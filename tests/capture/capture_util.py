@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import orjson
 import psycopg
@@ -17,6 +18,35 @@ from eventstore.log import Log
 from tideline.pgharness import LocalPostgres
 
 _counter = itertools.count()
+
+
+class ConnectorThread:
+    """A connector running in a thread (what it raises kept in ``errors``) for the length of a ``with`` block: the
+    block's end stops it, waits for it and fails on its errors."""
+
+    def __init__(self, log_dir: Path, config: CaptureConfig) -> None:
+        self.config = config
+        self.log = Log(log_dir)
+        self.connector = Connector(config, self.log)
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, name="connector", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.connector.run()
+        except BaseException as e:  # reported by __exit__ (and by the subclasses' waits)
+            self.errors.append(e)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.connector.stop()
+        self.thread.join(120)
+        self.log.close()
+        assert not self.thread.is_alive(), "the connector did not stop"
+        assert not self.errors, self.errors
 
 
 def fresh_database(postgres: LocalPostgres, tag: str) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from capture_util import drop_slots, fresh_database, records, sql
+from capture_util import ConnectorThread, drop_slots, fresh_database, records, sql
 from readiness import patience, wait_until
 from typer.testing import CliRunner
 from workload import soak
@@ -169,30 +169,8 @@ def run_until_caught_up(log_dir: Path, cfg: CaptureConfig) -> Stats:
         return Connector(cfg, log).run()
 
 
-class Running:
+class Running(ConnectorThread):
     """A connector streaming in a thread until stopped (its stats readable meanwhile)."""
-
-    def __init__(self, log_dir: Path, cfg: CaptureConfig) -> None:
-        self.log = Log(log_dir)
-        self.connector = Connector(cfg, self.log)
-        self.errors: list[BaseException] = []
-        self.thread = threading.Thread(target=self._run, name="connector", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.connector.run()
-        except BaseException as e:
-            self.errors.append(e)
-
-    def __enter__(self) -> Running:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.connector.stop()
-        self.thread.join(120)
-        self.log.close()
-        assert not self.errors, self.errors
 
     def wait(self, what: str, cond: Callable[[Stats], bool], timeout: float = 120) -> None:
         deadline = time.monotonic() + patience(timeout)

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import psycopg
@@ -34,14 +35,17 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from readiness import wait_until
 from schemas_serve_util import serving
 from test_avro_interop import by_key, json_form
+from test_schema_evolution import ORACLE, TABLE, RandomDdl, compare_events, report, run_tolerant
 
 import capture.snapshot_readers as snapshot_readers
 from capture.connector import CaptureConfig, Connector, ValueFormat
 from capture.messages import Plugin
+from capture.tables import TableFilter
 from eventstore.kafka import KafkaAdmin
 from eventstore.kafka.schema_store import KafkaSchemaStore
+from eventstore.schema_store import FramedDecoder
 from schemas.position import POSITIONS_TOPIC
-from schemas.registry import SchemaRegistry
+from schemas.registry import CompatibilityLevel, SchemaRegistry
 from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
 from tideline.schemas_cli import read_starts
@@ -302,3 +306,47 @@ def test_a_parallel_native_snapshot_into_kafka_then_a_truncate(
     backend.run(config)
     tombstoned = [json.loads(k)["id"] for _, k, v in backend.records(topic) if v is None]
     assert sorted(tombstoned) == [*range(1, 101), *range(101, 20_001)]  # the deletes' own, then the TRUNCATE's
+
+
+@pytest.mark.parametrize("value_format", [ValueFormat.JSON, ValueFormat.AVRO], ids=["json", "avro"])
+def test_random_ddl_into_kafka_every_event_is_the_row_image_then(
+    db: str, kafka: LocalKafka, tmp_path: Path, plugin: Plugin, value_format: ValueFormat
+) -> None:
+    """test_schema_evolution's random DDL between DML, captured into Kafka: streamed by a connector started before
+    it, then a backlog of more caught up by one whose key state was deleted (rebuilt by reading Kafka, each record
+    with the schema it was written under): every event equals the oracle's row image at its position. wal2json
+    with ``--schema-changes``, as there."""
+    rng = random.Random(2000 + (value_format is ValueFormat.AVRO) * 10 + (plugin is Plugin.PGOUTPUT))
+    sql(db, *ORACLE, *TABLE)
+    sql(db, "INSERT INTO oracle.snapshot_taken SELECT coalesce(max(seq), 0) FROM oracle.audit")
+    backend = Backend.kafka(kafka.bootstrap_servers, tmp_path / "state")
+    topic = f"{backend.prefix}.public.t"
+    if value_format is ValueFormat.AVRO:
+        with KafkaSchemaStore(kafka.bootstrap_servers) as store:  # ALTER COLUMN TYPE: refused under BACKWARD
+            SchemaRegistry(store).set_compatibility(f"{topic}-value", CompatibilityLevel.NONE)
+    config = CaptureConfig(dsn=db, slot="evo", topic_prefix=backend.prefix, plugin=plugin, value_format=value_format,
+                           table_filter=TableFilter(include=["public.t"]), exit_when_caught_up=True,
+                           schema_changes=plugin is Plugin.WAL2JSON)  # fmt: skip
+    backend.run(config)  # the snapshot
+    ddl = RandomDdl(rng)
+    run_tolerant(db, ddl.transactions(150))
+    backend.run(config)  # streamed
+    run_tolerant(db, ddl.transactions(150))
+    state = sorted(backend.path.glob("*.sqlite"))
+    assert state, list(backend.path.iterdir())
+    for path in state:  # the key state (and the shapes in it): rebuilt from Kafka by the next start
+        for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            file.unlink(missing_ok=True)
+    backend.run(config)  # the backlog, caught up with the catalog ahead of it
+    stored = [v for _, _, v in backend.records(topic) if v is not None]
+    if value_format is ValueFormat.AVRO:
+        notes: list[str] = []
+        with KafkaSchemaStore(kafka.bootstrap_servers) as store:
+            decoder = FramedDecoder(SchemaRegistry(store), notes.append)
+            texts = [decoder.decode(v)[0] for v in stored]
+        assert all(t is not None for t in texts), notes
+        events = [json.loads(t, parse_float=Decimal) for t in texts if t is not None]
+    else:
+        events = [json.loads(v, parse_float=Decimal) for v in stored]
+    problems = compare_events(db, events, full=False, value_format=value_format)
+    assert not problems, report(problems)

@@ -18,7 +18,6 @@ Every scenario also checks that the materialized topic equals the table.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,11 +27,11 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, sql
+from capture_util import ConnectorThread, capture, drop_slots, events, fresh_database, latest_by_key, sql
 from readiness import wait_until
 
 from capture.config import CaptureConfig
-from capture.connector import Connector, PublicationMode
+from capture.connector import PublicationMode
 from capture.messages import Plugin
 from capture.tables import TableFilter
 from eventstore.log import Log
@@ -86,33 +85,13 @@ def run(log_dir: Path, dsn: str, source: Source, table_filter: TableFilter | Non
             **source.options)  # fmt: skip
 
 
-class Running:
+class Running(ConnectorThread):
     """The connector streaming in a thread until the block ends."""
 
     def __init__(self, log_dir: Path, dsn: str, source: Source, table_filter: TableFilter | None = None) -> None:
-        config = CaptureConfig(dsn=dsn, slot=SLOT, topic_prefix="cdc", status_interval_s=0.05,
-                               table_filter=table_filter or TableFilter(exclude=["public.outside"]),
-                               **source.options)  # fmt: skip
-        self.log = Log(log_dir)
-        self.connector = Connector(config, self.log)
-        self.errors: list[BaseException] = []
-        self.thread = threading.Thread(target=self._run, name="connector", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.connector.run()
-        except BaseException as e:
-            self.errors.append(e)
-
-    def __enter__(self) -> Running:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.connector.stop()
-        self.thread.join(120)
-        self.log.close()
-        assert not self.errors, self.errors
+        super().__init__(log_dir, CaptureConfig(dsn=dsn, slot=SLOT, topic_prefix="cdc", status_interval_s=0.05,
+                                                table_filter=table_filter or TableFilter(exclude=["public.outside"]),
+                                                **source.options))  # fmt: skip
 
     def wait_for(self, what: str, ready: Callable[[], bool]) -> None:
         wait_until(ready, what, alive=self.thread, details=lambda: repr(self.errors))

@@ -46,7 +46,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from capture_util import capture, drop_slots, events, fresh_database, sql, stored_position
+from capture_util import ConnectorThread, capture, drop_slots, events, fresh_database, sql, stored_position
 from readiness import patience, wait_until
 from typer.testing import CliRunner
 
@@ -178,30 +178,17 @@ def wal_end(dsn: str) -> int:
         return parse_lsn(row[0])
 
 
-class Streaming:
+class Streaming(ConnectorThread):
     """A connector streaming in a thread while the workload runs (its catalog read before the DDL)."""
 
     def __init__(self, log_dir: Path, dsn: str, plugin: Plugin, core: CoreChoice,
                  value_format: ValueFormat = ValueFormat.JSON) -> None:  # fmt: skip
-        self.config = CaptureConfig(dsn=dsn, slot="t", topic_prefix="cdc", table_filter=CAPTURED, plugin=plugin,
-                                    core=core, value_format=value_format)  # fmt: skip
-        self.log = Log(log_dir)
-        self.connector = Connector(self.config, self.log)
-        self.errors: list[BaseException] = []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.connector.run()
-        except BaseException as e:  # reported by wait() and __exit__
-            self.errors.append(e)
-
-    def __enter__(self) -> Streaming:
-        self.thread.start()
-        return self
+        super().__init__(log_dir, CaptureConfig(dsn=dsn, slot="t", topic_prefix="cdc", table_filter=CAPTURED,
+                                                plugin=plugin, core=core, value_format=value_format))  # fmt: skip
 
     def wait(self, target: int, timeout: float = 60) -> None:
         """Until the connector has stored the WAL up to ``target`` (it stores an idle position too)."""
+        timeout = patience(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert not self.errors, self.errors
@@ -210,13 +197,6 @@ class Streaming:
                 return
             time.sleep(0.05)
         raise AssertionError(f"the connector did not store the WAL up to {target:X} in {timeout} s")
-
-    def __exit__(self, *exc: object) -> None:
-        self.connector.stop()
-        self.thread.join(60)
-        self.log.close()
-        assert not self.thread.is_alive(), "the connector did not stop"
-        assert not self.errors, self.errors
 
 
 def drop_key_state(log_dir: Path, dsn: str) -> None:
@@ -281,24 +261,36 @@ def _short(value: Any) -> str:
 def avro_events(log_dir: Path, topic: str) -> list[dict[str, Any]]:
     """The change events of an Avro topic, each decoded with the schema it names and rendered as capture's JSON
     (by the Postgres types of that schema's fields: a column as it was when the event was written)."""
+    return [event for _, event in decoded_events(log_dir, topic)]
+
+
+def decoded_events(log_dir: Path, topic: str) -> list[tuple[int, dict[str, Any]]]:
+    """(the schema id it names, the event decoded with it) of each change event of an Avro topic, partition by
+    partition."""
     notes: list[str] = []
     out = []
     with Log(log_dir) as log, Consumer(log, enable_auto_commit=False) as consumer:
         decoder = FramedDecoder(log, notes.append)
-        consumer.assign([TopicPartition(topic, 0)])
+        consumer.assign([TopicPartition(topic, p) for p in range(log.topic(topic).partitions)])
         consumer.seek_to_beginning()
         while batch := consumer.poll(timeout_ms=0):
             for r in batch:
                 if r.value is not None:
                     text, schema_id = decoder.decode(r.value)
                     assert schema_id is not None and text is not None, notes
-                    out.append(json.loads(text, parse_float=Decimal))
+                    out.append((schema_id, json.loads(text, parse_float=Decimal)))
     return out
 
 
 def compare(dsn: str, log_dir: Path, *, full: bool, value_format: ValueFormat = ValueFormat.JSON) -> list[str]:
-    """Every change event of ``t`` against the oracle's row image at the same position."""
+    """Every change event of ``t`` in the log at ``log_dir`` against the oracle's row image at the same position."""
     stored = avro_events(log_dir, TOPIC) if value_format is ValueFormat.AVRO else events(log_dir, TOPIC)
+    return compare_events(dsn, stored, full=full, value_format=value_format)
+
+
+def compare_events(dsn: str, stored: list[dict[str, Any]], *, full: bool, value_format: ValueFormat) -> list[str]:
+    """Every change event of ``stored`` (``t``'s, decoded, in any order) against the oracle's row image at the same
+    position."""
     changes = [e for e in stored if e["op"] != "r"]
     changes.sort(key=lambda e: (e["source"]["commit_lsn"], e["source"]["event_index"]))
     oracle = audit(dsn)
@@ -393,22 +385,12 @@ def test_avro_events_are_written_under_the_schema_at_the_change(db: str, tmp_pat
 def assert_starts_exact(log_dir: Path, topic: str) -> None:
     """Every value schema version the topic's events were written under has its start recorded (schemas.starts), at
     its first event's source position, and no other version has one; ``tideline schemas versions`` prints them."""
-    notes: list[str] = []
     first: dict[int, tuple[int, int, bool]] = {}
-    with Log(log_dir) as log, Consumer(log, enable_auto_commit=False) as consumer:
-        decoder = FramedDecoder(log, notes.append)
-        consumer.assign([TopicPartition(topic, p) for p in range(log.topic(topic).partitions)])
-        consumer.seek_to_beginning()
-        while batch := consumer.poll(timeout_ms=0):
-            for r in batch:
-                if r.value is not None:
-                    text, schema_id = decoder.decode(r.value)
-                    assert schema_id is not None and text is not None, notes
-                    source = json.loads(text)["source"]
-                    snapshot = source["snapshot"] not in (None, "false")
-                    position = (source["commit_lsn"], source["event_index"], snapshot)
-                    if schema_id not in first or position[:2] < first[schema_id][:2]:
-                        first[schema_id] = position
+    for schema_id, event in decoded_events(log_dir, topic):
+        source = event["source"]
+        position = (source["commit_lsn"], source["event_index"], source["snapshot"] not in (None, "false"))
+        if schema_id not in first or position[:2] < first[schema_id][:2]:
+            first[schema_id] = position
     starts = {s.schema_id: s for s in read_starts(log_dir, None).values() if s.topic == topic}
     assert set(starts) == set(first), (sorted(starts), sorted(first))
     for schema_id, (commit_lsn, index, snapshot) in first.items():
