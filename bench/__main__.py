@@ -51,6 +51,7 @@ class Context:
     workdir: Path  # fresh, empty, removed afterwards unless --keep
     quick: bool  # smaller sizes: a smoke run, not for BENCHMARKS.md
     console: Console
+    writes: bool = False  # the run rewrites BENCHMARKS.md: only then are its plots (bench/plots) written too
 
     def say(self, text: str) -> None:
         self.console.print(f"  {text}", style="dim", highlight=False)
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             + ("the same filesystem as the repository." if same else f"not the filesystem of {REPO}.")
         )
         console.rule(f"{module.TITLE}")
-        ctx = Context(workdir, args.quick, console)
+        ctx = Context(workdir, args.quick, console, writes=not (args.quick or args.no_write))
         start = time.perf_counter()
         try:
             module.run(ctx, section)

@@ -452,7 +452,7 @@ def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kaf
             if name == "bench" and plugin is Plugin.WAL2JSON:
                 best_series = series
             execute(dsn, "SELECT pg_drop_replication_slot(%s)", (f"src_{plugin.value}",))
-    if not ctx.quick and best_series:
+    if ctx.writes and best_series:  # the committed plots change only with BENCHMARKS.md
         plot = plot_throughput(best_series, *THROUGHPUT_RATES)
         section.notes.append(
             f"Throughput over time (wal2json, bench workload, best run): ![capture throughput]({plot})"
@@ -800,7 +800,7 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka:
             ctx.say(f"latency into Kafka at {LATENCY_RATE:,} changes/s: {into_kafka.describe()}")
         finally:
             stop_latency_connector(connector)
-    if not ctx.quick:
+    if ctx.writes:
         plot = plot_latency(target, low)
         section.notes.append(f"Latency over time (each point an event): ![capture latency]({plot})")
     p99 = target.pct(99)
