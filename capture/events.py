@@ -59,7 +59,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
@@ -257,7 +257,8 @@ class EventEncoder:
             values = {c: v for c, v in after.items() if c in columns and v != UNAVAILABLE}
         return values if ToastCache.size_of(values) >= TOAST_MIN_ROW_BYTES else None
 
-    def _source(self, m: ChangeMessage | None, table: TableInfo | None, ctx: TxnContext, index: int) -> bytes:
+    def _source(self, m: ChangeMessage | None, table: TableInfo | TableName | None, ctx: TxnContext,
+                index: int) -> bytes:  # fmt: skip
         """``source`` as JSON: the part shared by a transaction's events of one table is rendered once."""
         name = table.qualified if table is not None else ""
         prefix = ctx.source_prefix.get(name)
@@ -579,11 +580,7 @@ class EventBuilder(EventEncoder):
 
     def schema_change(self, ddl: DdlMessage, m: ChangeMessage, ctx: TxnContext, index: int, now_ms: int) -> Event:
         """The schema change event of one DDL on a captured table (capture.schema_changes)."""
-        source = dumps({
-            "version": VERSION, "connector": "postgresql", "name": self.prefix, "ts_ms": ctx.ts_ms,
-            "snapshot": ctx.snapshot, "db": self.db, "schema": ddl.schema, "table": ddl.table, "txId": ctx.xid,
-            "commit_lsn": ctx.commit_lsn, "lsn": m.lsn, "event_index": index,
-        })  # fmt: skip
+        source = self._source(m, TableName(ddl.schema, ddl.table, ddl.qualified), ctx, index)
 
         def keep(column: str) -> bool:
             return self.filter.column_action(ddl.schema, ddl.table, column) != "drop"
@@ -614,6 +611,15 @@ class EventBuilder(EventEncoder):
             }
         )
         return Event(self.transaction_topic, dumps({"id": txn_id}), value)
+
+
+class TableName(NamedTuple):
+    """A table by name alone (what :meth:`EventEncoder._source` reads of a table), for one the catalog may not
+    have: a schema change event's (the table may be dropped)."""
+
+    schema: str
+    name: str
+    qualified: str
 
 
 _NOT_FOUND: Any = object()
