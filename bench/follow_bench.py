@@ -37,9 +37,9 @@ from typing import IO, TYPE_CHECKING
 
 import psycopg
 
-import migrations
 from bench.report import Section, measured
 from commands.handler import CommandHandler, HandlerConfig
+from examples.reservations import models as example
 from examples.reservations.domain import USER, RegisterUser
 from projections import store
 from projections.consistency import parse_lsn, wait_for
@@ -204,7 +204,7 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
 
 def run_engine(ctx: Context, pg: LocalPostgres, engine: str, rates: list[int], seconds: float) -> list[RunResult]:
     dsn = pg.create_database(f"follow_{engine}")
-    migrations.upgrade(dsn)
+    example.upgrade(dsn)  # Tideline's branch and the example's view tables
     log_dir = ctx.workdir / f"log_{engine}"
     capture_argv = [TIDELINE, "--data-dir", str(log_dir), "capture", "run", "--dsn", dsn, "--slot", f"rw_{engine}",
                     "--tables", "public.events", "--outbox-table", "public.events"]  # fmt: skip

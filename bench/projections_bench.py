@@ -271,7 +271,7 @@ def view_rebuild(
     ctx: Context, section: Section, spark: SparkSession, pg: LocalPostgres, kafka: LocalKafka, n: int
 ) -> None:
     """Figure 1: ``rebuild`` of the seats view from the log and from Kafka vs ``fold_frame`` over Parquet."""
-    import migrations
+    from examples.reservations import models as example
     from examples.reservations.views import VIEWS
 
     log_dir, parquet_dir = ctx.workdir / "reservations", ctx.workdir / "reservations.parquet"
@@ -286,7 +286,7 @@ def view_rebuild(
     assert copied == n, f"{copied:,} of {n:,} events copied into Kafka"
     ctx.say(f"the same events into Kafka (1 broker) in {time.perf_counter() - t0:.1f} s")
     dsn = pg.create_database("bench_projections")
-    migrations.upgrade(dsn)
+    example.upgrade(dsn)  # Tideline's branch and the example's view tables
     view = VIEWS[VIEW]
     assert isinstance(view, FoldView)
     from_parquet = spark.read.parquet(str(parquet_dir))

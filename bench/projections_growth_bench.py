@@ -36,7 +36,7 @@ QUICK = (20_000, 100_000)
 
 
 def run(ctx: Context, section: Section) -> None:
-    import migrations
+    from examples.reservations import models as example
     from examples.reservations.views import VIEWS
 
     small_n, large_n = QUICK if ctx.quick else (FULL_EVENTS, LARGE_EVENTS)
@@ -55,7 +55,7 @@ def run(ctx: Context, section: Section) -> None:
                     f"{n:,} reservation events ({streams:,} streams) into the log in {time.perf_counter() - t0:.1f} s"
                 )
             dsn = pg.create_database(database)
-            migrations.upgrade(dsn)
+            example.upgrade(dsn)  # Tideline's branch and the example's view tables
             result = rebuild.rebuild(spark, VIEWS, VIEW, log_dir=log_dir, dsn=dsn)
             if result.events != n:
                 raise AssertionError(f"the rebuild read {result.events:,} of {n:,} events of {EVENTS_TOPIC}")

@@ -13,8 +13,8 @@ ${imports if imports else ""}
 
 revision: str = ${repr(up_revision)}
 down_revision: str | None = ${repr(down_revision)}
-branch_labels: str | None = None
-depends_on: str | None = None
+branch_labels: tuple[str, ...] | None = ${repr(((branch_labels,) if isinstance(branch_labels, str) else tuple(branch_labels)) if branch_labels else None)}
+depends_on: tuple[str, ...] | None = ${repr(((depends_on,) if isinstance(depends_on, str) else tuple(depends_on)) if depends_on else None)}
 
 
 def upgrade() -> None:

@@ -1,18 +1,13 @@
-"""The read side's tables as SQLAlchemy Core metadata: read views and projection bookkeeping.
+"""Tideline's read-side tables as SQLAlchemy Core metadata: the CDC mirror view and projection bookkeeping.
 
-Like :mod:`commands.schema`, this is the *current* shape; ``migrations/versions/0002``
-creates it with explicit DDL, and a test checks after upgrading that the database equals
-this metadata (both metadata objects together). ``migrations`` imports this module,
-never the reverse.
+Like :mod:`commands.schema`, this is the *current* shape; the ``tideline`` migrations branch
+(``migrations/versions/tideline_0002``) creates it with explicit DDL, and a test checks after upgrading that the
+database equals this metadata (both metadata objects together). ``migrations`` imports this module, never the
+reverse. An application's own view tables live in the application (its metadata, its migrations branch: see
+docs/your-app.md); the reservations example's are in ``examples/reservations/models.py``.
 
-Read views (the reservations example's, kept here because every table Tideline runs
-on is created by the one migration chain):
+View:
 
-- ``users``: one row per registered user (fold of ``events.user``);
-- ``seats``: the current holder of each seat, one row per *active* reservation
-  (fold of ``events.reservation``);
-- ``show_occupancy``: seats reserved and cancelled per show and hour of event time
-  (``recorded_at``), hourly tumbling windows;
 - ``cdc_mirror``: the latest row per key of any CDC topic (one table, a column
   ``projection`` tells mirrors apart).
 
@@ -25,9 +20,8 @@ Bookkeeping:
 - ``projection_runs``: the last run of each projection (mode, start/end, events, the
   source LSN the view has reached — see :mod:`projections.consistency`).
 
-Constraint and index names follow Postgres's defaults (``<table>_pkey``,
-``<table>_<column>_key``) on purpose: a rebuild builds a shadow table with
-``LIKE … INCLUDING ALL`` and renames the shadow's names to these after the swap.
+Constraint names follow Postgres's defaults (``<table>_pkey``); a rebuild keeps whatever names a view's
+table has.
 
 LSNs are stored as ``bigint`` (the 64-bit WAL position; ``0/16B3D40`` is
 ``0x016B3D40``).
@@ -44,51 +38,12 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     Table,
     Text,
-    UniqueConstraint,
     func,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
 metadata = MetaData()
-
-users = Table(
-    "users",
-    metadata,
-    Column("user_id", Text, nullable=False),
-    Column("username", Text, nullable=False),
-    Column("display_name", Text, nullable=False),
-    Column("version", Integer, nullable=False, comment="version of the user's stream the row reflects"),
-    Column("commit_lsn", BigInteger, nullable=False, comment="source commit LSN of that version"),
-    PrimaryKeyConstraint("user_id", name="users_pkey"),
-    UniqueConstraint("username", name="users_username_key"),
-    comment="read view: registered users (projection users)",
-)
-
-seats = Table(
-    "seats",
-    metadata,
-    Column("show_id", Text, nullable=False),
-    Column("seat", Text, nullable=False),
-    Column("reservation_id", Text, nullable=False),
-    Column("customer_id", Text, nullable=False),
-    Column("version", Integer, nullable=False, comment="version of the reservation's stream"),
-    Column("commit_lsn", BigInteger, nullable=False, comment="source commit LSN of that version"),
-    PrimaryKeyConstraint("show_id", "seat", name="seats_pkey"),
-    comment="read view: the active reservation holding each seat (projection seats)",
-)
-
-show_occupancy = Table(
-    "show_occupancy",
-    metadata,
-    Column("show_id", Text, nullable=False),
-    Column("window_start", DateTime(timezone=True), nullable=False, comment="hour of recorded_at (UTC)"),
-    Column("window_end", DateTime(timezone=True), nullable=False),
-    Column("reserved", Integer, nullable=False, server_default=text("0"), comment="SeatReserved events"),
-    Column("cancelled", Integer, nullable=False, server_default=text("0"), comment="ReservationCancelled events"),
-    PrimaryKeyConstraint("show_id", "window_start", name="show_occupancy_pkey"),
-    comment="read view: reservations and cancellations per show and hour (projection show_occupancy)",
-)
 
 cdc_mirror = Table(
     "cdc_mirror",
@@ -144,5 +99,5 @@ projection_runs = Table(
     comment="the last run of each projection and the source position its view has reached",
 )
 
-VIEW_TABLES = (users, seats, show_occupancy, cdc_mirror)
+VIEW_TABLES = (cdc_mirror,)
 BOOKKEEPING_TABLES = (projection_state, projection_checkpoints, projection_runs)

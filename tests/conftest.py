@@ -23,6 +23,25 @@ def pytest_configure(config: pytest.Config) -> None:
     tests that stop a child with SIGINT (Ctrl-C) see what a user's terminal would do."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    _check_checkout()
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _check_checkout() -> None:
+    """The suite tests this checkout: an editable install made from another checkout would have the suite (and
+    the ``tideline`` processes its tests start) import that one's code, and pass or fail for it."""
+    import capture.connector
+    import tideline.cli
+
+    for module in (capture.connector, tideline.cli):
+        origin = Path(module.__file__ or "").resolve()
+        if not origin.is_relative_to(REPO):
+            raise pytest.UsageError(
+                f"{module.__name__} is imported from {origin}, not from this checkout ({REPO}): "
+                f"reinstall it here (`{REPO}/.venv/bin/pip install --no-deps -e {REPO}`)"
+            )
 
 
 @pytest.fixture(scope="session", autouse=True)

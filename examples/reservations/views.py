@@ -33,8 +33,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from commands.schema import snapshots
+from examples.reservations import models
 from examples.reservations.domain import RESERVATION, USER, Reservation, Status, User
-from projections import models
 from projections.views import (
     CountView,
     FoldView,

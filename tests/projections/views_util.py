@@ -12,13 +12,13 @@ from typing import Any
 
 import psycopg
 
-import migrations
 from capture.connector import CaptureConfig, Connector, Stats
 from capture.tables import TableFilter
 from commands.errors import DomainError, DuplicateClaimError
 from commands.handler import CommandHandler, HandlerConfig
 from eventstore.log import Log
 from eventstore.producer import Producer
+from examples.reservations import models as example
 from examples.reservations.domain import RESERVATION, USER, CancelReservation, ChangeSeat, RegisterUser, ReserveSeat
 from tideline.pgharness import LocalPostgres
 
@@ -33,7 +33,7 @@ def soak() -> bool:
 
 def migrated_database(postgres: LocalPostgres, tag: str) -> str:
     dsn = postgres.create_database(f"views_{tag}_{next(_counter)}_{uuid.uuid4().hex[:6]}")
-    migrations.upgrade(dsn)
+    example.upgrade(dsn)  # Tideline's branch and the example's (its view tables)
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, balance numeric NOT NULL)")
     return dsn

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import psycopg
 
-import migrations
 from capture.connector import CaptureConfig, Connector, Stats
 from capture.sinks import Sink
 from capture.tables import TableFilter
 from eventstore.log import Log
+from examples.reservations import models as example
 from tideline.pgharness import LocalPostgres
 
 PREFIX = "cdc"
@@ -57,7 +57,7 @@ def watched_database(postgres: LocalPostgres, *, orders: int = 50) -> Watched:
     rows) and ``notes`` (no key: a keyless-table warning)."""
     name = f"console_{next(_databases)}_{uuid.uuid4().hex[:6]}"
     dsn = postgres.create_database(name)
-    migrations.upgrade(dsn)
+    example.upgrade(dsn)  # Tideline's branch and the example's (its view tables)
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE TABLE orders (id int PRIMARY KEY, total numeric(12,2) NOT NULL)")
         c.execute("CREATE TABLE notes (body text)")

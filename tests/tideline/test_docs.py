@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-import migrations
+from examples.reservations import models as example
 from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_block_runs(where: str, lang: str, body: str, tmp_path: Path, postgres: 
     # A migrated database of its own, for snippets that say dsn = os.environ["TIDELINE_DSN"]
     # (a block that starts its own Postgres sets the variable itself).
     env["TIDELINE_DSN"] = postgres.create_database(f"docs_{next(_databases)}_{os.getpid()}")
-    migrations.upgrade(env["TIDELINE_DSN"])
+    example.upgrade(env["TIDELINE_DSN"])  # the docs run the example: its branch too
     body = body.replace("/tmp/", f"{tmp_path}/")  # the examples' fixed paths, private to this run
     argv = ["bash", "-euo", "pipefail", "-c", body] if lang == "bash" else [sys.executable, "-c", body]
     result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

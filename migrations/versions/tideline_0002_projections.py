@@ -1,8 +1,11 @@
-"""read views (users, seats, show_occupancy, cdc_mirror) and projection bookkeeping
+"""the CDC mirror view (cdc_mirror) and projection bookkeeping
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: tideline_0002 (0002 before Tideline 0.2)
+Revises: tideline_0001
 Create Date: 2025-01-02
+
+Before Tideline 0.2 this revision also created the reservations example's tables (users, seats,
+show_occupancy); a database migrated then keeps them, and the example's own first revision adopts them.
 """
 
 from __future__ import annotations
@@ -11,47 +14,13 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
-revision: str = "0002"
-down_revision: str | None = "0001"
+revision: str = "tideline_0002"
+down_revision: str | None = "tideline_0001"
 branch_labels: str | None = None
 depends_on: str | None = None
 
 
 def upgrade() -> None:
-    op.create_table(
-        "users",
-        sa.Column("user_id", sa.Text, nullable=False),
-        sa.Column("username", sa.Text, nullable=False),
-        sa.Column("display_name", sa.Text, nullable=False),
-        sa.Column("version", sa.Integer, nullable=False, comment="version of the user's stream the row reflects"),
-        sa.Column("commit_lsn", sa.BigInteger, nullable=False, comment="source commit LSN of that version"),
-        sa.PrimaryKeyConstraint("user_id", name="users_pkey"),
-        sa.UniqueConstraint("username", name="users_username_key"),
-        comment="read view: registered users (projection users)",
-    )
-    op.create_table(
-        "seats",
-        sa.Column("show_id", sa.Text, nullable=False),
-        sa.Column("seat", sa.Text, nullable=False),
-        sa.Column("reservation_id", sa.Text, nullable=False),
-        sa.Column("customer_id", sa.Text, nullable=False),
-        sa.Column("version", sa.Integer, nullable=False, comment="version of the reservation's stream"),
-        sa.Column("commit_lsn", sa.BigInteger, nullable=False, comment="source commit LSN of that version"),
-        sa.PrimaryKeyConstraint("show_id", "seat", name="seats_pkey"),
-        comment="read view: the active reservation holding each seat (projection seats)",
-    )
-    op.create_table(
-        "show_occupancy",
-        sa.Column("show_id", sa.Text, nullable=False),
-        sa.Column("window_start", sa.DateTime(timezone=True), nullable=False, comment="hour of recorded_at (UTC)"),
-        sa.Column("window_end", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("reserved", sa.Integer, nullable=False, server_default=sa.text("0"), comment="SeatReserved events"),
-        sa.Column(
-            "cancelled", sa.Integer, nullable=False, server_default=sa.text("0"), comment="ReservationCancelled events"
-        ),
-        sa.PrimaryKeyConstraint("show_id", "window_start", name="show_occupancy_pkey"),
-        comment="read view: reservations and cancellations per show and hour (projection show_occupancy)",
-    )
     op.create_table(
         "cdc_mirror",
         sa.Column("projection", sa.Text, nullable=False),
@@ -120,8 +89,5 @@ def downgrade() -> None:
         "projection_checkpoints",
         "projection_state",
         "cdc_mirror",
-        "show_occupancy",
-        "seats",
-        "users",
     ):
         op.drop_table(table)

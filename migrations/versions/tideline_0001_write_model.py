@@ -1,6 +1,6 @@
 """write model: events (append-only), commands, claims, snapshots
 
-Revision ID: 0001
+Revision ID: tideline_0001 (0001 before Tideline 0.2: migrations.upgrade renames it in the version table)
 Revises:
 Create Date: 2025-01-01
 """
@@ -13,9 +13,9 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
-revision: str = "0001"
+revision: str = "tideline_0001"
 down_revision: str | None = None
-branch_labels: str | None = None
+branch_labels: tuple[str, ...] | None = ("tideline",)  # an app's migrations are a branch of their own
 depends_on: str | None = None
 
 APPEND_ONLY_SQL = """
