@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tideline.cli_common import fail
 from tideline.config import DATA_DIR_ENV, KAFKA_BOOTSTRAP_ENV, resolve_data_dir, resolve_kafka_bootstrap
+from tideline.project import PROJECT_ENV
+
+if TYPE_CHECKING:
+    from tideline.project import Project
 
 app = typer.Typer(
     name="tideline",
@@ -56,15 +60,46 @@ def _root(
             show_default=False,
         ),
     ] = None,
+    project: Annotated[
+        str | None,
+        typer.Option(
+            "--project",
+            envvar=PROJECT_ENV,
+            metavar="FILE",
+            help="The project file (default: the nearest tideline.toml, or pyproject.toml with [tool.tideline], "
+            "from the working directory up).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    State.data_dir = resolve_data_dir(data_dir)
+    settings = _project(ctx, project)
+    State.data_dir = resolve_data_dir(data_dir if data_dir is not None or settings is None else settings.data_dir)
     State.kafka = resolve_kafka_bootstrap(kafka)
+    if State.kafka is None and kafka is None and settings is not None:
+        State.kafka = settings.kafka_bootstrap()
     if State.kafka is not None and ctx.invoked_subcommand not in KAFKA_READY_COMMANDS:
         raise fail(
             f"`tideline {ctx.invoked_subcommand}` does not support Kafka yet (`tideline log`, `capture`, "
             "`schemas`, `project` and `console` do): "
             f"drop --kafka / unset {KAFKA_BOOTSTRAP_ENV} to use the embedded log"
         )
+
+
+def _project(ctx: typer.Context, explicit: str | None) -> Project | None:
+    """Load the project file (if any), make its directory importable, and hand its values to the sub-commands
+    as click's ``default_map`` (below their flags and environment variables)."""
+    from tideline.project import ProjectError, activate, default_map, find, load, options_by_group
+
+    try:
+        path = find(explicit=explicit)
+        if path is None:
+            return None
+        settings = load(path, options_by_group(ctx.command))
+    except ProjectError as e:
+        raise fail(str(e)) from None
+    activate(settings)
+    ctx.default_map = default_map(settings, ctx.command)
+    return settings
 
 
 def _register() -> None:
