@@ -101,7 +101,7 @@ bench: system venv native jars
 	$(PY) -m bench
 
 demo: system venv native jars
-	$(VENV)/bin/tideline demo
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/tideline demo
 
 clean:
 	rm -rf $(VENV) native/target tideline-data .pytest_cache .mypy_cache .ruff_cache .reliability-results $(JAR_CACHE)

@@ -30,6 +30,9 @@ from bench.report import BENCHMARKS_MD, Machine, Section, filesystem_of, print_s
 
 # In report order. Later modules plug in here: capture, schemas, commands, projections.
 REPO = BENCHMARKS_MD.parent
+# The examples (the workloads' domains and views) are not part of the installed package: the processes a
+# benchmark starts import them from the checkout, like this one does (python -m bench runs from its root).
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
 
 MODULES: list[str] = [
     "bench.log_bench",

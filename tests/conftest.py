@@ -24,9 +24,22 @@ def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     _check_checkout()
+    _examples_importable()
 
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _examples_importable() -> None:
+    """The examples are not part of the installed package (the wheel ships none): the suite imports them from
+    the checkout, and so do the processes its tests start (PYTHONPATH), Spark's workers included."""
+    import sys
+
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    current = os.environ.get("PYTHONPATH", "")
+    if str(REPO) not in current.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), current) if p)
 
 
 def _check_checkout() -> None:

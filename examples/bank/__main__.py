@@ -24,6 +24,7 @@ import typer
 from commands.codec import to_json
 from commands.errors import CommandsError
 from commands.handler import CommandResult
+
 from .app import BankApp, ReadTimeout
 
 app = typer.Typer(

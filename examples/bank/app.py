@@ -19,8 +19,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from commands.handler import CommandHandler, CommandResult, HandlerConfig, Loaded
-from .domain import ACCOUNT, Account, CloseAccount, Deposit, OpenAccount, Withdraw
 from projections.consistency import wait_for
+
+from .domain import ACCOUNT, Account, CloseAccount, Deposit, OpenAccount, Withdraw
 
 VIEW = "accounts"
 

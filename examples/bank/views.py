@@ -22,9 +22,10 @@ from datetime import UTC
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from projections.views import CountView, FoldView, MirrorView, Row, StoredEvent, Stream, ViewCatalog
+
 from . import models
 from .domain import ACCOUNT, Account, Status
-from projections.views import CountView, FoldView, MirrorView, Row, StoredEvent, Stream, ViewCatalog
 
 DEPOSITED, WITHDRAWN = "MoneyDeposited", "MoneyWithdrawn"
 

@@ -2,7 +2,8 @@
 
 Convention (README.md, "Documentation conventions"): a fence
 tagged ``bash`` or ``python`` is a runnable example and is executed here, each block on
-its own in a fresh temporary directory (``bash -euo pipefail`` with the venv's ``bin``
+its own in a fresh temporary directory (a doc marked ``<!-- doc-test: one session -->``, a guide, runs its bash
+blocks in order as one session) (``bash -euo pipefail`` with the venv's ``bin``
 first on PATH; ``python`` with the venv's interpreter). An untagged fence (usage
 synopses, output, architecture pictures) or any other language is shown, not run. A
 block whose first line is ``# not run: <reason>`` is skipped, saying why.
@@ -33,15 +34,29 @@ FENCE = re.compile(r"^```(?P<lang>[A-Za-z0-9_+-]*)[^\n]*\n(?P<body>.*?)^```[ \t]
 RUNNABLE = ("bash", "python")
 
 
+ONE_SESSION = "<!-- doc-test: one session -->"  # a doc whose bash blocks are the steps of one shell session
+
+
 def blocks() -> list[tuple[str, str, str]]:
     out = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = path.read_text()
-        for m in FENCE.finditer(text):
-            if m["lang"] in RUNNABLE:
-                line = text.count("\n", 0, m.start()) + 1
-                out.append((f"{path.relative_to(ROOT)}:{line}", m["lang"], m["body"]))
+        found = [
+            (f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}", m["lang"], m["body"])
+            for m in FENCE.finditer(text)
+            if m["lang"] in RUNNABLE
+        ]
+        if ONE_SESSION in text and found:
+            assert {lang for _, lang, _ in found} == {"bash"}, f"{path}: a one-session doc runs bash blocks only"
+            out.append((found[0][0], "bash", session(text)))
+        else:
+            out.extend(found)
     return out
+
+
+def session(text: str) -> str:
+    """The bash blocks of a one-session doc, in order, as one script."""
+    return "".join(m["body"] for m in FENCE.finditer(text) if m["lang"] == "bash")
 
 
 BLOCKS = blocks()
