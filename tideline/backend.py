@@ -1,0 +1,228 @@
+"""The log backend, chosen once: the embedded log in a directory, or an Apache Kafka cluster.
+
+Every part of Tideline that touches the log takes it from one :class:`Backend` (``choose`` makes it from the
+``--data-dir`` / ``--kafka`` options, their ``TIDELINE_*`` variables or the project file), by role:
+
+=================  ===============================================  ==============================================
+role               embedded (``EmbeddedBackend``)                    Kafka (``KafkaBackend``)
+=================  ===============================================  ==============================================
+``capture_log``    the log itself (the connector's default sink)    :class:`capture.sinks.kafka.KafkaLogSink`
+``sink``           :class:`capture.sinks.embedded.EmbeddedLogSink`  :class:`capture.sinks.kafka.KafkaLogSink`
+``source``         :class:`projections.embedded_source.             :class:`projections.kafka_source.KafkaSource`
+                   EmbeddedSource`
+``schema_store``   :class:`eventstore.schema_store.LogSchemaStore`  :class:`eventstore.kafka.schema_store.
+                   (topic ``__schemas``)                            KafkaSchemaStore` (topic ``_schemas``)
+=================  ===============================================  ==============================================
+
+Each role is a contract with a test suite run against both backends (tests/capture/test_sinks.py for the sink,
+tests/tideline/test_backend_contract.py for the reader and the schema store). The CLI, the console and the jobs
+ask the backend for a role instead of testing which backend they run on.
+
+Imports are lazy: choosing a backend loads neither Kafka's client nor the log's storage.
+"""
+
+from __future__ import annotations
+
+import abc
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from capture.sinks import Sink
+    from eventstore.log import Log
+    from projections.sources import LogSource
+    from schemas.registry import SchemaRegistry, SchemaStore
+    from schemas.starts import SchemaStart
+
+
+class Backend(abc.ABC):
+    """Where the log is. Immutable; opening a role opens what that role needs, and closing it closes that."""
+
+    kind: ClassVar[str]
+
+    @property
+    @abc.abstractmethod
+    def description(self) -> str:
+        """For messages: ``the log at DIR`` / ``Kafka at HOST:PORT``."""
+
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Fail early, in one line, when the backend cannot be reached (Kafka: nobody listens)."""
+
+    @abc.abstractmethod
+    @contextmanager
+    def capture_log(
+        self,
+        state_dir: Path | None = None,
+        *,
+        create: bool = True,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+    ) -> Iterator[tuple[Log | None, Sink | None]]:
+        """What the connector writes to: the embedded log (its default sink), or Kafka's sink (key state under
+        ``state_dir``, default ``<data dir>/_capture``)."""
+
+    @abc.abstractmethod
+    @contextmanager
+    def sink(self, state_dir: Path | None = None, *, create: bool = False) -> Iterator[Sink]:
+        """The capture sink of this backend (reads of capture's own topics: positions, schema starts)."""
+
+    @abc.abstractmethod
+    def source(self, *, create: bool = False) -> LogSource:
+        """The projections' reader of this backend (the caller closes it; ``create``: an embedded log that does
+        not exist yet is created, as a follow job does)."""
+
+    @abc.abstractmethod
+    @contextmanager
+    def schema_store(self) -> Iterator[SchemaStore]:
+        """Where the schema registry keeps its records."""
+
+    @abc.abstractmethod
+    def topic_settings_apply(self) -> bool:
+        """Whether topic replication settings (``--replication-factor``, ``--min-insync-replicas``) mean anything."""
+
+    @contextmanager
+    def registry(self) -> Iterator[SchemaRegistry]:
+        """The schema registry of this backend."""
+        from schemas.registry import SchemaRegistry
+
+        self.check()
+        with self.schema_store() as store:
+            yield SchemaRegistry(store)
+
+    def schema_starts(self) -> dict[tuple[str, int], SchemaStart]:
+        """Where each value schema version started (``__tideline_schema_starts``; empty when none was written)."""
+        from capture.writer import read_schema_starts
+
+        self.check()
+        with tempfile.TemporaryDirectory(prefix="tideline-starts-") as state, self.sink(Path(state)) as sink:
+            return read_schema_starts(sink)
+
+
+@dataclass(frozen=True)
+class EmbeddedBackend(Backend):
+    """The embedded log in ``data_dir``."""
+
+    data_dir: Path
+    kind: ClassVar[str] = "embedded"
+
+    @property
+    def description(self) -> str:
+        return f"the log at {self.data_dir}"
+
+    def check(self) -> None:
+        return None
+
+    def topic_settings_apply(self) -> bool:
+        return False
+
+    @contextmanager
+    def capture_log(
+        self,
+        state_dir: Path | None = None,
+        *,
+        create: bool = True,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+    ) -> Iterator[tuple[Log | None, Sink | None]]:
+        from eventstore.log import Log
+
+        with Log(self.data_dir, create=create) as log:
+            yield log, None
+
+    @contextmanager
+    def sink(self, state_dir: Path | None = None, *, create: bool = False) -> Iterator[Sink]:
+        from capture.sinks.embedded import EmbeddedLogSink
+        from eventstore.log import Log
+
+        with Log(self.data_dir, create=create) as log:
+            sink = EmbeddedLogSink(log)
+            try:
+                yield sink
+            finally:
+                sink.close()
+
+    def source(self, *, create: bool = False) -> LogSource:
+        from projections.embedded_source import EmbeddedSource
+
+        return EmbeddedSource(self.data_dir, create=create)
+
+    @contextmanager
+    def schema_store(self) -> Iterator[SchemaStore]:
+        from eventstore.log import Log
+        from eventstore.schema_store import LogSchemaStore
+
+        with Log(self.data_dir, create=False) as log:
+            yield LogSchemaStore(log)
+
+
+@dataclass(frozen=True)
+class KafkaBackend(Backend):
+    """An Apache Kafka cluster at ``bootstrap`` servers; ``data_dir`` holds capture's key state by default."""
+
+    bootstrap: str
+    data_dir: Path
+    kind: ClassVar[str] = "kafka"
+
+    @property
+    def description(self) -> str:
+        return f"Kafka at {self.bootstrap}"
+
+    def check(self) -> None:
+        from eventstore.kafka.config import probe_bootstrap
+
+        probe_bootstrap(self.bootstrap)  # one line at once for an address nobody listens on
+
+    def topic_settings_apply(self) -> bool:
+        return True
+
+    @contextmanager
+    def capture_log(
+        self,
+        state_dir: Path | None = None,
+        *,
+        create: bool = True,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+    ) -> Iterator[tuple[Log | None, Sink | None]]:
+        from capture.sinks.kafka import KafkaLogSink
+
+        self.check()
+        sink = KafkaLogSink(
+            self.bootstrap,
+            state_dir=state_dir or self.data_dir / "_capture",
+            replication_factor=replication_factor,
+            min_insync_replicas=min_insync_replicas,
+        )
+        try:
+            yield None, sink
+        finally:
+            sink.close()
+
+    @contextmanager
+    def sink(self, state_dir: Path | None = None, *, create: bool = False) -> Iterator[Sink]:
+        with self.capture_log(state_dir, create=create) as (_, sink):
+            assert sink is not None
+            yield sink
+
+    def source(self, *, create: bool = False) -> LogSource:
+        from projections.kafka_source import KafkaSource
+
+        self.check()
+        return KafkaSource(self.bootstrap)
+
+    @contextmanager
+    def schema_store(self) -> Iterator[SchemaStore]:
+        from eventstore.kafka.schema_store import KafkaSchemaStore
+
+        with KafkaSchemaStore(self.bootstrap) as store:
+            yield store
+
+
+def choose(data_dir: Path, kafka: str | None) -> Backend:
+    """Kafka when bootstrap servers are given, else the embedded log at ``data_dir``."""
+    return KafkaBackend(kafka, data_dir) if kafka else EmbeddedBackend(data_dir)
