@@ -3,20 +3,45 @@
 Events, commands and aggregate states are plain frozen dataclasses so that the same
 values cross every boundary: a jsonb column, an HTTP body, a Spark row. Supported
 field types: ``str``, ``int``, ``float``, ``bool``, ``None``, ``Enum`` (by value),
-nested dataclasses, ``tuple[X, ...]``, ``frozenset[X]`` (stored as a sorted list),
-``list[X]``, ``dict[str, X]``, ``X | None`` and ``Any`` (passed through).
+``Decimal``, ``datetime``, ``date``, ``UUID``, nested dataclasses, ``tuple[X, ...]``,
+``frozenset[X]`` (stored as a sorted list), ``list[X]``, ``dict[K, X]`` (``K``: ``str``,
+or one of the four value types below, as its string), ``X | None`` and ``Any`` (passed
+through).
+
+The value types are JSON strings (as Pydantic, Marten and Axon write them), so that
+they survive a jsonb column, orjson and Spark exactly:
+
+- ``Decimal``: ``str(d)``, exact and never a float, scale kept: ``Decimal("10.50")`` →
+  ``"10.50"``, ``Decimal("1E+2")`` → ``"1E+2"``. Decoding takes only such a string
+  (``[+-]digits[.digits][E[+-]digits]``; a JSON number, even an integer, is refused, as
+  are ``"NaN"``/``"Infinity"``); encoding refuses NaN and infinities.
+- ``datetime``: ISO 8601 (``isoformat()``): ``"2024-05-01T12:30:00.250000+02:00"``. An
+  aware datetime keeps its UTC offset (a ``ZoneInfo`` comes back as that fixed offset:
+  the same instant, equal); a naive one is written without an offset and comes back
+  naive (aware and naive datetimes do not compare: use aware ones for instants).
+  Decoding takes ``YYYY-MM-DD[T ]HH:MM…`` with an optional offset or ``Z``; a bare date
+  is refused (it is a ``date``).
+- ``date``: ``"YYYY-MM-DD"``.
+- ``UUID``: the canonical lowercase hyphenated form, ``"12345678-1234-5678-1234-567812345678"``
+  (decoding accepts what ``uuid.UUID(str)`` does).
 
 ``from_json(T, to_json(x)) == x`` for every supported ``x``; a missing field takes its
 dataclass default, an unknown key is an error (it would be data loss on the next write).
+Every error is a :class:`CodecError` naming the field path and the value
+(``Account.balance: expected Decimal …, got float 10.5``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
+import decimal
 import enum
 import functools
+import re
 import types
 import typing
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -30,24 +55,102 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def to_json(value: Any) -> JsonValue:
-    """A JSON-ready form of ``value`` (dataclasses become dicts of their fields)."""
+    """A JSON-ready form of ``value`` (dataclasses become dicts of their fields).
+
+    Raises CodecError naming the path of a value it cannot encode (``Account.balance: …``).
+    """
     cls: Any = type(value)
     if cls in _SCALARS:
         return value
     names = _field_names(cls) if hasattr(cls, "__dataclass_fields__") else None
     if names is not None:
-        return {name: to_json(getattr(value, name)) for name in names}
+        try:  # free unless raised (3.11); the path is worked out only then
+            return {name: to_json(getattr(value, name)) for name in names}
+        except CodecError:
+            raise _located(value) from None
+    encode_value = _VALUE_ENCODERS.get(cls)
+    if encode_value is not None:
+        return encode_value(value)
     if value is None or isinstance(value, str | int | float | bool):
         return value  # subclasses of the scalars (IntEnum members are enums: handled next)
     if isinstance(value, enum.Enum):
         return to_json(value.value)
-    if isinstance(value, frozenset | set):
-        return sorted((to_json(v) for v in value), key=_sort_key)
-    if isinstance(value, tuple | list):
-        return [to_json(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): to_json(v) for k, v in value.items()}
+    try:
+        if isinstance(value, frozenset | set):
+            return sorted((to_json(v) for v in value), key=_sort_key)
+        if isinstance(value, tuple | list):
+            return [to_json(v) for v in value]
+        if isinstance(value, dict):
+            return {k if type(k) is str else _key(k): to_json(v) for k, v in value.items()}
+    except CodecError:
+        raise _located(value) from None
+    for base, encode_base in _VALUE_ENCODERS.items():  # subclasses (datetime before date)
+        if isinstance(value, base):
+            return encode_base(value)
     raise CodecError(f"cannot encode {type(value).__name__} value {value!r} as JSON")
+
+
+def _key(key: Any) -> str:
+    """A dict key's JSON form: a value type's string (a ``datetime`` in ISO 8601), else ``str(key)``."""
+    for base, encode_base in _VALUE_ENCODERS.items():
+        if isinstance(key, base):
+            return cast(str, encode_base(key))
+    return str(key)
+
+
+def _encode_decimal(value: decimal.Decimal) -> str:
+    if not value.is_finite():
+        raise CodecError(f"cannot encode Decimal value {value!r} as JSON: NaN and infinities are refused")
+    return decimal.Decimal.__str__(value)  # exact, scale kept ('10.50', '1E+2')
+
+
+# Exact classes first (one dict lookup); the order matters for subclasses: datetime is a date.
+_VALUE_ENCODERS: dict[type, Callable[[Any], JsonValue]] = {
+    decimal.Decimal: _encode_decimal,
+    dt.datetime: dt.datetime.isoformat,
+    dt.date: dt.date.isoformat,
+    uuid.UUID: uuid.UUID.__str__,
+}
+
+
+def _located(value: Any, where: str | None = None) -> CodecError:
+    """The error of encoding the container ``value`` (a dataclass, list, tuple, set or dict),
+    naming the path of the first value inside it that cannot be encoded. Only runs once
+    encoding failed: the fast path keeps no paths."""
+    cls: Any = type(value)
+    where = _name(cls) if where is None else where
+    children: list[tuple[str, Any]] = []
+    if hasattr(cls, "__dataclass_fields__"):
+        children = [(f"{where}.{name}", getattr(value, name)) for name in _field_names(cls)]
+    elif isinstance(value, dict):
+        for k in value:
+            if type(k) is not str:
+                try:
+                    _key(k)
+                except CodecError as e:
+                    return CodecError(f"{where} (a key): {e}")
+        children = [(f"{where}.{k}", v) for k, v in value.items()]
+    elif isinstance(value, tuple | list):
+        children = [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+    elif isinstance(value, frozenset | set):
+        children = [(f"{where}[…]", v) for v in value]
+    for path, child in children:
+        try:
+            to_json(child)
+        except CodecError as e:
+            if _is_container(child):
+                return _located(child, path)
+            return CodecError(f"{path}: {e}")
+    return CodecError(f"{where}: cannot encode {type(value).__name__} value as JSON")  # not reached
+
+
+def _is_container(value: Any) -> bool:
+    """Whether :func:`to_json` encodes ``value`` item by item (and locates its errors itself)."""
+    if hasattr(type(value), "__dataclass_fields__"):
+        return True
+    if isinstance(value, str | int | float | bool | enum.Enum):
+        return False
+    return isinstance(value, frozenset | set | tuple | list | dict)
 
 
 @functools.cache
@@ -84,6 +187,8 @@ def _decoder(tp: Any) -> Decoder:
         return _enum_decoder(tp)
     if tp is float:
         return _float
+    if tp in _VALUE_DECODERS:
+        return _VALUE_DECODERS[tp]
     if tp in (str, int, bool):
         return _exact(tp)
     if tp is type(None):
@@ -117,6 +222,62 @@ def _none(data: JsonValue, where: str) -> None:
         raise _mismatch(type(None), data, where)
 
 
+# The value types: a JSON string of one shape each (the module docstring); anything else is refused.
+_DECIMAL_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_DATETIME_TEXT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}")  # a prefix: the time and offset follow
+_DATE_TEXT = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+
+
+def _refused(tp: type, form: str, data: JsonValue, where: str) -> CodecError:
+    if data is None:
+        return _mismatch(tp, data, where)
+    return CodecError(f"{where}: expected {tp.__name__} as {form}, got {type(data).__name__} {data!r}")
+
+
+def _decimal(data: JsonValue, where: str) -> decimal.Decimal:
+    if type(data) is str and _DECIMAL_TEXT.fullmatch(data):
+        try:
+            return decimal.Decimal(data)
+        except ArithmeticError:  # an exponent beyond the decimal module's limits
+            pass
+    raise _refused(decimal.Decimal, "a string of a finite decimal number such as '10.50'", data, where)
+
+
+def _datetime(data: JsonValue, where: str) -> dt.datetime:
+    if type(data) is str and _DATETIME_TEXT.match(data):
+        try:
+            return dt.datetime.fromisoformat(data)
+        except ValueError:
+            pass
+    raise _refused(dt.datetime, "an ISO 8601 string such as '2024-05-01T12:30:00+00:00'", data, where)
+
+
+def _date(data: JsonValue, where: str) -> dt.date:
+    if type(data) is str and _DATE_TEXT.fullmatch(data):
+        try:
+            return dt.date.fromisoformat(data)
+        except ValueError:
+            pass
+    raise _refused(dt.date, "an ISO 8601 date string such as '2024-05-01'", data, where)
+
+
+def _uuid(data: JsonValue, where: str) -> uuid.UUID:
+    if type(data) is str:
+        try:
+            return uuid.UUID(data)
+        except ValueError:
+            pass
+    raise _refused(uuid.UUID, "a string such as '12345678-1234-5678-1234-567812345678'", data, where)
+
+
+_VALUE_DECODERS: dict[type, Decoder] = {
+    decimal.Decimal: _decimal,
+    dt.datetime: _datetime,
+    dt.date: _date,
+    uuid.UUID: _uuid,
+}
+
+
 def _enum_decoder(tp: type[enum.Enum]) -> Decoder:
     def decode(data: JsonValue, where: str) -> Any:
         try:
@@ -131,6 +292,13 @@ def _union_decoder(tp: Any) -> Decoder:
     args = typing.get_args(tp)
     optional = type(None) in args
     decoders = [_decoder(a) for a in args if a is not type(None)]
+    if optional and len(decoders) == 1:  # ``X | None``: X's own error, without a loop
+        only = decoders[0]
+
+        def decode_optional(data: JsonValue, where: str) -> Any:
+            return None if data is None else only(data, where)
+
+        return decode_optional
 
     def decode(data: JsonValue, where: str) -> Any:
         if data is None and optional:

@@ -15,10 +15,13 @@ class CommandsError(TidelineError):
 
 
 class DomainError(CommandsError):
-    """``decide`` refused the command: it is invalid for the aggregate's current state.
+    """The command was refused by the domain's rules: nothing was written.
 
-    Domains subclass it (``SeatNotAvailable``, ``ReservationNotActive`` …); nothing was
-    written. Retrying the same command gives the same answer until the state changes.
+    ``decide`` raises it when the command is invalid for the aggregate's current state
+    (domains subclass it: ``SeatNotAvailable``, ``ReservationNotActive`` …); the handler
+    raises its subclass :class:`DuplicateClaimError` when a uniqueness claim is held by
+    another stream. Retrying the same command gives the same answer until the state (or
+    the claim's holder) changes, so ``except DomainError`` is "refused, do not retry".
     """
 
 
@@ -58,8 +61,12 @@ class WrongExpectedVersionError(CommandsError):
         self.actual_version = actual_version
 
 
-class DuplicateClaimError(CommandsError):
-    """A uniqueness claim (a username, a seat) is held by another stream; nothing was written."""
+class DuplicateClaimError(DomainError):
+    """A uniqueness claim (a username, a seat) is held by another stream; nothing was written.
+
+    A :class:`DomainError` (the domain's uniqueness rule refused the command), raised by the
+    append rather than by ``decide``: ``except DomainError`` catches a taken handle too.
+    """
 
     def __init__(self, claim_type: str, value: str, holder: str) -> None:
         super().__init__(f"{claim_type} {value!r} is already claimed by {holder!r}")
