@@ -65,7 +65,6 @@ import crc32c
 import lz4.frame
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import zstandard
 
 from eventstore.errors import ConfigError
@@ -413,6 +412,8 @@ def decode_records(buf: pa.Buffer, pos: int, header: BatchHeader) -> pa.RecordBa
 
 def timestamp_deltas_for(timestamps: Any) -> tuple[int, int, Any]:
     """``(first, max, deltas or None)`` for a list/array of record timestamps in ms."""
+    import pyarrow.compute as pc  # here, not at import: the log's readers (`tideline log topics`) never need it
+
     arr = timestamps if isinstance(timestamps, pa.Array) else pa.array(timestamps, pa.int64())
     first = arr[0].as_py()
     mm = pc.min_max(arr)

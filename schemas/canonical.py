@@ -21,8 +21,6 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from fastavro.schema import SchemaParseException, UnknownType, parse_schema, to_parsing_canonical_form
-
 from schemas.errors import SchemaParseError
 
 PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
@@ -51,6 +49,8 @@ def parse(schema: str | dict[str, Any] | list[Any]) -> Any:
 
 @lru_cache(maxsize=4096)
 def _parse_text(text: str) -> Any:
+    from fastavro.schema import SchemaParseException, UnknownType, parse_schema  # not at import: `tideline --help`
+
     value = schema_json(text)
     try:
         return parse_schema(value)
@@ -81,6 +81,8 @@ def _strip(node: Any) -> Any:
 
 def fingerprint(schema: str | dict[str, Any] | list[Any]) -> str:
     """SHA-256 (hex) of the schema's Parsing Canonical Form, as the Avro specification defines it."""
+    from fastavro.schema import to_parsing_canonical_form
+
     return hashlib.sha256(to_parsing_canonical_form(parse(schema)).encode()).hexdigest()
 
 
