@@ -125,14 +125,15 @@ def open_log_and_sink(
     """The embedded log at ``data_dir`` (sink: None, the connector's default), or with ``kafka``
     bootstrap servers no embedded log and the Kafka sink (key state under ``state_dir``, default
     ``<data_dir>/_capture``). The console reads capture's position through it too."""
-    from capture.sinks.kafka import KafkaLogSink
-    from eventstore.kafka import probe_bootstrap
-    from eventstore.log import Log
-
     if kafka is None:
+        from eventstore.log import Log
+
         with Log(data_dir, create=create) as log:
             yield log, None
         return
+    from capture.sinks.kafka import KafkaLogSink  # Kafka's client: only for Kafka
+    from eventstore.kafka import probe_bootstrap
+
     probe_bootstrap(kafka)
     sink = KafkaLogSink(
         kafka,

@@ -1,21 +1,41 @@
-"""The ``tideline`` command line: one entry point, one sub-command group per package."""
+"""The ``tideline`` command line: one entry point, one sub-command group per package.
+
+A command imports what it needs when it runs: the root group imports a sub-command's module and builds
+its click command when it is used (``tideline log topics`` imports ``tideline.log_cli`` and no other
+group's module), and the sub-command modules import the log, Kafka's client, Postgres, Avro, Spark and
+rich inside their commands (tests/tideline/test_cli_startup.py).
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tideline.cli_common import fail
+from tideline.cli_common import Lazy, LazyGroup, fail
 from tideline.config import DATA_DIR_ENV, KAFKA_BOOTSTRAP_ENV, resolve_data_dir, resolve_kafka_bootstrap
 from tideline.project import PROJECT_ENV
 
 if TYPE_CHECKING:
+    from typer import _click as click  # typer's own copy of click
+
     from tideline.project import Project
 
+
+class RootGroup(LazyGroup):
+    """``tideline``: every sub-command (:data:`COMMANDS`, :data:`GROUPS`) is built when it is used, in the order
+    registrations on ``app`` would list them (commands, then groups)."""
+
+    def lazy_commands(self) -> dict[str, Lazy]:
+        return {name: Lazy(functools.partial(_build, name)) for name in [*COMMANDS, *GROUPS]}
+
+
 app = typer.Typer(
+    cls=RootGroup,
     name="tideline",
     help="Change-data-capture and event sourcing on a partitioned, compacted log.",
     no_args_is_help=True,
@@ -94,6 +114,8 @@ def _project(ctx: typer.Context, explicit: str | None) -> Project | None:
         path = find(explicit=explicit)
         if path is None:
             return None
+        if isinstance(ctx.command, LazyGroup):
+            ctx.command.build_all()  # the project file's sections are checked against every command's options
         settings = load(path, options_by_group(ctx.command))
     except ProjectError as e:
         raise fail(str(e)) from None
@@ -102,31 +124,53 @@ def _project(ctx: typer.Context, explicit: str | None) -> Project | None:
     return settings
 
 
-def _register() -> None:
-    from tideline.capture_cli import app as capture_app
-    from tideline.console_cli import console_command
-    from tideline.db_cli import app as db_app
-    from tideline.demo import demo_command
-    from tideline.kafka_cli import app as kafka_app
-    from tideline.log_cli import app as log_app
-    from tideline.pg_cli import app as pg_app
-    from tideline.project_cli import app as project_app
-    from tideline.schemas_cli import app as schemas_app
+# The sub-commands: name → (module, function, help) of a command; name → module (its ``app``) of a group.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "demo": ("tideline.demo", "demo_command", "Run the main job end to end on the embedded defaults."),
+    "console": (
+        "tideline.console_cli",
+        "console_command",
+        "Serve the operations page (topics, lag, capture, projections, schemas, warnings).",
+    ),
+}
+GROUPS: dict[str, str] = {
+    "capture": "tideline.capture_cli",
+    "log": "tideline.log_cli",
+    "pg": "tideline.pg_cli",
+    "kafka": "tideline.kafka_cli",
+    "db": "tideline.db_cli",
+    "schemas": "tideline.schemas_cli",
+    "project": "tideline.project_cli",
+}
 
-    app.add_typer(capture_app, name="capture")
-    app.add_typer(log_app, name="log")
-    app.add_typer(pg_app, name="pg")
-    app.add_typer(kafka_app, name="kafka")
-    app.add_typer(db_app, name="db")
-    app.add_typer(schemas_app, name="schemas")
-    app.add_typer(project_app, name="project")
-    app.command("demo", help="Run the main job end to end on the embedded defaults.")(demo_command)
-    app.command("console", help="Serve the operations page (topics, lag, capture, projections, schemas, warnings).")(
-        console_command
+
+def register(target: typer.Typer, name: str) -> None:
+    """Register sub-command ``name`` on ``target`` with ``command`` / ``add_typer`` (imports its module)."""
+    if name in COMMANDS:
+        module, function, help_text = COMMANDS[name]
+        target.command(name, help=help_text)(getattr(importlib.import_module(module), function))
+    else:
+        target.add_typer(importlib.import_module(GROUPS[name]).app, name=name)
+
+
+def _build(name: str) -> click.Command:
+    """Sub-command ``name``'s click command, as typer builds that of a registration on ``app``."""
+    from typer.main import get_command_from_info, get_group_from_info
+
+    holder = typer.Typer()
+    register(holder, name)
+    if holder.registered_commands:
+        return get_command_from_info(
+            holder.registered_commands[0],
+            pretty_exceptions_short=app.pretty_exceptions_short,
+            rich_markup_mode=app.rich_markup_mode,
+        )
+    return get_group_from_info(
+        holder.registered_groups[0],
+        pretty_exceptions_short=app.pretty_exceptions_short,
+        rich_markup_mode=app.rich_markup_mode,
+        suggest_commands=app.suggest_commands,
     )
-
-
-_register()
 
 
 def main() -> None:

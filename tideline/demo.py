@@ -26,24 +26,24 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import orjson
-import psycopg
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from eventstore.consumer import Consumer, TopicPartition
-from eventstore.errors import ConfigError
-from eventstore.log import Log
 from tideline.cli_common import one_line_errors
-from tideline.demo_capture import SCHEMA, SqlWorkload, _log_state, _row, _table_state, _workload
-from tideline.demo_commands import CommandsResult, run_commands
+
+# Postgres, the log, the commands (SQLAlchemy), Spark and rich are imported when the demo runs, not at start-up:
+# every `tideline` command imports this module (tests/tideline/test_cli_startup.py).
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from eventstore.log import Log
+    from tideline.demo_capture import SqlWorkload
+    from tideline.demo_commands import CommandsResult
 
 SLOT = "tideline_demo"
 VIEWS_MODULE = "examples.reservations.views"
+EXAMPLE_MIGRATIONS = "examples.reservations.migrations"  # the example's own tables (its alembic branch)
 
 
 @dataclass(slots=True)
@@ -79,6 +79,9 @@ class DemoResult:
 
 def _prepare_directory(directory: Path | None) -> Path:
     """A fresh, empty directory; by default ``<data dir>/demo-<timestamp>``."""
+    from eventstore.errors import ConfigError
+    from eventstore.log import Log
+
     if directory is not None:
         if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
             raise ConfigError(f"{directory} is not empty: the demo needs a fresh directory")
@@ -119,12 +122,18 @@ def run_demo(
     directory: Path, *, console: Console, master: str, orders: int, transactions: int, users: int, reservations: int
 ) -> DemoResult:
     """Every phase of the module docstring; Spark and Postgres are stopped before this returns or raises."""
+    import psycopg
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     import migrations
     from capture.connector import slot_status
+    from eventstore.log import Log
     from projections.engine import make_session
     from projections.follow import follow
     from projections.rebuild import rebuild
     from projections.views import load_catalog
+    from tideline.demo_capture import SCHEMA, SqlWorkload, _row, _workload
+    from tideline.demo_commands import run_commands
     from tideline.pgharness import LocalPostgres
 
     result = DemoResult(directory)
@@ -143,7 +152,7 @@ def run_demo(
             step = progress.add_task("postgres: start + migrate", total=2)
             pg.start()
             dsn = pg.create_database("tideline")
-            migrations.upgrade(dsn)
+            migrations.upgrade(dsn, apps=migrations.locations([EXAMPLE_MIGRATIONS]))  # + the example's views
             progress.update(step, completed=2)
 
             step = progress.add_task("postgres: shop.orders rows", total=orders)
@@ -227,7 +236,12 @@ def _records_in(log: Log, topic: str) -> int:
 
 
 def _verify(result: DemoResult, log: Log, dsn: str, catalog: Any) -> None:
+    import orjson
+    import psycopg
+
+    from eventstore.consumer import Consumer, TopicPartition
     from projections.reference import expected_rows, view_rows
+    from tideline.demo_capture import _log_state, _table_state
 
     state, events, duplicates = _log_state(log)
     table = _table_state(dsn)
@@ -281,6 +295,8 @@ def _rate(n: int, seconds: float) -> str:
 
 
 def _print_report(console: Console, result: DemoResult, elapsed: float) -> None:
+    from rich.table import Table
+
     for check in result.checks:
         mark = "[green]✓[/green]" if check.ok else "[red]✗[/red]"
         console.print(f"{mark} {check.name}: {check.detail}", soft_wrap=True)
@@ -336,6 +352,8 @@ def demo_command(
 
     Exits 1 if a check fails. The data stays in the directory it names.
     """
+    from rich.console import Console
+
     console = Console(highlight=False)
     started = time.monotonic()
     with one_line_errors():

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from tideline.cli_common import fail, one_line_errors
-from tideline.kafkaharness import LocalKafka, NodeShutdown
 
 app = typer.Typer(
     help="A private Apache Kafka cluster (KRaft, from the jar cache) in a directory.",
@@ -31,6 +30,8 @@ def start(
     ] = None,
 ) -> None:
     """Start the cluster (formatting it on first use) and print its bootstrap servers; no-op if it runs."""
+    from tideline.kafkaharness import LocalKafka
+
     if brokers is not None and brokers not in (1, 3):
         raise fail(f"--brokers must be 1 or 3, got {brokers}")
     with one_line_errors():
@@ -41,6 +42,8 @@ def start(
 @app.command()
 def stop(directory: DirOption) -> None:
     """Stop every node by PID (controlled shutdown, SIGKILL if it hangs)."""
+    from tideline.kafkaharness import LocalKafka, NodeShutdown
+
     with one_line_errors():
         kafka = LocalKafka(directory)
         results = kafka.stop()
@@ -57,6 +60,8 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Say which nodes run, with their PIDs and ports, and the bootstrap servers."""
+    from tideline.kafkaharness import LocalKafka
+
     with one_line_errors():
         info = LocalKafka(directory).status()
     if as_json:

@@ -32,25 +32,54 @@ from typing import TYPE_CHECKING, Annotated, Any, BinaryIO, Protocol
 
 import orjson
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from eventstore.cleaner import CleanStats, apply_retention, compact_partition
-from eventstore.consumer import Consumer, ConsumerRecords, Headers, PolledBatch, TopicPartition
-from eventstore.errors import ConfigError, InvalidRecordError, TidelineError
-from eventstore.group import live_members, validate_group_id
-from eventstore.isolation import IsolationLevel
-from eventstore.log import MAX_PARTITIONS, Log
-from eventstore.log_cleaner import CleanedPartition, CleanerConfig, LogCleaner
-from eventstore.offsets import OffsetStore
-from eventstore.producer import Producer
-from eventstore.topic import CleanupPolicy, TopicConfig, validate_topic_name
-from tideline.cli_common import fail, one_line_errors
+from tideline.cli_common import Lazy, LazyGroup, fail, one_line_errors
 
+# The log's modules (pyarrow, numpy), Kafka's client and rich are imported by the commands that use them,
+# not at start-up: every `tideline` command imports this module (tests/tideline/test_cli_startup.py).
 if TYPE_CHECKING:
+    from rich.console import Console
+    from typer import _click as click  # typer's own copy of click
+    from typer.core import MarkupMode
+
+    from eventstore.cleaner import CleanStats
+    from eventstore.consumer import Consumer, Headers, PolledBatch
+    from eventstore.isolation import IsolationLevel
+    from eventstore.log import Log
+    from eventstore.log_cleaner import CleanedPartition, LogCleaner
+    from eventstore.offsets import TopicPartition
     from eventstore.schema_store import FramedDecoder
 
+
+class LogGroup(LazyGroup):
+    """The ``log`` group, whose ``mirror`` command (:mod:`tideline.log_mirror`: Kafka's client, Avro) is built from
+    its module only when it is used; ``tideline log --help`` lists it by :data:`MIRROR_HELP`."""
+
+    def lazy_commands(self) -> dict[str, Lazy]:
+        return {"mirror": Lazy(functools.partial(_mirror_command, self.rich_markup_mode), MIRROR_HELP)}
+
+
+def _mirror_command(rich_markup_mode: MarkupMode) -> click.Command:
+    """The ``mirror`` command as ``app.command("mirror")(mirror)`` would have made it."""
+    from typer.main import get_command_from_info
+
+    from tideline.log_mirror import mirror  # a module of its own: this one is long enough
+
+    registered = typer.Typer()
+    registered.command("mirror")(mirror)
+    info = registered.registered_commands[0]
+    return get_command_from_info(info, pretty_exceptions_short=True, rich_markup_mode=rich_markup_mode)  # the root's
+
+
+# The first paragraph of tideline.log_mirror.mirror's docstring: what `tideline log --help` shows of it (a test
+# checks they are the same).
+MIRROR_HELP = (
+    "Copy topics to Kafka record for record (keys, values, headers, timestamps, tombstones, same\n"
+    "partitions), exactly once and resumable, so a deployment moves to Kafka without a new snapshot."
+)
+
 app = typer.Typer(
+    cls=LogGroup,
     help="Inspect and operate the log: topics, partitions, records, compaction, the log cleaner service.",
     no_args_is_help=True,
 )
@@ -91,6 +120,8 @@ def _kafka() -> str | None:
 
 def _open_log(*, create: bool = False) -> Log:
     """The log at ``--data-dir``; only ``create`` may make a new log directory."""
+    from eventstore.log import Log
+
     return Log(_data_dir(), create=create)
 
 
@@ -103,6 +134,9 @@ def parse_config_options(options: list[str], *, compact: bool = False) -> dict[s
     ``compact`` adds ``cleanup_policy=compact`` unless the options choose a policy that
     compacts (a policy that does not is a contradiction and raises).
     """
+    from eventstore.errors import ConfigError
+    from eventstore.topic import CleanupPolicy, TopicConfig
+
     overrides: dict[str, str] = {}
     for option in options:
         key, eq, value = option.partition("=")
@@ -147,6 +181,10 @@ def create(
     ] = None,
 ) -> None:
     """Create a topic (creates the log directory if needed)."""
+    from eventstore.errors import ConfigError
+    from eventstore.log import MAX_PARTITIONS
+    from eventstore.topic import validate_topic_name
+
     with one_line_errors():
         validate_topic_name(topic)
         if not 1 <= partitions <= MAX_PARTITIONS:
@@ -217,6 +255,11 @@ def _human_bytes(n: int) -> str:
 @app.command()
 def describe(topic: TopicArg, json_output: JsonOption = False) -> None:
     """Partitions (start/end offsets, size, segments) and configuration of a topic."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from eventstore.topic import TopicConfig
+
     if (bootstrap := _kafka()) is not None:
         _describe_on_kafka(bootstrap, topic, json_output)
         return
@@ -253,6 +296,9 @@ def describe(topic: TopicArg, json_output: JsonOption = False) -> None:
 
 
 def _describe_on_kafka(bootstrap: str, topic: str, json_output: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     from eventstore.kafka import KafkaAdmin
 
     with one_line_errors():
@@ -379,6 +425,8 @@ def produce_lines(
     handful of appends. Empty lines are skipped. Records of chunks before an error stay
     produced; the chunk holding a bad line is not.
     """
+    from eventstore.producer import Producer
+
     compacted = log.topic(topic).config.cleanup_policy.compacts
     if partition is not None:
         log.partition(topic, partition)  # raises ConfigError naming the valid range
@@ -404,6 +452,8 @@ def send_lines(
     chunk_bytes: int = PRODUCE_CHUNK_BYTES,
 ) -> ProduceSummary:
     """The chunked ``KEY<TAB>VALUE`` produce loop of :func:`produce_lines`, for any producer."""
+    from eventstore.errors import InvalidRecordError
+
     summary = ProduceSummary(topic)
     started = time.monotonic()
     line_number = 0
@@ -484,6 +534,8 @@ class TailRows:
     @classmethod
     def of(cls, polled: PolledBatch, stop: int | None = None) -> TailRows:
         """The rows of ``polled`` with offsets below ``stop`` (all when None)."""
+        from eventstore.consumer import ConsumerRecords
+
         offsets = ConsumerRecords.offsets_of(polled)
         n = len(offsets) if stop is None else bisect.bisect_left(offsets, stop)
         records = polled.records.slice(0, n)
@@ -640,6 +692,8 @@ def _tail_start(consumer: Consumer, plan: _TailPlan, *, from_beginning: bool, of
 
 def _tail_rows(consumer: Consumer, plan: _TailPlan) -> Iterator[TailRows]:
     """Polled records, cut at ``plan.stop_at`` (then ends) or forever (--follow)."""
+    from eventstore.offsets import TopicPartition
+
     stop_at = plan.stop_at
     while True:
         if stop_at is not None:
@@ -664,6 +718,8 @@ def _group_tail_polls(consumer: Consumer, stop_at: dict[TopicPartition, int] | N
 
     After each poll's rows are printed (when the caller asks for the next ones), the
     member's progress is committed."""
+    from eventstore.offsets import TopicPartition
+
     progress = _GroupProgress(consumer, stop_at)
     while True:
         records = consumer.poll(POLL_TIMEOUT_MS if stop_at is None else GROUP_POLL_TIMEOUT_MS)
@@ -736,7 +792,7 @@ def tail(
             help="read_committed: only committed transactions, up to the last stable offset; "
             "read_uncommitted: everything up to the log end. Transaction markers are never shown.",
         ),
-    ] = IsolationLevel.READ_COMMITTED.value,
+    ] = "read_committed",  # IsolationLevel.READ_COMMITTED.value (eventstore.isolation: not imported at start-up)
     json_output: Annotated[
         bool,
         typer.Option(
@@ -758,6 +814,10 @@ def tail(
     Plain lines are PARTITION:OFFSET<TAB>TIME<TAB>KEY<TAB>VALUE (COPY text style:
     \\N is null, tabs/newlines/backslashes are escaped, invalid UTF-8 shows as \\xNN).
     """
+    from eventstore.errors import ConfigError
+    from eventstore.group import validate_group_id
+    from eventstore.isolation import IsolationLevel
+
     with one_line_errors():
         if offset is not None and from_beginning:
             raise ConfigError("--offset and --from-beginning are mutually exclusive")
@@ -787,6 +847,8 @@ class _TailOptions:
 
 
 def _tail_consumer(log: Log, options: _TailOptions) -> Consumer:
+    from eventstore.consumer import Consumer
+
     starts_at_end = options.follow and not options.from_beginning
     return Consumer(
         log,
@@ -798,6 +860,8 @@ def _tail_consumer(log: Log, options: _TailOptions) -> Consumer:
 
 
 def _tail_polls(log: Log, consumer: Consumer, topic: str, options: _TailOptions) -> Iterator[list[TailRows]]:
+    from eventstore.offsets import TopicPartition
+
     meta = log.topic(topic)
     tps = [TopicPartition(topic, p) for p in range(meta.partitions)]
     if options.group is not None:
@@ -867,6 +931,8 @@ def _run_tail_on_kafka(bootstrap: str, topic: str, options: _TailOptions) -> int
 def _offsets_row(
     log: Log, tp: TopicPartition, committed: int | None, owner: str | None, pending: bool
 ) -> dict[str, Any]:
+    from eventstore.errors import TidelineError
+
     try:
         plog = log.partition(tp.topic, tp.partition)
         log_end: int | None = plog.log_end_offset()
@@ -891,6 +957,9 @@ def describe_groups(log: Log) -> list[dict[str, Any]]:
     committed offset, log end, last stable offset and lag (log end − committed, as Kafka's
     kafka-consumer-groups shows it), and whether an open transaction holds a new commit of
     it (``pending_transaction``). Removes the member files of dead members on the way."""
+    from eventstore.group import live_members
+    from eventstore.offsets import OffsetStore
+
     store = OffsetStore(log)
     out = []
     for group in store.groups():
@@ -929,6 +998,8 @@ def _dash(value: object) -> str:
 
 
 def _print_group(console: Console, info: dict[str, Any]) -> None:
+    from rich.table import Table
+
     members = info["members"]
     title = f"group {info['group']}  ({len(members)} member{'' if len(members) == 1 else 's'})"
     offsets = Table(title=title)
@@ -979,6 +1050,8 @@ def groups(json_output: JsonOption = False) -> None:
     if not infos:
         typer.echo("no consumer groups")
         return
+    from rich.console import Console
+
     console = Console(highlight=False)
     for info in infos:
         _print_group(console, info)
@@ -1001,6 +1074,8 @@ def compact_topic(log: Log, topic: str) -> list[PartitionCleaning]:
 
     Only closed segments are cleaned: the active (last) segment of a partition never is.
     """
+    from eventstore.cleaner import apply_retention, compact_partition
+
     meta = log.topic(topic)
     out = []
     for n in range(meta.partitions):
@@ -1032,6 +1107,9 @@ def compact(topic: TopicArg, json_output: JsonOption = False) -> None:
     Compaction applies to compacted topics, retention to delete-policy topics; the active
     (last) segment of a partition is never cleaned.
     """
+    from rich.console import Console
+    from rich.table import Table
+
     if _kafka() is not None:
         raise fail("on Kafka the brokers' log cleaner compacts (cleanup.policy=compact): there is nothing to run")
     with one_line_errors(), _open_log() as log:
@@ -1122,6 +1200,9 @@ def cleaner(
     --retention-check-interval-ms, and never blocks producers or consumers. One line per
     compaction pass; stops on Ctrl-C or SIGTERM (an interrupted pass leaves nothing half-done).
     """
+    from eventstore.errors import ConfigError
+    from eventstore.log_cleaner import CleanerConfig, LogCleaner
+
     with one_line_errors():
         if io_max_bytes_per_second < 0:
             raise ConfigError(f"--io-max-bytes-per-second must be ≥ 0, got {io_max_bytes_per_second}")
@@ -1164,7 +1245,5 @@ def _run_until_signalled(service: LogCleaner) -> None:
 
 
 # ---------------------------------------------------------------------------- mirror
-
-from tideline.log_mirror import mirror  # noqa: E402  (a module of its own: this one is long enough)
-
-app.command("mirror")(mirror)
+#
+# `tideline log mirror` is tideline.log_mirror.mirror, built when it runs (LogGroup above).

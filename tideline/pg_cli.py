@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from tideline.cli_common import one_line_errors
-from tideline.pgharness import LocalPostgres, Shutdown
 
 app = typer.Typer(
     help="A private PostgreSQL 15 cluster (logical decoding, wal2json) in a directory.",
@@ -32,6 +31,8 @@ def start(
     fast: Annotated[bool, typer.Option("--fast", help="fsync off: throwaway data only.")] = False,
 ) -> None:
     """Start the cluster (initdb on first use) and print its DSN; no-op if it runs."""
+    from tideline.pgharness import LocalPostgres
+
     with one_line_errors():
         dsn = LocalPostgres(directory, port=port, fast=fast).start()
     typer.echo(dsn)
@@ -40,6 +41,8 @@ def start(
 @app.command()
 def stop(directory: DirOption) -> None:
     """Stop the cluster's postmaster by PID (fast shutdown, escalating if it hangs)."""
+    from tideline.pgharness import LocalPostgres, Shutdown
+
     with one_line_errors():
         pg = LocalPostgres(directory)
         result = pg.stop()
@@ -55,6 +58,8 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Say whether the cluster runs, with its PID, port and DSN."""
+    from tideline.pgharness import LocalPostgres
+
     with one_line_errors():
         info = LocalPostgres(directory).status()
     if as_json:

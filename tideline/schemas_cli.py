@@ -22,30 +22,19 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from eventstore.errors import TidelineError
-from eventstore.log import Log
-from eventstore.schema_store import LogSchemaStore
-from schemas.cli_api import (
-    check_file,
-    list_subjects,
-    render_show,
-    render_versions,
-    show_subject,
-    start_json,
-    subject_versions,
-)
 from schemas.compat import CompatibilityLevel
-from schemas.errors import SchemaError, SchemaParseError
-from schemas.registry import SchemaRegistry
-from schemas.starts import SchemaStart
 from tideline.cli_common import fail, graceful_server, listen
+
+# The log (pyarrow), the registry (Avro) and rich are imported by the commands that use them, not at start-up:
+# every `tideline` command imports this module (tests/tideline/test_cli_startup.py).
+if TYPE_CHECKING:
+    from schemas.registry import SchemaRegistry
+    from schemas.starts import SchemaStart
 
 app = typer.Typer(
     help="The schema registry of the log (or of Kafka with --kafka): subjects, versions, compatibility checks, "
@@ -84,6 +73,9 @@ def _where() -> str:
 @contextmanager
 def _registry(*, error_code: int = 1) -> Iterator[SchemaRegistry]:
     """The registry of the log at ``--data-dir`` or of ``--kafka``; errors become one line and exit ``error_code``."""
+    from eventstore.errors import TidelineError
+    from schemas.errors import SchemaError
+
     try:
         with open_registry(_data_dir(), _kafka()) as registry:
             yield registry
@@ -97,6 +89,8 @@ def _registry(*, error_code: int = 1) -> Iterator[SchemaRegistry]:
 def open_registry(data_dir: Path, kafka: str | None) -> Iterator[SchemaRegistry]:
     """The registry of Kafka's ``_schemas`` at ``kafka`` bootstrap servers, else of the log at ``data_dir``
     (which must exist); what every ``schemas`` command and the console read."""
+    from schemas.registry import SchemaRegistry
+
     if kafka is not None:
         from eventstore.kafka import probe_bootstrap
         from eventstore.kafka.schema_store import KafkaSchemaStore
@@ -105,6 +99,9 @@ def open_registry(data_dir: Path, kafka: str | None) -> Iterator[SchemaRegistry]
         with KafkaSchemaStore(kafka) as store:
             yield SchemaRegistry(store)
     else:
+        from eventstore.log import Log
+        from eventstore.schema_store import LogSchemaStore
+
         with Log(data_dir, create=False) as log:
             yield SchemaRegistry(LogSchemaStore(log))
 
@@ -126,12 +123,15 @@ def read_starts(data_dir: Path, kafka: str | None) -> dict[tuple[str, int], Sche
             finally:
                 sink.close()
     from capture.sinks.embedded import EmbeddedLogSink
+    from eventstore.log import Log
 
     with Log(data_dir, create=False) as log:
         return read_schema_starts(EmbeddedLogSink(log))
 
 
 def _starts() -> dict[tuple[str, int], SchemaStart]:
+    from eventstore.errors import TidelineError
+
     try:
         return read_starts(_data_dir(), _kafka())
     except (TidelineError, ValueError) as e:
@@ -148,6 +148,11 @@ def _echo_json(value: Any) -> None:
 @app.command("list")
 def list_command(json_output: JsonOption = False) -> None:
     """Every subject: its versions, the latest version's schema id, its compatibility level."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from schemas.cli_api import list_subjects
+
     with _registry() as registry:
         rows = list_subjects(registry)
     if json_output:
@@ -181,6 +186,8 @@ def show(
 ) -> None:
     """One version of a subject: its schema id, the subject's compatibility level, where its first event is in the
     source (capture's position, when a connector recorded it), the schema."""
+    from schemas.cli_api import render_show, show_subject, start_json
+
     with _registry() as registry:
         shown = show_subject(registry, subject, version)
         shown["versions"] = registry.versions(subject)
@@ -196,6 +203,8 @@ def versions(subject: SubjectArg, json_output: JsonOption = False) -> None:
     """Every version of a subject: its schema id, its row fields, and where it started: the source position (commit
     LSN and event index, or the snapshot's) of the first event written under it, as the connector recorded it in
     the same log transaction ("-": no event of a connector was written under it)."""
+    from schemas.cli_api import render_versions, subject_versions
+
     with _registry() as registry:
         rows = subject_versions(registry, subject, _starts())
     if json_output:
@@ -236,6 +245,9 @@ def check(
 
 def _check_file(registry: SchemaRegistry, subject: str, file: Path) -> dict[str, Any]:
     """:func:`schemas.cli_api.check_file`, with every bad-input error naming the file (exit 2)."""
+    from schemas.cli_api import check_file
+    from schemas.errors import SchemaParseError
+
     try:
         return check_file(registry, subject, file)
     except UnicodeDecodeError as e:
