@@ -136,27 +136,73 @@ def drop_table(conn: Conn, name: str) -> None:
 
 def swap_in(conn: Conn, table: str, shadow: str) -> None:
     """Replace ``table`` by ``shadow`` (in the caller's transaction): drop the old table, rename
-    the shadow, then give its constraints and indexes the canonical names (``<table>_pkey`` …)."""
+    the shadow, then give its constraints and indexes the names the old table's had.
+
+    ``LIKE … INCLUDING ALL`` names the shadow's indexes (and the constraints they back) after the
+    shadow (``<table>__shadow_pkey``), so a user's naming convention (``pk_accounts``,
+    ``uq_accounts_handle``, ``ix_accounts_owner``) would be lost: the live table's names are read
+    from the catalog before it is dropped, and each of the shadow's constraints and indexes takes
+    the name of the old one with the same definition (``pg_get_constraintdef``; an index's
+    ``pg_get_indexdef`` without its name). Where no old one matches (the table's declaration
+    changed meanwhile), a name derived from the shadow's takes the table's name instead
+    (``<table>__shadow_pkey`` → ``<table>_pkey``)."""
     conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(table)))
+    old_constraints, old_indexes = _named_parts(conn, table)
     conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(table)))
     conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(sql.Identifier(shadow), sql.Identifier(table)))
-    constraints = conn.execute(
-        "SELECT conname FROM pg_constraint WHERE conrelid = CAST(%s AS regclass) AND conname LIKE %s",
-        (table, shadow + "%"),
-    ).fetchall()
-    for (name,) in constraints:  # renaming a constraint renames its index
-        canonical = table + name[len(shadow) :]
+    new_constraints, new_indexes = _named_parts(conn, table)
+    for current, wanted in _renames(new_constraints, old_constraints, table, shadow):
+        # renaming a constraint renames its index
         conn.execute(
             sql.SQL("ALTER TABLE {} RENAME CONSTRAINT {} TO {}").format(
-                sql.Identifier(table), sql.Identifier(name), sql.Identifier(canonical)
+                sql.Identifier(table), sql.Identifier(current), sql.Identifier(wanted)
             )
         )
-    indexes = conn.execute(
-        "SELECT indexname FROM pg_indexes WHERE tablename = %s AND indexname LIKE %s", (table, shadow + "%")
+    for current, wanted in _renames(new_indexes, old_indexes, table, shadow):
+        conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(current), sql.Identifier(wanted)))
+
+
+Named = list[tuple[str, str]]  # (definition, name), sorted
+
+
+def _named_parts(conn: Conn, table: str) -> tuple[Named, Named]:
+    """``table``'s constraints (NOT NULLs are not constraints here) and its indexes that back no
+    constraint, each as ``(definition, name)``: a definition names neither the object nor the
+    table's other objects, so a table's and its ``LIKE`` copy's agree."""
+    constraints = conn.execute(
+        "SELECT CAST(contype AS text) || ' ' || pg_get_constraintdef(oid), conname FROM pg_constraint "
+        "WHERE conrelid = CAST(%s AS regclass)",
+        (table,),
     ).fetchall()
-    for (name,) in indexes:
-        canonical = table + name[len(shadow) :]
-        conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(sql.Identifier(name), sql.Identifier(canonical)))
+    indexes = conn.execute(
+        "SELECT replace(pg_get_indexdef(i.indexrelid), ' INDEX ' || quote_ident(c.relname) || ' ON ', ' INDEX ON '), "
+        "c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE i.indrelid = CAST(%s AS regclass) "
+        "AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid AND k.conrelid = i.indrelid)",
+        (table,),
+    ).fetchall()
+    return sorted((str(d), str(n)) for d, n in constraints), sorted((str(d), str(n)) for d, n in indexes)
+
+
+def _renames(new: Named, old: Named, table: str, shadow: str) -> list[tuple[str, str]]:
+    """``(current name, wanted name)`` for each of ``new`` whose name is not yet the one wanted:
+    the old name of the same definition (the n-th of equal definitions takes the n-th old name);
+    without one, a shadow-derived name with the table's name instead."""
+    olds: dict[str, list[str]] = {}
+    for definition, name in old:
+        olds.setdefault(definition, []).append(name)
+    out: list[tuple[str, str]] = []
+    for definition, name in new:
+        same = olds.get(definition)
+        if same:
+            wanted = same.pop(0)
+        elif name.startswith(shadow):
+            wanted = table + name[len(shadow) :]
+        else:
+            continue
+        if wanted != name:
+            out.append((name, wanted))
+    return out
 
 
 # -- bulk load ------------------------------------------------------------------------------
