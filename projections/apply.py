@@ -230,6 +230,15 @@ def add_counts(conn: store.Conn, view: CountView, rows: Sequence[Row]) -> None:
 def _apply_count_records(conn: store.Conn, view: View, records: Sequence[LogRecord]) -> Lsns:
     """``contributions(event)`` per event, summed per key (the Python twin of ``frame``)."""
     assert isinstance(view, CountView)
+    rows, lsns = count_rows(view, records)
+    add_counts(conn, view, rows)
+    return lsns
+
+
+def count_rows(view: CountView, records: Iterable[LogRecord]) -> tuple[list[Row], Lsns]:
+    """The rows ``(key columns…, extra columns…, count columns…)`` that ``records`` add to ``view``
+    (``contributions(event)`` summed per key; tombstones skipped), and the largest commit LSN per
+    partition. An event ``contributions`` cannot take raises :class:`FoldFailed` naming it."""
     totals: dict[Row, list[int]] = {}
     lsns: list[tuple[str, int, int]] = []
     for r in records:
@@ -245,8 +254,7 @@ def _apply_count_records(conn: store.Conn, view: View, records: Sequence[LogReco
             current = totals.setdefault(tuple(key), [0] * len(counts))
             for i, n in enumerate(counts):
                 current[i] += n
-    add_counts(conn, view, [(*key, *view.extra(key), *counts) for key, counts in totals.items()])
-    return max_lsns(lsns)
+    return [(*key, *view.extra(key), *counts) for key, counts in totals.items()], max_lsns(lsns)
 
 
 # -- mirrors ------------------------------------------------------------------------------------

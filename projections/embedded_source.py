@@ -80,6 +80,10 @@ class EmbeddedSource(LogSource):
     def appended_offsets(self, topics: Iterable[str]) -> Offsets:
         return appended_offsets(self.log, topics)
 
+    def start_offsets(self, topics: Iterable[str]) -> Offsets:
+        counts = self.partition_counts(topics)
+        return {t: {p: self.log.partition(t, p).log_start_offset() for p in range(n)} for t, n in counts.items()}
+
     # -- records -----------------------------------------------------------------------------
 
     def capture_positions(self) -> CapturePositionReader:

@@ -86,7 +86,9 @@ def make_session(
     master: str = "local[*]", app_name: str = "tideline-projections", *, kafka: bool = False
 ) -> SparkSession:
     """A SparkSession for projection jobs: UTC, no UI, the tideline source registered; executors
-    run this interpreter and import this repository (``PYTHONPATH``), also on a cluster.
+    run this interpreter (``spark.executorEnv.PYSPARK_PYTHON``), which imports Tideline as it is
+    installed (a source tree that is not installed: :func:`executor_pythonpath`), also on a cluster.
+    The views module is shipped by the jobs themselves (:mod:`projections.shipping`).
     ``kafka``: Spark's own Kafka source on ``spark.jars`` too (:mod:`projections.spark_kafka`;
     a ConfigError saying to run ``make jars`` when they are missing)."""
     from projections.spark_kafka import spark_jars_setting
@@ -100,9 +102,11 @@ def make_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
-        .config("spark.executorEnv.PYTHONPATH", str(REPO_ROOT))
         .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
     )
+    pythonpath = executor_pythonpath()
+    if pythonpath is not None:
+        builder = builder.config("spark.executorEnv.PYTHONPATH", pythonpath)
     if master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1")
     if jars is not None:
@@ -111,6 +115,20 @@ def make_session(
     session.sparkContext.setLogLevel("ERROR")
     register(session)
     return session
+
+
+def executor_pythonpath() -> str | None:
+    """What executors need on ``PYTHONPATH`` to import Tideline: nothing when this interpreter has it
+    installed (a wheel, or an editable install: ``pip install -e .``), since executors run this
+    interpreter; the source tree this module lives in when Tideline runs from a checkout that is not
+    installed (it must then be at the same path on every node)."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("tideline")
+    except importlib.metadata.PackageNotFoundError:
+        return str(REPO_ROOT)
+    return None
 
 
 # -- parsing --------------------------------------------------------------------------------
@@ -243,13 +261,13 @@ def fold_batches(
     with psycopg.connect(dsn) as conn:
 
         def flush(rows: list[Row], states: list[Row]) -> None:
-            _flush(conn, view, rows_table, state_table, rows, states, attempt)
+            flush_staged(conn, view, rows_table, state_table, rows, states, attempt)
 
         columns = ((b.column(0), b.column(1)) for b in batches)
         if offset_order:
-            events = _fold_in_offset_order(view, columns, flush, max_open_streams)
+            events = fold_in_offset_order(view, columns, flush, max_open_streams)
         else:
-            events = _fold_sorted(view, columns, flush)
+            events = fold_sorted(view, columns, flush)
     attempts.inject_fault()
     yield pa.RecordBatch.from_pydict(
         {"partition": [partition], "task_attempt": [attempt], "events": [events]},
@@ -288,13 +306,13 @@ def fold_log_partitions(
     with psycopg.connect(dsn) as conn:
 
         def flush(rows: list[Row], states: list[Row]) -> None:
-            _flush(conn, view, rows_table, state_table, rows, states, attempt)
+            flush_staged(conn, view, rows_table, state_table, rows, states, attempt)
 
         for batch in batches:
             for i in batch.column(0).to_pylist():
                 reads = read_range(ranges[i], settings)
                 columns = ((b.column("key"), b.column("value")) for b in reads)
-                events += _fold_in_offset_order(view, columns, flush, max_open_streams)
+                events += fold_in_offset_order(view, columns, flush, max_open_streams)
     attempts.inject_fault()
     yield pa.RecordBatch.from_pydict(
         {"partition": [partition], "task_attempt": [attempt], "events": [events]},
@@ -323,7 +341,7 @@ def _emit(view: FoldView, stream: Stream, view_rows: list[Row], states: list[Row
     states.append((view.name, stream.stream_id, stream.version, stream.commit_lsn, to_json(stream.state)))
 
 
-def _fold_sorted(view: FoldView, batches: Iterable[tuple[Any, Any]], flush: Flush) -> int:
+def fold_sorted(view: FoldView, batches: Iterable[tuple[Any, Any]], flush: Flush) -> int:
     """Records sorted by key: a stream's events contiguous, folded when the next stream begins."""
     events = 0
     view_rows: list[Row] = []
@@ -359,7 +377,7 @@ class _OpenStream:
     state: Any
 
 
-def _fold_in_offset_order(
+def fold_in_offset_order(
     view: FoldView, batches: Iterable[tuple[Any, Any]], flush: Flush, max_open_streams: int
 ) -> int:
     """A whole log partition in offset order: each event applied to its stream's state as it comes."""
@@ -397,7 +415,7 @@ class TooManyStreams(Exception):
         super().__init__(f"view {view}: {self.MARK} {limit:,}")
 
 
-def _flush(
+def flush_staged(
     conn: store.Conn,
     view: FoldView,
     rows_table: str,

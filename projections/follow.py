@@ -112,8 +112,11 @@ class Follower:
         this job until :meth:`run` returns)."""
         if (log_dir is None) == (source is None):
             raise ValueError("give exactly one of log_dir (the embedded log) and source")
+        from projections.shipping import ship_views
+
         self.spark = spark
         self.view: View = catalog[name]
+        ship_views(spark, catalog.module)  # the executors import the catalog's module
         self._owned = source is None
         self.source: LogSource = source or open_source(log_dir=log_dir, create=True)
         self.dsn = dsn

@@ -118,6 +118,9 @@ class KafkaSource(LogSource):
     def appended_offsets(self, topics: Iterable[str]) -> Offsets:
         return _grouped(self.admin.end_offsets(self._partitions(topics), read_committed=False))
 
+    def start_offsets(self, topics: Iterable[str]) -> Offsets:
+        return _grouped(self.admin.start_offsets(self._partitions(topics)))
+
     # -- records -----------------------------------------------------------------------------
 
     def capture_positions(self) -> CapturePositionReader:

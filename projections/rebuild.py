@@ -18,10 +18,11 @@
 4. One Postgres transaction: build a shadow of the view's table (``LIKE … INCLUDING
    ALL``) from the staged rows of the task attempts Spark kept — never those of another
    attempt (a retried, speculative or zombie task wrote twice), whenever it committed —
-   and swap it in (drop the old table, rename the shadow, its constraints and indexes to
-   the canonical names) — or merge those rows into the shared table (``snapshots``,
-   ``cdc_mirror``) — replace the projection's states from the kept attempts' states, set
-   the projection's checkpoints to the offsets read, record the run and the reached LSN.
+   and swap it in (drop the old table, rename the shadow, give its constraints and indexes
+   the names the old table's had: :func:`projections.store.swap_in`) — or merge those rows
+   into the shared table (``snapshots``, ``cdc_mirror``) — replace the projection's states
+   from the kept attempts' states, set the projection's checkpoints to the offsets read,
+   record the run and the reached LSN.
    States are upserted (unchanged ones not rewritten) and those of streams no longer folded
    deleted. A stream whose events lie in two log partitions (a topic whose partition count
    grew) shows there as two kept states: the swap rolls back and the fold runs again by key.
@@ -30,6 +31,10 @@
 
 Readers see the old view until that commit and the whole new one after it; a crash before
 it leaves the view and its checkpoints as they were.
+
+This is the ``spark`` rebuild engine; :mod:`projections.live_rebuild` computes step 3 in the
+calling process instead (small views: no Spark to start) and shares everything else
+(:func:`run_rebuild`, :func:`swap`).
 """
 
 from __future__ import annotations
@@ -80,8 +85,33 @@ def rebuild(
     stage: Stage = lambda _: None,
 ) -> RebuildResult:
     """Rebuild view ``name`` of ``catalog`` from the embedded log at ``log_dir`` (or ``source``,
-    e.g. Kafka) into the database at ``dsn``."""
-    view = catalog[name]
+    e.g. Kafka) into the database at ``dsn``. The catalog's module (its top-level package) is
+    shipped to Spark's executors first (:func:`projections.shipping.ship_views`)."""
+    from projections.shipping import ship_views
+
+    ship_views(spark, catalog.module)
+
+    def compute(view: View, log: LogSource, ends: store.Offsets, lsn: int) -> tuple[int, int, int]:
+        return _rebuild(spark, catalog, view, log, dsn, ends, lsn, stage)
+
+    return run_rebuild(catalog[name], dsn=dsn, log_dir=log_dir, source=source, stage=stage, compute=compute)
+
+
+Compute = Callable[[View, LogSource, store.Offsets, int], tuple[int, int, int]]
+
+
+def run_rebuild(
+    view: View,
+    *,
+    dsn: str,
+    log_dir: Path | None,
+    source: LogSource | None,
+    stage: Stage,
+    compute: Compute,
+) -> RebuildResult:
+    """What every rebuild engine does around its ``compute(view, log, ends, lsn) -> (events, rows,
+    discarded)`` (which stages the view and swaps it in: :func:`swap`): the run recorded as started,
+    the offsets to read to fixed (module docstring, step 1), the run recorded as failed if it raises."""
     started = time.monotonic()
     with source_for(log_dir, source) as log:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -94,7 +124,7 @@ def rebuild(
             sample = take_sample(log, view.topics)
             ends = log.consistent_offsets(view.topics)
             lsn = sample.lsn if sample.covered_by(ends) else 0
-            result = _rebuild(spark, catalog, view, log, dsn, ends, lsn, stage)
+            result = compute(view, log, ends, lsn)
         except BaseException as e:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 store.finish_run(conn, view.name, "failed", f"{type(e).__name__}: {e}"[:2000])
@@ -130,7 +160,7 @@ def _rebuild(
         staged = _compute(spark, catalog, view, log, dsn, ends, rows_staging, states_staging)
         stage("swapping the view in")
         try:
-            discarded, rows = _swap(dsn, view, staged, ends, lsn)
+            discarded, rows = swap(dsn, view, staged, ends, lsn)
         except SplitStreams:  # a topic whose partition count grew: fold again by key (nothing was swapped)
             assert isinstance(view, FoldView)
             stage("a stream spans two log partitions: folding again by key")
@@ -139,7 +169,7 @@ def _rebuild(
             folded = fold_frame(spark, catalog, view, raw, dsn, rows_staging, states_staging)
             staged = Staged(rows_staging, states_staging, folded.events, folded.kept)
             stage("swapping the view in")
-            discarded, rows = _swap(dsn, view, staged, ends, lsn)
+            discarded, rows = swap(dsn, view, staged, ends, lsn)
     return staged.events, rows, discarded
 
 
@@ -151,8 +181,9 @@ class SplitStreams(Exception):
         super().__init__(f"view {view}: a stream's events lie in two log partitions")
 
 
-def _swap(dsn: str, view: View, staged: Staged, ends: store.Offsets, lsn: int) -> tuple[int, int]:
-    """The swap transaction (module docstring, step 4); ``(discarded staged rows, rows in the view)``."""
+def swap(dsn: str, view: View, staged: Staged, ends: store.Offsets, lsn: int) -> tuple[int, int]:
+    """The swap transaction (module docstring, step 4); ``(discarded staged rows, rows in the view)``.
+    Raises :class:`SplitStreams` (nothing swapped) when a fold's kept states hold a stream twice."""
     with psycopg.connect(dsn) as conn, conn.transaction():
         store.read_checkpoints(conn, view.name, lock=True)
         discarded = _commit(conn, view, staged)
@@ -341,9 +372,7 @@ def _max_open_streams(spark: SparkSession) -> int:
     return int(spark.conf.get(engine.MAX_OPEN_STREAMS_CONF, None) or engine.MAX_OPEN_STREAMS)
 
 
-def _unless_too_many_streams(
-    run: Callable[[], list[attempts.TaskOutput]], dsn: str, *staging: str
-) -> Folded | None:
+def _unless_too_many_streams(run: Callable[[], list[attempts.TaskOutput]], dsn: str, *staging: str) -> Folded | None:
     """``run``'s outputs as :class:`Folded`; None when a task stopped at too many streams (its
     error arrives wrapped by Spark, found by its message), the staging tables emptied."""
     try:

@@ -123,6 +123,23 @@ class LogSource(abc.ABC):
     def appended_offsets(self, topics: Iterable[str]) -> Offsets:
         """The log end (high watermark, read_uncommitted) of every partition of ``topics`` that exist."""
 
+    @abc.abstractmethod
+    def start_offsets(self, topics: Iterable[str]) -> Offsets:
+        """The first offset (log start: retention and compaction may have moved it) of every partition
+        of ``topics`` that exist."""
+
+    def record_count(self, topics: Iterable[str]) -> int:
+        """How many records ``topics`` hold at most, from the offsets alone (no scan): the last stable
+        offset minus the log start, summed over their partitions. An upper bound: offsets that compaction
+        emptied and transaction markers count too."""
+        topics = list(topics)
+        starts = self.start_offsets(topics)
+        return sum(
+            max(0, end - starts.get(topic, {}).get(p, 0))
+            for topic, per in self.stable_offsets(topics).items()
+            for p, end in per.items()
+        )
+
     def consistent_offsets(self, topics: Iterable[str], attempts: int = CONSISTENT_CUT_ATTEMPTS) -> Offsets:
         """Last stable offsets that form a cut of the log's transactions: read until two reads in a
         row agree (a transaction committed between the reads of two partitions would otherwise be

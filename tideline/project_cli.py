@@ -1,8 +1,8 @@
-"""``tideline project``: rebuild read views on Spark, follow them (live or on Spark), show their status.
+"""``tideline project``: rebuild read views (live or on Spark), follow them (live or on Spark), show their status.
 
 ::
 
-    tideline project rebuild users --dsn "$DSN"                  # replay, then swap in
+    tideline project rebuild users --dsn "$DSN"                  # replay, then swap in (--engine auto|live|spark)
     tideline project follow seats --dsn "$DSN" [--once]           # batches, exactly once (--engine live|spark)
     tideline project status [--json] [--stall-after 60]           # offsets, lag, reached LSN, stalled, last run
     tideline --kafka HOST:PORT project rebuild users --dsn "$DSN" # the same, reading Apache Kafka
@@ -15,36 +15,65 @@ librdkafka consumer: docs/kafka.md, "Projections from Kafka").
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
 import signal
+import sys
 import tempfile
 import threading
 import time
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from tideline.cli_common import fail, one_line_errors
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 DSN_ENV = "TIDELINE_DSN"
+NON_TTY_WIDTH = 100_000  # `project status` not on a terminal: wide enough that no cell is cut
 DEFAULT_VIEWS = "examples.reservations.views"
 
-app = typer.Typer(help="Read views: rebuild (Spark), follow (live or Spark), status.", no_args_is_help=True)
-console = Console(stderr=True, highlight=False)
+app = typer.Typer(help="Read views: rebuild (live or Spark), follow (live or Spark), status.", no_args_is_help=True)
+STARTED = time.monotonic()  # when this module was imported (see _wall_seconds)
+PROCESS_START_SLACK_S = 30.0  # imported this soon after the process started: the process is the command
+
+
+@functools.cache
+def _console() -> Console:
+    """stderr, for progress and notes (rich is imported when a command runs: start-up time)."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _wall_seconds(entered: float) -> float:
+    """The command's whole wall time, what ``time tideline …`` shows: since the process started
+    (Linux: /proc/self/stat's start time against /proc/uptime) when this module was imported as the
+    process began (a ``tideline`` process: its imports count too); else (a long-lived process that
+    runs the command, e.g. a test's CliRunner) since ``entered``, the command's own start."""
+    since_entered = time.monotonic() - entered
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return since_entered
+    age = max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    imported_after = age - (time.monotonic() - STARTED)  # seconds from the process's start to this import
+    return age if imported_after < PROCESS_START_SLACK_S else since_entered
+
 
 DsnOption = Annotated[
     str | None,
     typer.Option("--dsn", envvar=DSN_ENV, help=f"Views database (or ${DSN_ENV}).", show_default=False),
 ]
 ViewsOption = Annotated[str, typer.Option("--views", help="Module with the ViewCatalog VIEWS.")]
-MasterOption = Annotated[str, typer.Option("--master", help="Spark master (spark://host:port for a cluster).")]
 
 
 def _dsn(dsn: str | None) -> str:
@@ -130,7 +159,7 @@ def _session(master: str, log_level: str = DEFAULT_SPARK_LOG_LEVEL, *, kafka: bo
             os.environ["PYSPARK_SUBMIT_ARGS"] = (
                 f"--driver-java-options {shlex.quote(f'-Dlog4j2.configurationFile={config.as_uri()}')} pyspark-shell"
             )
-        with console.status(f"starting Spark ({master})"):
+        with _console().status(f"starting Spark ({master})"):
             session = make_session(master, kafka=kafka)
         session.sparkContext.setLogLevel(log_level)
         return session
@@ -140,40 +169,86 @@ def _session(master: str, log_level: str = DEFAULT_SPARK_LOG_LEVEL, *, kafka: bo
         config.unlink(missing_ok=True)  # read once, when the JVM started
 
 
+LIVE_MAX_RECORDS = 500_000  # = projections.live_rebuild.DEFAULT_LIVE_MAX_RECORDS (not imported here: start-up time)
+
+
 @app.command()
 def rebuild(
     view: Annotated[str, typer.Argument(help="Projection name (or mirror:<topic>).")],
     dsn: DsnOption = None,
-    master: MasterOption = "local[*]",
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine",
+            help="auto: live when the view's topics hold at most --live-max-records records, else spark; "
+            "live: in this process, no Spark; spark: on Spark (--master).",
+        ),
+    ] = "auto",
+    live_max_records: Annotated[
+        int,
+        typer.Option(
+            "--live-max-records", min=0, help="--engine auto: the most records (counted from offsets) rebuilt live."
+        ),
+    ] = LIVE_MAX_RECORDS,
+    master: Annotated[
+        str | None,
+        typer.Option(
+            "--master", help="Spark master (spark://host:port for a cluster; default local[*]); implies --engine spark."
+        ),
+    ] = None,
     views: ViewsOption = DEFAULT_VIEWS,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     spark_log_level: SparkLogLevelOption = DEFAULT_SPARK_LOG_LEVEL,
 ) -> None:
-    """Replay VIEW's topics from the beginning into a shadow table, then swap it in atomically."""
+    """Replay VIEW's topics from the beginning into a shadow table, then swap it in atomically (live or on Spark)."""
+    entered = time.monotonic()
+    import logging
+
     from projections.consistency import format_lsn
-    from projections.rebuild import rebuild as run_rebuild
+    from projections.live_rebuild import RebuildEngine, choose_engine, rebuild_live
 
     target = _dsn(dsn)
     with one_line_errors():
         level = _spark_log_level(spark_log_level)
+        requested = RebuildEngine.parse(engine)
+        if master is not None and requested is RebuildEngine.LIVE:
+            raise fail("--master is for the Spark engine (--engine live rebuilds in this process)")
         catalog = _catalog(views)
-        catalog[view]
+        projection = catalog[view]
         kafka = _kafka()
         with _source(kafka) as source:
-            spark = _session(master, level, kafka=kafka is not None)
-            try:
-                with console.status("rebuilding") as status:
-                    result = run_rebuild(
-                        spark, catalog, view, source=source, dsn=target, stage=lambda s: status.update(f"{view}: {s}")
+            choice = choose_engine(requested, source, projection, live_max_records, master=master)
+            note = f"engine: {choice.engine.value} ({choice.reason})"
+            logging.getLogger("projections.rebuild").info("projection=%s %s", projection.name, note)
+            _console().print(note, markup=False, soft_wrap=True)  # stderr: --json's stdout stays one object
+            if choice.engine is RebuildEngine.LIVE:
+                with _console().status("rebuilding (live)") as status:
+                    result = rebuild_live(
+                        catalog, view, source=source, dsn=target, stage=lambda s: status.update(f"{view}: {s}")
                     )
-            finally:
-                spark.stop()
-    rate = result.events / result.seconds if result.seconds else 0.0
+            else:
+                from projections.rebuild import rebuild as run_rebuild
+
+                spark = _session(master or "local[*]", level, kafka=kafka is not None)
+                try:
+                    with _console().status("rebuilding") as status:
+                        result = run_rebuild(
+                            spark, catalog, view, source=source, dsn=target,
+                            stage=lambda s: status.update(f"{view}: {s}"),
+                        )  # fmt: skip
+                finally:
+                    spark.stop()
+    seconds = _wall_seconds(entered)
+    rate = result.events / seconds if seconds else 0.0
     summary = {
         "projection": result.projection,
+        "engine": choice.engine.value,
+        "engine_reason": choice.reason,
+        "records_counted": choice.records,
         "events": result.events,
         "rows": result.rows,
-        "seconds": round(result.seconds, 2),
+        "seconds": round(seconds, 2),
+        "rebuild_seconds": round(result.seconds, 2),
         "events_per_s": round(rate),
         "offsets": result.offsets,
         "reached_lsn": format_lsn(result.reached_lsn),
@@ -182,8 +257,9 @@ def rebuild(
         typer.echo(json.dumps(summary))
     else:
         typer.echo(
-            f"rebuilt {view}: {result.events:,} events → {result.rows:,} rows in {result.seconds:.1f} s "
-            f"({rate:,.0f} events/s), reached {format_lsn(result.reached_lsn)}"
+            f"rebuilt {view} ({choice.engine.value}): {result.events:,} events → {result.rows:,} rows in "
+            f"{seconds:.1f} s ({rate:,.0f} events/s; the command's whole wall time), "
+            f"reached {format_lsn(result.reached_lsn)}"
         )
 
 
@@ -261,7 +337,7 @@ def follow(
                 from projections.metrics import FollowCollector
 
                 server = serve_metrics(FollowCollector(job), metrics_port, metrics_host)
-                console.print(f"metrics on http://{metrics_host}:{server.port}/metrics")
+                _console().print(f"metrics on http://{metrics_host}:{server.port}/metrics")
             with _progress(job, chosen.value, log_interval):
                 stats = job.run(once=once, stop=stop)
         finally:
@@ -281,7 +357,7 @@ def _progress(job: Any, engine: str, interval: float) -> AbstractContextManager[
 
     if interval <= 0:
         return nullcontext()
-    return ProgressReporter(job, engine, interval, lambda line: console.print(line, markup=False, soft_wrap=True))
+    return ProgressReporter(job, engine, interval, lambda line: _console().print(line, markup=False, soft_wrap=True))
 
 
 @app.command()
@@ -302,6 +378,9 @@ def status(
     if as_json:
         typer.echo(json.dumps(rows, default=str))
         return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(
         "projection", "mode", "status", "health", "events", "reached", "partition", "offset", "lag", "last run"
     )
@@ -322,4 +401,7 @@ def status(
                 (r["finished_at"] or "running") if first else "",
             )
             first = False
-    Console(highlight=False).print(table)
+    # a terminal gets the table at its width; piped or redirected output every value whole (rich would
+    # take COLUMNS, or 80, and cut each cell to fit)
+    wide = None if sys.stdout.isatty() else NON_TTY_WIDTH
+    Console(highlight=False, width=wide).print(table)

@@ -1,20 +1,24 @@
-"""The tideline source and a view rebuild on a Spark standalone cluster (master + one worker
-started from the pyspark wheel on 127.0.0.1), driven from their own processes with
-``master("spark://…")`` / ``--master spark://…``."""
+"""The tideline source and a view rebuild on a Spark standalone cluster (a master and two workers
+started from the pyspark wheel on 127.0.0.1 and 127.0.0.2), driven from their own processes with
+``master("spark://…")`` / ``--master spark://…``; and a user's views package that lives outside the
+repository, which the executors get only because Tideline ships it (projections.shipping)."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from projections_util import consumer_rows
 from spark_cluster import standalone_cluster
+from userapp_util import AppLog, user_database
 from views_util import capture, drop_slots, issue_commands, migrated_database
 
 from eventstore.log import Log
@@ -22,6 +26,7 @@ from eventstore.partition_log import FsyncMode, FsyncPolicy
 from eventstore.producer import Producer
 from examples.reservations.views import VIEWS
 from projections.reference import expected_rows, view_rows
+from projections.views import load_catalog
 from tideline.pgharness import LocalPostgres
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -31,8 +36,9 @@ TIDELINE = str(Path(sys.executable).with_name("tideline"))
 
 @pytest.fixture(scope="module")
 def standalone_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``spark://127.0.0.1:P`` with one registered worker (1 core, 1 GiB); both stopped by PID afterwards."""
-    with standalone_cluster(tmp_path_factory.mktemp("spark-standalone"), ["127.0.0.1"]) as cluster:
+    """``spark://127.0.0.1:P`` with two registered workers (127.0.0.1 and 127.0.0.2, 1 core, 1 GiB
+    each); all stopped by PID afterwards."""
+    with standalone_cluster(tmp_path_factory.mktemp("spark-standalone"), ["127.0.0.1", "127.0.0.2"]) as cluster:
         yield cluster.url
 
 
@@ -87,3 +93,40 @@ def test_rebuild_on_a_standalone_cluster(standalone_master: str, postgres: Local
     expected = expected_rows(view, log_dir)
     assert summary["projection"] == "seats" and summary["events"] > 0 and summary["rows"] == len(expected) > 0
     assert view_rows(dsn, view) == expected
+
+
+def test_a_views_package_outside_the_repository_rebuilds_on_the_cluster(
+    standalone_master: str, postgres: LocalPostgres, tmp_path: Path
+) -> None:
+    """The tests' userapp, copied under a fresh package name into a directory outside the repository
+    that only the driver has on its ``sys.path`` (no ``PYTHONPATH`` anywhere): its fold view (the
+    executors import the package to fold) and its count view rebuild on both workers of the cluster
+    and equal the reference; the zip shipped to the executors holds the package and no bytecode."""
+    outside = tmp_path / "app"
+    assert not outside.resolve().is_relative_to(REPO_ROOT)
+    package = f"ua_outside_{uuid.uuid4().hex[:8]}"
+    shutil.copytree(
+        Path(__file__).with_name("userapp"), outside / package, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    dsn = user_database(postgres, "outside")
+    log = AppLog(tmp_path / "log")
+    log.write(events=400)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_SUBMIT_ARGS")}
+    env["PYSPARK_PYTHON"] = sys.executable
+    for view in ("ua_accounts", "ua_deposits"):
+        argv = ["tideline", "--data-dir", str(log.path), "project", "rebuild", view, "--dsn", dsn,
+                "--views", f"{package}.views", "--master", standalone_master, "--json"]  # fmt: skip
+        driver = f"import sys; sys.path.insert(0, {str(outside)!r}); sys.argv = {argv!r}; "
+        driver += "from tideline.cli import main; main()"
+        done = subprocess.run([sys.executable, "-c", driver], env=env, capture_output=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr.decode()[-4000:]
+        summary = json.loads(done.stdout.decode().strip().splitlines()[-1])
+        assert summary["engine"] == "spark" and summary["engine_reason"] == f"--master {standalone_master} given"
+        sys.path.insert(0, str(outside))
+        try:
+            catalog = load_catalog(f"{package}.views")
+        finally:
+            sys.path.remove(str(outside))
+        expected = expected_rows(catalog[view], log.path)
+        assert summary["events"] == 400 and summary["rows"] == len(expected) > 0
+        assert view_rows(dsn, catalog[view]) == expected
