@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from capture.sinks import Sink
@@ -48,6 +48,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def description(self) -> str:
         """For messages: ``the log at DIR`` / ``Kafka at HOST:PORT``."""
+
+    @abc.abstractmethod
+    def registry_location(self) -> str:
+        """Where the schema registry lives, for messages."""
+
+    def exists(self) -> bool:
+        """Whether there is a log to read (an embedded log's directory may not be created yet)."""
+        return True
 
     @abc.abstractmethod
     def check(self) -> None:
@@ -85,6 +93,23 @@ class Backend(abc.ABC):
     def topic_settings_apply(self) -> bool:
         """Whether topic replication settings (``--replication-factor``, ``--min-insync-replicas``) mean anything."""
 
+    @abc.abstractmethod
+    def log_cleaner_applies(self) -> bool:
+        """Whether ``capture run --log-cleaner`` has a log to clean (Kafka's brokers compact on their own)."""
+
+    @abc.abstractmethod
+    def spark_needs_kafka_source(self) -> bool:
+        """Whether a Spark job reading this backend needs Spark's Kafka source on its class path."""
+
+    @abc.abstractmethod
+    def describe_topics(self) -> list[dict[str, Any]]:
+        """Every topic with its partitions' offsets (``log topics --json``; sizes and segments on the embedded
+        log)."""
+
+    @abc.abstractmethod
+    def describe_groups(self) -> list[dict[str, Any]]:
+        """Consumer groups: members, committed offsets, lag per partition (``log groups --json``)."""
+
     @contextmanager
     def registry(self) -> Iterator[SchemaRegistry]:
         """The schema registry of this backend."""
@@ -114,10 +139,22 @@ class EmbeddedBackend(Backend):
     def description(self) -> str:
         return f"the log at {self.data_dir}"
 
+    def registry_location(self) -> str:
+        return str(self.data_dir)
+
+    def exists(self) -> bool:
+        return self.data_dir.is_dir()
+
     def check(self) -> None:
         return None
 
     def topic_settings_apply(self) -> bool:
+        return False
+
+    def log_cleaner_applies(self) -> bool:
+        return True
+
+    def spark_needs_kafka_source(self) -> bool:
         return False
 
     @contextmanager
@@ -146,6 +183,20 @@ class EmbeddedBackend(Backend):
             finally:
                 sink.close()
 
+    def describe_topics(self) -> list[dict[str, Any]]:
+        from eventstore.log import Log
+        from tideline.log_cli import describe_topics
+
+        with Log(self.data_dir, create=False) as log:
+            return describe_topics(log)
+
+    def describe_groups(self) -> list[dict[str, Any]]:
+        from eventstore.log import Log
+        from tideline.log_cli import describe_groups
+
+        with Log(self.data_dir, create=False) as log:
+            return describe_groups(log)
+
     def source(self, *, create: bool = False) -> LogSource:
         from projections.embedded_source import EmbeddedSource
 
@@ -172,12 +223,23 @@ class KafkaBackend(Backend):
     def description(self) -> str:
         return f"Kafka at {self.bootstrap}"
 
+    def registry_location(self) -> str:
+        from eventstore.kafka.schema_store import SCHEMAS_TOPIC
+
+        return f"{SCHEMAS_TOPIC} on Kafka at {self.bootstrap}"
+
     def check(self) -> None:
         from eventstore.kafka.config import probe_bootstrap
 
         probe_bootstrap(self.bootstrap)  # one line at once for an address nobody listens on
 
     def topic_settings_apply(self) -> bool:
+        return True
+
+    def log_cleaner_applies(self) -> bool:
+        return False
+
+    def spark_needs_kafka_source(self) -> bool:
         return True
 
     @contextmanager
@@ -208,6 +270,16 @@ class KafkaBackend(Backend):
         with self.capture_log(state_dir, create=create) as (_, sink):
             assert sink is not None
             yield sink
+
+    def describe_topics(self) -> list[dict[str, Any]]:
+        from tideline import log_kafka
+
+        return log_kafka.describe_topics(self.bootstrap)
+
+    def describe_groups(self) -> list[dict[str, Any]]:
+        from tideline import log_kafka
+
+        return log_kafka.describe_groups(self.bootstrap)
 
     def source(self, *, create: bool = False) -> LogSource:
         from projections.kafka_source import KafkaSource

@@ -104,47 +104,13 @@ def _log_and_sink(
     replication_factor: int | None = None,
     min_insync_replicas: int | None = None,
 ) -> Iterator[tuple[Log | None, Sink | None]]:
-    """:func:`open_log_and_sink` of ``--data-dir`` / ``--kafka``."""
+    """What the connector writes to: :meth:`tideline.backend.Backend.capture_log` of the backend chosen."""
     from tideline.cli import State
 
-    with open_log_and_sink(State.data_dir, State.kafka, state_dir, create=create, replication_factor=replication_factor,
-                           min_insync_replicas=min_insync_replicas) as opened:  # fmt: skip
+    with State.backend().capture_log(
+        state_dir, create=create, replication_factor=replication_factor, min_insync_replicas=min_insync_replicas
+    ) as opened:
         yield opened
-
-
-@contextmanager
-def open_log_and_sink(
-    data_dir: Path,
-    kafka: str | None,
-    state_dir: Path | None = None,
-    *,
-    create: bool = True,
-    replication_factor: int | None = None,
-    min_insync_replicas: int | None = None,
-) -> Iterator[tuple[Log | None, Sink | None]]:
-    """The embedded log at ``data_dir`` (sink: None, the connector's default), or with ``kafka``
-    bootstrap servers no embedded log and the Kafka sink (key state under ``state_dir``, default
-    ``<data_dir>/_capture``). The console reads capture's position through it too."""
-    if kafka is None:
-        from eventstore.log import Log
-
-        with Log(data_dir, create=create) as log:
-            yield log, None
-        return
-    from capture.sinks.kafka import KafkaLogSink  # Kafka's client: only for Kafka
-    from eventstore.kafka import probe_bootstrap
-
-    probe_bootstrap(kafka)
-    sink = KafkaLogSink(
-        kafka,
-        state_dir=state_dir or data_dir / "_capture",
-        replication_factor=replication_factor,
-        min_insync_replicas=min_insync_replicas,
-    )
-    try:
-        yield None, sink
-    finally:
-        sink.close()
 
 
 @app.command()
@@ -390,9 +356,10 @@ def run(
             compression=DEFAULT_COMPRESSION if compression is None else compression,
         )
         config.validate()  # before the log is opened: --core native without the extension is one line, nothing made
-        if (replication_factor is not None or min_insync_replicas is not None) and State.kafka is None:
+        backend = State.backend()
+        if (replication_factor is not None or min_insync_replicas is not None) and not backend.topic_settings_apply():
             raise fail("--replication-factor and --min-insync-replicas are Kafka topic settings: give --kafka")
-        if log_cleaner and State.kafka is not None:
+        if log_cleaner and not backend.log_cleaner_applies():
             raise fail("--log-cleaner cleans the embedded log; with --kafka the brokers' log cleaner compacts")
         with _log_and_sink(
             state_dir, replication_factor=replication_factor, min_insync_replicas=min_insync_replicas

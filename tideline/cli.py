@@ -23,6 +23,7 @@ from tideline.project import PROJECT_ENV
 if TYPE_CHECKING:
     from typer import _click as click  # typer's own copy of click
 
+    from tideline.backend import Backend
     from tideline.project import Project
 
 
@@ -49,6 +50,13 @@ class State:
 
     data_dir: Path = resolve_data_dir(None)
     kafka: str | None = None  # bootstrap servers: Kafka is the log (see KAFKA_READY_COMMANDS)
+
+    @classmethod
+    def backend(cls) -> Backend:
+        """The log backend the options chose: every command takes its roles from it (tideline.backend)."""
+        from tideline.backend import choose
+
+        return choose(cls.data_dir, cls.kafka)
 
 
 # Commands that work with Kafka as the log, or do not touch the log at all. The others

@@ -82,11 +82,9 @@ def console_command(
     from tideline.console.state import ConsoleState, Sampler
 
     with one_line_errors():
-        if State.kafka is not None:
-            from eventstore.kafka import probe_bootstrap
-
-            probe_bootstrap(State.kafka)
-        elif not State.data_dir.is_dir():
+        backend = State.backend()
+        backend.check()
+        if not backend.exists():
             raise fail(f"no log at {State.data_dir}: give --data-dir (or TIDELINE_DATA_DIR) of an existing log, "
                        "or --kafka")  # fmt: skip
     settings = ConsoleSettings(

@@ -35,6 +35,7 @@ from tideline.cli_common import fail, graceful_server, listen
 if TYPE_CHECKING:
     from schemas.registry import SchemaRegistry
     from schemas.starts import SchemaStart
+    from tideline.backend import Backend
 
 app = typer.Typer(
     help="The schema registry of the log (or of Kafka with --kafka): subjects, versions, compatibility checks, "
@@ -50,34 +51,25 @@ SubjectArg = Annotated[str, typer.Argument(help="Subject, e.g. shop.public.order
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 
 
-def _data_dir() -> Path:
+def _backend() -> Backend:
     from tideline.cli import State  # imported late: tideline.cli imports this module
 
-    return State.data_dir
-
-
-def _kafka() -> str | None:
-    from tideline.cli import State
-
-    return State.kafka
+    return State.backend()
 
 
 def _where() -> str:
     """Where the registry lives, for messages: the log directory, or Kafka's topic."""
-    from eventstore.kafka.schema_store import SCHEMAS_TOPIC
-
-    kafka = _kafka()
-    return f"{SCHEMAS_TOPIC} on Kafka at {kafka}" if kafka else str(_data_dir())
+    return _backend().registry_location()
 
 
 @contextmanager
 def _registry(*, error_code: int = 1) -> Iterator[SchemaRegistry]:
-    """The registry of the log at ``--data-dir`` or of ``--kafka``; errors become one line and exit ``error_code``."""
+    """The registry of the backend the options chose; errors become one line and exit ``error_code``."""
     from eventstore.errors import TidelineError
     from schemas.errors import SchemaError
 
     try:
-        with open_registry(_data_dir(), _kafka()) as registry:
+        with _backend().registry() as registry:
             yield registry
     except (TidelineError, SchemaError, ValueError) as e:
         raise fail(str(e), error_code) from None
@@ -85,55 +77,11 @@ def _registry(*, error_code: int = 1) -> Iterator[SchemaRegistry]:
         raise fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e), error_code) from None
 
 
-@contextmanager
-def open_registry(data_dir: Path, kafka: str | None) -> Iterator[SchemaRegistry]:
-    """The registry of Kafka's ``_schemas`` at ``kafka`` bootstrap servers, else of the log at ``data_dir``
-    (which must exist); what every ``schemas`` command and the console read."""
-    from schemas.registry import SchemaRegistry
-
-    if kafka is not None:
-        from eventstore.kafka import probe_bootstrap
-        from eventstore.kafka.schema_store import KafkaSchemaStore
-
-        probe_bootstrap(kafka)  # one line at once for an address nobody listens on
-        with KafkaSchemaStore(kafka) as store:
-            yield SchemaRegistry(store)
-    else:
-        from eventstore.log import Log
-        from eventstore.schema_store import LogSchemaStore
-
-        with Log(data_dir, create=False) as log:
-            yield SchemaRegistry(LogSchemaStore(log))
-
-
-def read_starts(data_dir: Path, kafka: str | None) -> dict[tuple[str, int], SchemaStart]:
-    """Where each value schema version started (schemas.starts): the topic ``__tideline_schema_starts`` of Kafka
-    at ``kafka``, else of the log at ``data_dir`` (empty when no connector wrote one)."""
-    from capture.writer import read_schema_starts
-
-    if kafka is not None:
-        import tempfile
-
-        from capture.sinks.kafka import KafkaLogSink
-
-        with tempfile.TemporaryDirectory(prefix="tideline-schemas-") as state:
-            sink = KafkaLogSink(kafka, state_dir=Path(state))
-            try:
-                return read_schema_starts(sink)
-            finally:
-                sink.close()
-    from capture.sinks.embedded import EmbeddedLogSink
-    from eventstore.log import Log
-
-    with Log(data_dir, create=False) as log:
-        return read_schema_starts(EmbeddedLogSink(log))
-
-
 def _starts() -> dict[tuple[str, int], SchemaStart]:
     from eventstore.errors import TidelineError
 
     try:
-        return read_starts(_data_dir(), _kafka())
+        return _backend().schema_starts()
     except (TidelineError, ValueError) as e:
         raise fail(str(e), 1) from None
 

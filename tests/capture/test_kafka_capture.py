@@ -46,9 +46,9 @@ from eventstore.kafka.schema_store import KafkaSchemaStore
 from eventstore.schema_store import FramedDecoder
 from schemas.position import POSITIONS_TOPIC
 from schemas.registry import CompatibilityLevel, SchemaRegistry
+from tideline.backend import choose
 from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
-from tideline.schemas_cli import read_starts
 
 TIDELINE = str(Path(sys.executable).parent / "tideline")
 
@@ -277,7 +277,7 @@ def test_avro_capture_into_kafka_reads_with_confluents_deserializer(
     expected = [(k, v) for _, k, v in plain.records(f"{plain.prefix}.public.t") if k is not None]
     assert by_key(decoded) == by_key(expected)
     # where the value schema's one version started (schemas.starts, on Kafka too): the first event written under it
-    [start] = [s for s in read_starts(tmp_path, kafka.bootstrap_servers).values() if s.topic == topic]
+    [start] = [s for s in choose(tmp_path, kafka.bootstrap_servers).schema_starts().values() if s.topic == topic]
     sources = [json.loads(v)["source"] for _, v in decoded if v is not None]
     first = min((source["commit_lsn"], source["event_index"]) for source in sources)
     assert (start.subject, start.version, start.snapshot) == (f"{topic}-value", 1, True)

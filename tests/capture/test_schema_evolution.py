@@ -61,9 +61,9 @@ from eventstore.log import Log
 from eventstore.schema_store import FramedDecoder, LogSchemaStore
 from schemas.position import parse_lsn
 from schemas.registry import CompatibilityLevel, SchemaRegistry
+from tideline.backend import choose
 from tideline.cli import app as cli_app
 from tideline.pgharness import LocalPostgres
-from tideline.schemas_cli import read_starts
 
 TOPIC = "cdc.public.t"
 CAPTURED = TableFilter(include=["public.*"])
@@ -394,7 +394,7 @@ def assert_starts_exact(log_dir: Path, topic: str) -> None:
         position = (source["commit_lsn"], source["event_index"], source["snapshot"] not in (None, "false"))
         if schema_id not in first or position[:2] < first[schema_id][:2]:
             first[schema_id] = position
-    starts = {s.schema_id: s for s in read_starts(log_dir, None).values() if s.topic == topic}
+    starts = {s.schema_id: s for s in choose(log_dir, None).schema_starts().values() if s.topic == topic}
     assert set(starts) == set(first), (sorted(starts), sorted(first))
     for schema_id, (commit_lsn, index, snapshot) in first.items():
         start = starts[schema_id]

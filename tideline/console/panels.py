@@ -17,9 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from projections.status import DEFAULT_STALL_AFTER_S
+
+if TYPE_CHECKING:
+    from tideline.backend import Backend
 
 DSN_ENV = "TIDELINE_DSN"
 NO_DSN = f"no database: give --dsn or set {DSN_ENV}"
@@ -46,12 +49,19 @@ class ConsoleSettings:
     history: int = 600  # points kept per chart
 
     @property
+    def log_backend(self) -> Backend:
+        """The backend every panel reads (tideline.backend)."""
+        from tideline.backend import choose
+
+        return choose(self.data_dir, self.kafka)
+
+    @property
     def backend(self) -> str:
-        return "kafka" if self.kafka else "embedded"
+        return self.log_backend.kind
 
     @property
     def where(self) -> str:
-        return f"Kafka at {self.kafka}" if self.kafka else f"the log at {self.data_dir}"
+        return self.log_backend.description
 
     @property
     def projections_dsn(self) -> str | None:
@@ -76,16 +86,7 @@ class PanelUnavailable(Exception):
 
 def topics_panel(settings: ConsoleSettings) -> dict[str, Any]:
     """Every topic with its partitions' offsets (and sizes and segments on the embedded log)."""
-    if settings.kafka is not None:
-        from tideline import log_kafka
-
-        described = log_kafka.describe_topics(settings.kafka)
-    else:
-        from eventstore.log import Log
-        from tideline.log_cli import describe_topics
-
-        with Log(settings.data_dir, create=False) as log:
-            described = describe_topics(log)
+    described = settings.log_backend.describe_topics()
     return {"count": len(described), "topics": described}
 
 
@@ -95,10 +96,9 @@ def capture_panel(settings: ConsoleSettings) -> dict[str, Any]:
         raise PanelUnavailable(NO_DSN)
     from capture.report import capture_status
     from capture.tables import TableFilter
-    from tideline.capture_cli import open_log_and_sink
 
     table_filter = TableFilter(include=list(settings.tables), exclude=list(settings.exclude_tables))
-    with open_log_and_sink(settings.data_dir, settings.kafka, settings.state_dir, create=False) as (log, sink):
+    with settings.log_backend.capture_log(settings.state_dir, create=False) as (log, sink):
         return capture_status(settings.dsn, slot=settings.slot, topic_prefix=settings.topic_prefix, log=log,
                               sink=sink, table_filter=table_filter, state_dir=settings.state_dir,
                               retained_wal_warn_bytes=settings.retained_wal_warn_bytes)  # fmt: skip
@@ -106,15 +106,7 @@ def capture_panel(settings: ConsoleSettings) -> dict[str, Any]:
 
 def groups_panel(settings: ConsoleSettings) -> dict[str, Any]:
     """``log groups --json``: members, committed offsets, lag per partition."""
-    if settings.kafka is not None:
-        from tideline import log_kafka
-
-        return {"groups": log_kafka.describe_groups(settings.kafka)}
-    from eventstore.log import Log
-    from tideline.log_cli import describe_groups
-
-    with Log(settings.data_dir, create=False) as log:
-        return {"groups": describe_groups(log)}
+    return {"groups": settings.log_backend.describe_groups()}
 
 
 def projections_panel(settings: ConsoleSettings) -> dict[str, Any]:
@@ -122,10 +114,9 @@ def projections_panel(settings: ConsoleSettings) -> dict[str, Any]:
     dsn = settings.projections_dsn
     if dsn is None:
         raise PanelUnavailable(NO_DSN)
-    from projections.sources import open_source
     from projections.status import projection_status
 
-    with open_source(log_dir=settings.data_dir, kafka=settings.kafka) as source:
+    with settings.log_backend.source() as source:
         rows = projection_status(dsn, source, stall_after=settings.stall_after_s)
     return {"projections": rows}
 
@@ -133,9 +124,8 @@ def projections_panel(settings: ConsoleSettings) -> dict[str, Any]:
 def schemas_panel(settings: ConsoleSettings) -> dict[str, Any]:
     """``schemas list --json``: subjects, versions, latest id, compatibility level."""
     from schemas.cli_api import list_subjects
-    from tideline.schemas_cli import open_registry
 
-    with open_registry(settings.data_dir, settings.kafka) as registry:
+    with settings.log_backend.registry() as registry:
         return {"subjects": list_subjects(registry)}
 
 
