@@ -24,6 +24,7 @@ from views_kafka_util import KafkaMirror
 
 from projections import store
 from projections.embedded_source import EmbeddedSource
+from projections.follow import follow
 from projections.kafka_source import KafkaSource
 from projections.live import follow_live
 from projections.live_rebuild import DEFAULT_LIVE_MAX_RECORDS, RebuildEngine, choose_engine, rebuild_live
@@ -139,6 +140,17 @@ def test_follow_continues_from_a_live_rebuild_exactly_once(postgres: LocalPostgr
             ends = source.stable_offsets(view.topics)
         with psycopg.connect(db) as conn:
             assert store.offsets_of(store.read_checkpoints(conn, name)) == ends
+
+
+def test_spark_follow_continues_from_a_live_rebuild_exactly_once(
+    spark: SparkSession, postgres: LocalPostgres, app_log: AppLog, tmp_path: Path
+) -> None:
+    db = user_database(postgres, "follow_spark")
+    rebuild_live(VIEWS, "ua_accounts", log_dir=app_log.path, dsn=db)
+    app_log.write(events=120)
+    stats = follow(spark, VIEWS, "ua_accounts", log_dir=app_log.path, dsn=db, checkpoint_dir=tmp_path / "cp", once=True)
+    assert stats.events == 120  # only what came after the rebuild
+    assert view_rows(db, VIEWS["ua_accounts"]) == expected_rows(VIEWS["ua_accounts"], app_log.path)
 
 
 def test_swap_keeps_the_tables_own_names(postgres: LocalPostgres) -> None:
