@@ -35,7 +35,8 @@ from tideline.pgharness import LocalPostgres
 
 HERE = Path(__file__).parent
 TIDELINE = str(Path(sys.executable).with_name("tideline"))
-VIEW_NAMES = ["ua_accounts", "ua_deposits", MIRROR]
+VIEW_NAMES = ["ua_accounts", "ua_deposits", "ua_snapshots", MIRROR]  # a fold on its own table, a count, a fold on
+# the shared snapshots table, a mirror
 NAMES = [  # what the app's migration named (userapp.views.DDL): a rebuild keeps them
     ("constraint c", "ck_ua_accounts_balance_nonnegative"),
     ("constraint p", "pk_ua_accounts"),
@@ -80,7 +81,7 @@ def test_records_are_counted_from_offsets_and_auto_chooses_both_ways(tmp_path: P
 
 
 def test_live_rebuild_equals_spark_rebuild(spark: SparkSession, postgres: LocalPostgres, app_log: AppLog) -> None:
-    """Every kind of view (fold on its own table, count, mirror), rebuilt from the same log by each
+    """Every kind of view (folds on their own and on a shared table, count, mirror), rebuilt from the same log by each
     engine into a database of its own: the same rows (= the reference fold), the same states,
     checkpoints and run record; a second rebuild (over stored states) changes nothing."""
     spark_db, live_db = user_database(postgres, "spark"), user_database(postgres, "live")
@@ -133,7 +134,7 @@ def test_follow_continues_from_a_live_rebuild_exactly_once(postgres: LocalPostgr
     for name in VIEW_NAMES:
         view = VIEWS[name]
         stats = follow_live(VIEWS, name, log_dir=app_log.path, dsn=db, once=True)
-        new = 150 if name != MIRROR else app_log.records - before - 150
+        new = 150 if name != MIRROR else app_log.records - before - 150  # the mirror reads the CDC topic
         assert stats.events == new, name  # only what came after the rebuild: nothing applied twice
         assert view_rows(db, view) == expected_rows(view, app_log.path), name
         with EmbeddedSource(app_log.path) as source:

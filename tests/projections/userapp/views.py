@@ -11,7 +11,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from sqlalchemy import BigInteger, CheckConstraint, Column, Index, Integer, MetaData, Table, Text
 
-from projections.views import CountView, FoldView, Row, StoredEvent, Stream, ViewCatalog
+from commands.schema import snapshots
+from projections.views import CountView, FoldView, Row, StoredEvent, Stream, ViewCatalog, snapshot_rows
 
 from .domain import ACCOUNT, Account
 
@@ -103,5 +104,6 @@ VIEWS = ViewCatalog(
             frame=deposits_frame,
             contributions=deposit_contributions,
         ),
+        "ua_snapshots": FoldView("ua_snapshots", (ACCOUNT,), snapshots, snapshot_rows, snapshots=True),
     },
 )
