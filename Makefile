@@ -100,8 +100,9 @@ reliability: system venv native jars
 bench: system venv native jars
 	$(PY) -m bench
 
+## demo: the reservations example end to end (examples/reservations/demo.py; an application of Tideline's)
 demo: system venv native jars
-	PYTHONPATH=$(CURDIR) $(VENV)/bin/tideline demo
+	PYTHONPATH=$(CURDIR) $(PY) -m examples.reservations.demo
 
 clean:
 	rm -rf $(VENV) native/target tideline-data .pytest_cache .mypy_cache .ruff_cache .reliability-results $(JAR_CACHE)

@@ -49,7 +49,7 @@ class State:
     """Options shared by every sub-command (set by the top-level callback)."""
 
     data_dir: Path = resolve_data_dir(None)
-    kafka: str | None = None  # bootstrap servers: Kafka is the log (see KAFKA_READY_COMMANDS)
+    kafka: str | None = None  # bootstrap servers: Kafka is the log
 
     @classmethod
     def backend(cls) -> Backend:
@@ -57,11 +57,6 @@ class State:
         from tideline.backend import choose
 
         return choose(cls.data_dir, cls.kafka)
-
-
-# Commands that work with Kafka as the log, or do not touch the log at all. The others
-# refuse --kafka / TIDELINE_KAFKA_BOOTSTRAP rather than quietly use the embedded log.
-KAFKA_READY_COMMANDS = frozenset({"log", "capture", "project", "kafka", "pg", "db", "schemas", "console"})
 
 
 @app.callback()
@@ -82,9 +77,8 @@ def _root(
             "--kafka",
             envvar=KAFKA_BOOTSTRAP_ENV,
             metavar="HOST:PORT[,…]",
-            help="Use the Apache Kafka cluster at these bootstrap servers as the log "
-            "(so far: `tideline log create|topics|describe|produce|tail|groups|mirror`, `tideline capture run|status`, "
-            "`tideline schemas …`, `tideline project rebuild|follow|status`, `tideline console`).",
+            help="Use the Apache Kafka cluster at these bootstrap servers as the log (every command; `log compact` "
+            "is the embedded log's alone).",
             show_default=False,
         ),
     ] = None,
@@ -105,12 +99,6 @@ def _root(
     State.kafka = resolve_kafka_bootstrap(kafka)
     if State.kafka is None and kafka is None and settings is not None:
         State.kafka = settings.kafka_bootstrap()
-    if State.kafka is not None and ctx.invoked_subcommand not in KAFKA_READY_COMMANDS:
-        raise fail(
-            f"`tideline {ctx.invoked_subcommand}` does not support Kafka yet (`tideline log`, `capture`, "
-            "`schemas`, `project` and `console` do): "
-            f"drop --kafka / unset {KAFKA_BOOTSTRAP_ENV} to use the embedded log"
-        )
 
 
 def _project(ctx: typer.Context, explicit: str | None) -> Project | None:
@@ -134,7 +122,6 @@ def _project(ctx: typer.Context, explicit: str | None) -> Project | None:
 
 # The sub-commands: name → (module, function, help) of a command; name → module (its ``app``) of a group.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "demo": ("tideline.demo", "demo_command", "Run the main job end to end on the embedded defaults."),
     "console": (
         "tideline.console_cli",
         "console_command",

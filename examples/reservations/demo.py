@@ -1,11 +1,12 @@
-"""``tideline demo``: the main job end to end — capture, commands, Spark projections — verified.
+"""``python -m examples.reservations.demo`` (``make demo``): the main job end to end — capture, commands, Spark
+projections — verified, on the reservations example (an application of Tideline, not part of it).
 
 1. A private PostgreSQL 15 with wal2json (``<demo dir>/postgres``, fsync off: throwaway),
    migrated (``events``, ``commands``, ``claims``, ``snapshots``, read views).
 2. A plain table ``shop.orders`` with rows, then the capture connector's snapshot: the
    table to ``demo.shop.orders``, the write side's ``events`` table routed to
    ``events.<stream_type>`` (outbox).
-3. The reservations app's commands (tideline.demo_commands: some refused on purpose —
+3. The reservations app's commands (examples.reservations.demo_commands: some refused on purpose —
    taken usernames and seats, stale versions) and an ordinary SQL workload on
    ``shop.orders`` (inserts, updates, key changes, deletes), captured (stream).
 4. Spark: every read view of the reservations example is *rebuilt* from the log
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from eventstore.log import Log
-    from tideline.demo_capture import SqlWorkload
-    from tideline.demo_commands import CommandsResult
+    from examples.reservations.demo_capture import SqlWorkload
+    from examples.reservations.demo_commands import CommandsResult
 
 SLOT = "tideline_demo"
 VIEWS_MODULE = "examples.reservations.views"
@@ -128,12 +129,12 @@ def run_demo(
     import migrations
     from capture.connector import slot_status
     from eventstore.log import Log
+    from examples.reservations.demo_capture import SCHEMA, SqlWorkload, _row, _workload
+    from examples.reservations.demo_commands import run_commands
     from projections.engine import make_session
     from projections.follow import follow
     from projections.rebuild import rebuild
     from projections.views import load_catalog
-    from tideline.demo_capture import SCHEMA, SqlWorkload, _row, _workload
-    from tideline.demo_commands import run_commands
     from tideline.pgharness import LocalPostgres
 
     result = DemoResult(directory)
@@ -240,8 +241,8 @@ def _verify(result: DemoResult, log: Log, dsn: str, catalog: Any) -> None:
     import psycopg
 
     from eventstore.consumer import Consumer, TopicPartition
+    from examples.reservations.demo_capture import _log_state, _table_state
     from projections.reference import expected_rows, view_rows
-    from tideline.demo_capture import _log_state, _table_state
 
     state, events, duplicates = _log_state(log)
     table = _table_state(dsn)
@@ -300,7 +301,7 @@ def _print_report(console: Console, result: DemoResult, elapsed: float) -> None:
     for check in result.checks:
         mark = "[green]✓[/green]" if check.ok else "[red]✗[/red]"
         console.print(f"{mark} {check.name}: {check.detail}", soft_wrap=True)
-    table = Table(title="tideline demo", show_header=False)
+    table = Table(title="the reservations demo", show_header=False)
     table.add_column("what")
     table.add_column("value")
     accepted = sum((c.accepted for c in result.commands), Counter())
@@ -363,3 +364,14 @@ def demo_command(
     _print_report(console, result, time.monotonic() - started)
     if not result.ok:
         raise typer.Exit(1)
+
+
+def main() -> None:
+    """``python -m examples.reservations.demo [--dir …] […]``."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command(help="Run the main job end to end on the embedded defaults.")(demo_command)
+    app()
+
+
+if __name__ == "__main__":
+    main()

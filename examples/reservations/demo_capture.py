@@ -1,4 +1,4 @@
-"""The plain-SQL part of ``tideline demo``: the ``shop.orders`` table, its workload and its checks.
+"""The plain-SQL part of the reservations demo (``make demo``): the ``shop.orders`` table, its workload and its checks.
 
 The table (numeric, jsonb, arrays, timestamps, large text), rows for it, a workload of
 inserts, updates, key changes and deletes in many transactions, and the two views the

@@ -1,4 +1,4 @@
-"""The commands part of ``tideline demo``: the reservations app's commands, some refused on purpose.
+"""The commands part of the reservations demo (``make demo``): the reservations app's commands, some refused on purpose.
 
 Users register (a few with usernames already taken), customers reserve seats of a few
 shows (a few seats already held), change seats and cancel; a few commands are sent with

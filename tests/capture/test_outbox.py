@@ -36,7 +36,7 @@ from capture.messages import Plugin
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
 from eventstore.topic import CleanupPolicy
-from tideline.demo_commands import run_commands
+from examples.reservations.demo_commands import run_commands
 from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]

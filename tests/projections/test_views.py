@@ -40,6 +40,7 @@ from eventstore.log import Log
 from eventstore.schema_store import LogSchemaStore
 from examples.reservations.api import create_app
 from examples.reservations.domain import USER, RegisterUser
+from examples.reservations.models import metadata as example_tables
 from examples.reservations.views import VIEWS
 from projections.consistency import parse_lsn, wait_for
 from projections.follow import Follower, follow
@@ -68,7 +69,7 @@ def assert_schema_intact(dsn: str) -> None:
     engine = make_engine(dsn)
     try:
         with engine.connect() as conn:
-            diff = compare_metadata(MigrationContext.configure(conn), [write_model, read_side])
+            diff = compare_metadata(MigrationContext.configure(conn), [write_model, read_side, example_tables])
     finally:
         engine.dispose()
     assert [d for d in diff if not (d[0] == "remove_table" and d[1].name == "accounts")] == []  # accounts: the test's

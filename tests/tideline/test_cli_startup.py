@@ -59,7 +59,7 @@ with open(out, "w") as f:
     json.dump({"code": code, "modules": sorted(sys.modules)}, f)
 """
 
-GROUPS = ["capture", "console", "db", "demo", "kafka", "log", "pg", "project", "schemas"]
+GROUPS = ["capture", "console", "db", "kafka", "log", "pg", "project", "schemas"]
 
 
 def probe(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:

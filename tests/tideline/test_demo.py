@@ -1,4 +1,5 @@
-"""``tideline demo`` runs end to end (Postgres, capture, commands, Spark), passes its checks, and cleans up.
+"""The reservations demo (``python -m examples.reservations.demo``, ``make demo``) runs end to end (Postgres,
+capture, commands, Spark), passes its checks, and cleans up.
 
 The demo runs as its own process (it starts and stops a SparkSession; the projection
 tests share one in this process). Sizes are small to keep CI fast; ``make demo`` uses
@@ -17,13 +18,13 @@ from typer.testing import CliRunner
 
 from tideline.cli import app
 
-TIDELINE = str(Path(sys.executable).parent / "tideline")
+DEMO = [sys.executable, "-m", "examples.reservations.demo"]
 
 
 def test_demo_runs_and_passes_its_checks(tmp_path: Path) -> None:
     target = tmp_path / "demo"
     result = subprocess.run(
-        [TIDELINE, "demo", "--dir", str(target), "--orders", "500", "--transactions", "40", "--users", "30",
+        [*DEMO, "--dir", str(target), "--orders", "500", "--transactions", "40", "--users", "30",
          "--reservations", "150", "--master", "local[2]"],
         capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
@@ -58,7 +59,7 @@ def test_demo_refuses_a_used_directory(tmp_path: Path) -> None:
     used = tmp_path / "used"
     used.mkdir()
     (used / "something").write_text("keep me")
-    result = CliRunner().invoke(app, ["demo", "--dir", str(used)])
-    assert result.exit_code != 0
+    result = subprocess.run([*DEMO, "--dir", str(used)], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [f"error: {used} is not empty: the demo needs a fresh directory"]
     assert (used / "something").read_text() == "keep me"

@@ -164,13 +164,3 @@ def test_bad_input_is_one_line_exit_1_and_writes_nothing(case: str, kafka: Local
     assert result.output.startswith(error.format(**names)) and result.output.count("\n") == 1, result.output
     assert admin.describe_json(existing) == before  # same partitions, settings and offsets
     assert new not in admin.topics()
-
-
-def test_commands_without_kafka_support_refuse_it_instead_of_using_the_embedded_log(
-    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(KAFKA_BOOTSTRAP_ENV, "127.0.0.1:9")
-    result = CliRunner().invoke(app, ["--data-dir", str(tmp_path / "log"), "demo"])
-    assert result.exit_code == 1
-    assert result.output.startswith("error: `tideline demo` does not support Kafka yet")
-    assert not (tmp_path / "log").exists()  # nothing was written to the embedded log
