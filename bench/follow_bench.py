@@ -210,7 +210,7 @@ def run_engine(ctx: Context, pg: LocalPostgres, engine: str, rates: list[int], s
                     "--tables", "public.events", "--outbox-table", "public.events"]  # fmt: skip
     subprocess.run([*capture_argv, "--exit-when-caught-up"], check=True, capture_output=True, timeout=120)
     follow_argv = [TIDELINE, "--data-dir", str(log_dir), "project", "follow", "users", "--dsn", dsn,
-                   "--engine", engine, "--log-interval", "0"]  # fmt: skip
+                   "--views", "examples.reservations.views", "--engine", engine, "--log-interval", "0"]  # fmt: skip
     if engine == "spark":
         follow_argv += ["--master", "local[2]"]
     results: list[RunResult] = []

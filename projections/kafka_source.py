@@ -137,7 +137,9 @@ class KafkaSource(LogSource):
     def appended_at(self, topic: str, partition: int, offset: int) -> datetime | None:
         tp = TopicPartition(topic, partition)
         with KafkaReader(self.bootstrap_servers) as reader:
-            low, _ = reader.end_offsets(tp)
+            low, high = reader.end_offsets(tp)
+            if offset >= high:
+                return None  # nothing readable there yet (the contract; reading would be out of range)
             for chunk in reader.read_chunks_to_end(tp, max(offset, low)):  # retention may have passed ``offset``
                 return datetime.fromtimestamp(chunk.timestamps[0] / 1000, UTC)
         return None

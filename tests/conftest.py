@@ -40,6 +40,9 @@ def _examples_importable() -> None:
     current = os.environ.get("PYTHONPATH", "")
     if str(REPO) not in current.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), current) if p)
+    # The suite's application is the reservations example: its views for `tideline project …` (nothing in
+    # Tideline defaults to it; the doc tests and the project-file tests run without this).
+    os.environ.setdefault("TIDELINE_VIEWS", "examples.reservations.views")
 
 
 def _check_checkout() -> None:

@@ -88,7 +88,7 @@ def _root(
             "--project",
             envvar=PROJECT_ENV,
             metavar="FILE",
-            help="The project file (default: the nearest tideline.toml, or pyproject.toml with [tool.tideline], "
+            help="The project file (default: the nearest tideline.toml, or pyproject.toml with \\[tool.tideline], "
             "from the working directory up).",
             show_default=False,
         ),

@@ -7,7 +7,7 @@
     tideline project status [--json] [--stall-after 60]           # offsets, lag, reached LSN, stalled, last run
     tideline --kafka HOST:PORT project rebuild users --dsn "$DSN" # the same, reading Apache Kafka
 
-Views come from a catalog module (``--views``, default the reservations example's);
+Views come from the application's catalog module (``--views``, ``$TIDELINE_VIEWS`` or the project file's ``views``);
 ``mirror:<topic>`` mirrors any CDC topic. The log is the global ``--data-dir``, or Kafka
 with the global ``--kafka`` / ``TIDELINE_KAFKA_BOOTSTRAP`` (Spark's own Kafka source and a
 librdkafka consumer: docs/kafka.md, "Projections from Kafka").
@@ -36,9 +36,11 @@ from tideline.cli_common import fail, one_line_errors
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from tideline.backend import Backend
+
 DSN_ENV = "TIDELINE_DSN"
 NON_TTY_WIDTH = 100_000  # `project status` not on a terminal: wide enough that no cell is cut
-DEFAULT_VIEWS = "examples.reservations.views"
+VIEWS_ENV = "TIDELINE_VIEWS"
 
 app = typer.Typer(help="Read views: rebuild (live or Spark), follow (live or Spark), status.", no_args_is_help=True)
 STARTED = time.monotonic()  # when this module was imported (see _wall_seconds)
@@ -73,7 +75,15 @@ DsnOption = Annotated[
     str | None,
     typer.Option("--dsn", envvar=DSN_ENV, help=f"Views database (or ${DSN_ENV}).", show_default=False),
 ]
-ViewsOption = Annotated[str, typer.Option("--views", help="Module with the ViewCatalog VIEWS.")]
+ViewsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--views",
+        envvar=VIEWS_ENV,
+        help=f"Your module with the ViewCatalog VIEWS (or ${VIEWS_ENV}, or views in the project file).",
+        show_default=False,
+    ),
+]
 
 
 def _dsn(dsn: str | None) -> str:
@@ -89,28 +99,20 @@ def _log_dir() -> Path:
     return State.data_dir
 
 
-def _kafka() -> str | None:
-    """Kafka's bootstrap servers when Kafka is the log (checked reachable, in one line), else None."""
+def _backend() -> Backend:
+    """The log backend the options chose (checked reachable, in one line)."""
     from tideline.cli import State
 
-    if State.kafka is not None:
-        from eventstore.kafka.config import probe_bootstrap
-
-        probe_bootstrap(State.kafka)
-    return State.kafka
+    backend = State.backend()
+    backend.check()
+    return backend
 
 
-def _source(kafka: str | None, *, create: bool = False) -> Any:
-    """The log the command reads: Kafka at ``kafka`` (:func:`_kafka`) or the embedded log at
-    ``--data-dir`` (``create``: made if missing, as a follow job may start before capture)."""
-    from projections.sources import open_source
-
-    return open_source(log_dir=_log_dir(), kafka=kafka, create=create)
-
-
-def _catalog(module: str) -> Any:
+def _catalog(module: str | None) -> Any:
     from projections.views import load_catalog
 
+    if not module:
+        raise fail(f"no views module: pass --views MODULE, set {VIEWS_ENV}, or name views in the project file")
     return load_catalog(module)
 
 
@@ -196,7 +198,7 @@ def rebuild(
             "--master", help="Spark master (spark://host:port for a cluster; default local[*]); implies --engine spark."
         ),
     ] = None,
-    views: ViewsOption = DEFAULT_VIEWS,
+    views: ViewsOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     spark_log_level: SparkLogLevelOption = DEFAULT_SPARK_LOG_LEVEL,
 ) -> None:
@@ -215,8 +217,8 @@ def rebuild(
             raise fail("--master is for the Spark engine (--engine live rebuilds in this process)")
         catalog = _catalog(views)
         projection = catalog[view]
-        kafka = _kafka()
-        with _source(kafka) as source:
+        backend = _backend()
+        with backend.source() as source:
             choice = choose_engine(requested, source, projection, live_max_records, master=master)
             note = f"engine: {choice.engine.value} ({choice.reason})"
             logging.getLogger("projections.rebuild").info("projection=%s %s", projection.name, note)
@@ -229,7 +231,7 @@ def rebuild(
             else:
                 from projections.rebuild import rebuild as run_rebuild
 
-                spark = _session(master or "local[*]", level, kafka=kafka is not None)
+                spark = _session(master or "local[*]", level, kafka=backend.spark_needs_kafka_source())
                 try:
                     with _console().status("rebuilding") as status:
                         result = run_rebuild(
@@ -271,7 +273,7 @@ def follow(
         str, typer.Option("--engine", help="live: no Spark, milliseconds behind capture; spark: micro-batches.")
     ] = "live",
     master: Annotated[str | None, typer.Option("--master", help="Spark master (--engine spark).")] = None,
-    views: ViewsOption = DEFAULT_VIEWS,
+    views: ViewsOption = None,
     once: Annotated[bool, typer.Option("--once", help="Apply what is readable now, then exit.")] = False,
     checkpoint_dir: Annotated[
         Path | None, typer.Option("--checkpoint-dir", help="Spark checkpoints (default <data-dir>/_projections).")
@@ -310,16 +312,17 @@ def follow(
             raise fail("--master is for --engine spark (the live engine runs in this process)")
         catalog = _catalog(views)
         catalog[view]
-        kafka = _kafka()
+        backend = _backend()
         settings = FollowSettings(
-            source=resources.enter_context(_source(kafka, create=True)),
+            source=resources.enter_context(backend.source(create=True)),
             dsn=target,
             checkpoint_dir=checkpoint_dir or log_dir / "_projections",
             max_records_per_batch=max_records,
             trigger_seconds=trigger_seconds,
         )
         job = None if chosen.needs_spark else chosen.job(catalog, view, settings)
-        spark = _session(master or "local[*]", level, kafka=kafka is not None) if chosen.needs_spark else None
+        with_kafka = backend.spark_needs_kafka_source()
+        spark = _session(master or "local[*]", level, kafka=with_kafka) if chosen.needs_spark else None
         server = None
         try:
             job = job or chosen.job(catalog, view, settings, spark)
@@ -373,7 +376,7 @@ def status(
     or ok, last run."""
     from projections.status import projection_status
 
-    with one_line_errors(), _source(_kafka()) as source:
+    with one_line_errors(), _backend().source() as source:
         rows = projection_status(_dsn(dsn), source, stall_after=stall_after)
     if as_json:
         typer.echo(json.dumps(rows, default=str))

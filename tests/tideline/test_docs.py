@@ -81,6 +81,7 @@ def test_block_runs(where: str, lang: str, body: str, tmp_path: Path, postgres: 
         "HOME": str(tmp_path),
     }
     env.pop("TIDELINE_DATA_DIR", None)
+    env.pop("TIDELINE_VIEWS", None)  # a doc names its views itself, as a reader must
     # A migrated database of its own, for snippets that say dsn = os.environ["TIDELINE_DSN"]
     # (a block that starts its own Postgres sets the variable itself).
     env["TIDELINE_DSN"] = postgres.create_database(f"docs_{next(_databases)}_{os.getpid()}")

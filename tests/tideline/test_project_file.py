@@ -16,7 +16,7 @@ from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN_ENV = {"TIDELINE_DSN": None, "TIDELINE_DATA_DIR": None, "TIDELINE_KAFKA_BOOTSTRAP": None,
-             "TIDELINE_MIGRATIONS": None, "TIDELINE_PROJECT": None}  # fmt: skip
+             "TIDELINE_MIGRATIONS": None, "TIDELINE_PROJECT": None, "TIDELINE_VIEWS": None}  # fmt: skip
 
 
 def run(*args: str, env: dict[str, str | None] | None = None) -> tuple[int, str]:
@@ -192,3 +192,10 @@ def test_the_project_directory_is_importable(project: Path, postgres: LocalPostg
     assert "unknown projection 'nothing' (known: entries)" in out, out
     out = error("project", "rebuild", "entries", "--views", "ledger.nothing")  # a flag overrides the file
     assert "cannot import the views module 'ledger.nothing'" in out, out
+
+
+def test_nothing_defaults_to_an_example(project: Path) -> None:
+    """Without --views, TIDELINE_VIEWS or the file's views, a projection command says what to give."""
+    write(project, "tideline.toml", 'data_dir = "log"\n')
+    out = error("project", "rebuild", "users", "--dsn", "postgresql://nobody@127.0.0.1:1/x")
+    assert "no views module: pass --views MODULE, set TIDELINE_VIEWS, or name views in the project file" in out, out
