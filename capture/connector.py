@@ -64,6 +64,7 @@ from capture.errors import (
     is_connection_error,
     is_sink_transient,
     is_slot_busy,
+    is_slot_missing,
     permanent_reason,
 )
 from capture.events import EventBuilder, ToastCache
@@ -255,6 +256,11 @@ class Connector:
         if isinstance(e, (PermanentCaptureError, ConfigError)) or not isinstance(e, Exception):
             raise e
         if is_sink_transient(e):
+            return
+        if is_slot_missing(e) and self._ever_connected:
+            # Dropped after the start checks saw it: the next attempt's checks say what that means (a loud
+            # SlotLostError, or with --snapshot when_needed a new slot and snapshot), instead of a raw error.
+            log.warning("capture: %s; checking the slot again", _one_line(e))
             return
         if is_slot_busy(e):
             now = time.monotonic()

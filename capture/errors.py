@@ -158,6 +158,12 @@ def is_slot_busy(error: BaseException) -> bool:
     )
 
 
+def is_slot_missing(error: BaseException) -> bool:
+    """``replication slot "…" does not exist`` from the server (SQLSTATE 42704): the slot went away between the
+    start checks, which had seen it, and ``START_REPLICATION``."""
+    return isinstance(error, psycopg.errors.UndefinedObject) and "replication slot" in str(error)
+
+
 def is_sink_transient(error: BaseException) -> bool:
     """The log backend failed in a way a new producer may get past: Kafka out of reach, a broker
     lost mid-transaction (librdkafka's abortable and retriable errors), acknowledgements late,

@@ -309,6 +309,51 @@ def test_slot_dropped_while_streaming_is_a_loud_stop(pg: LocalPostgres, db: str,
                         records_lost=0, duplicates=0, detail=f"stopped with: {str(errors[0])[:200]}")  # fmt: skip
 
 
+def test_slot_dropped_between_the_start_checks_and_streaming_is_the_same_loud_stop(
+    pg: LocalPostgres, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race a loaded machine showed: the reconnect's start checks see the slot, then it is dropped before
+    START_REPLICATION (the server answers 'replication slot does not exist'). Made deterministic here: the slot is
+    dropped right after the checks of the second connection. The connector checks again and stops with the same
+    SlotLostError as when the checks see the slot gone, not with the server's raw error."""
+    import capture.connector as connector_module
+
+    checks: list[int] = []
+    real_check = connector_module.check_start
+
+    def check_then_drop(*args: object, **kwargs: object) -> object:
+        decision = real_check(*args, **kwargs)  # type: ignore[arg-type]
+        checks.append(1)
+        if len(checks) == 2:  # the reconnect after the walsender was ended: the slot goes now
+            with psycopg.connect(db, autocommit=True) as c:
+                c.execute("SELECT pg_drop_replication_slot('racy')")
+        return decision
+
+    monkeypatch.setattr(connector_module, "check_start", check_then_drop)
+    backend = Backend.embedded(tmp_path / "log")
+    config = CaptureConfig(dsn=db, slot="racy", topic_prefix=backend.prefix)
+    errors: list[BaseException] = []
+    with backend.sink() as (log, _):
+        connector = Connector(config, log)
+        thread = run_connector(connector, errors)
+        try:
+            sql(db, "INSERT INTO t VALUES (1, 0)")
+            deadline = time.monotonic() + 60
+            while connector.stats.events + connector.stats.snapshot_rows < 1 or not connector.offsets.confirm_lsn:
+                assert thread.is_alive() and time.monotonic() < deadline, errors
+                time.sleep(0.05)
+            with psycopg.connect(db, autocommit=True) as c:  # end the walsender: the connector reconnects
+                c.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                          "WHERE slot_name = 'racy' AND active_pid IS NOT NULL")  # fmt: skip
+            thread.join(120)
+        finally:
+            connector.stop()
+            thread.join(60)
+    assert len(checks) >= 2, checks  # the drop happened after the reconnect's checks
+    assert len(errors) == 1 and isinstance(errors[0], SlotLostError), errors
+    assert "racy" in str(errors[0]) and "when_needed" in str(errors[0]), errors[0]
+
+
 def json_id(value: bytes | None) -> int:
     assert value is not None
     return int(json.loads(value)["after"]["id"])
