@@ -158,9 +158,10 @@ def script(apps: Sequence[Path] = ()) -> ScriptDirectory:
     return directory
 
 
-def branches(apps: Sequence[Path] = ()) -> list[Branch]:
-    """Tideline's branch first, then the applications' in label order; one head per branch."""
-    directory = script(apps)
+def branches(apps: Sequence[Path] = (), directory: ScriptDirectory | None = None) -> list[Branch]:
+    """Tideline's branch first, then the applications' in label order; one head per branch (``directory``: the
+    :func:`script` of ``apps`` when the caller has read it already)."""
+    directory = directory or script(apps)
     found: dict[str, Branch] = {}
     for head in directory.get_heads():
         rev = directory.get_revision(head)
@@ -254,7 +255,7 @@ def status(dsn: str, apps: Sequence[Path] = ()) -> list[BranchState]:
     from commands.db import make_engine
 
     directory = script(apps)
-    found = branches(apps)
+    found = branches(apps, directory)
     engine = make_engine(dsn)
     try:
         with engine.connect() as conn:
@@ -311,7 +312,7 @@ def history(apps: Sequence[Path] = ()) -> list[tuple[str, str, str]]:
     """(branch, revision, message), branch by branch (Tideline's first), each from first to latest."""
     directory = script(apps)
     out: list[tuple[str, str, str]] = []
-    for branch in branches(apps):
+    for branch in branches(apps, directory):
         revs = reversed(_lineage(directory, branch))
         out.extend((branch.label, r.revision, (r.doc or "").strip()) for r in revs)
     return out

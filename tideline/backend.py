@@ -43,6 +43,10 @@ class Backend(abc.ABC):
     """Where the log is. Immutable; opening a role opens what that role needs, and closing it closes that."""
 
     kind: ClassVar[str]
+    # Capabilities, asked instead of "is it Kafka":
+    topic_settings_apply: ClassVar[bool]  # --replication-factor / --min-insync-replicas mean something
+    log_cleaner_applies: ClassVar[bool]  # capture run --log-cleaner has a log to clean (Kafka's brokers compact)
+    spark_needs_kafka_source: ClassVar[bool]  # a Spark job reading it needs Spark's Kafka source on its class path
 
     @property
     @abc.abstractmethod
@@ -89,17 +93,6 @@ class Backend(abc.ABC):
     def schema_store(self) -> Iterator[SchemaStore]:
         """Where the schema registry keeps its records."""
 
-    @abc.abstractmethod
-    def topic_settings_apply(self) -> bool:
-        """Whether topic replication settings (``--replication-factor``, ``--min-insync-replicas``) mean anything."""
-
-    @abc.abstractmethod
-    def log_cleaner_applies(self) -> bool:
-        """Whether ``capture run --log-cleaner`` has a log to clean (Kafka's brokers compact on their own)."""
-
-    @abc.abstractmethod
-    def spark_needs_kafka_source(self) -> bool:
-        """Whether a Spark job reading this backend needs Spark's Kafka source on its class path."""
 
     @abc.abstractmethod
     def describe_topics(self) -> list[dict[str, Any]]:
@@ -134,6 +127,9 @@ class EmbeddedBackend(Backend):
 
     data_dir: Path
     kind: ClassVar[str] = "embedded"
+    topic_settings_apply: ClassVar[bool] = False
+    log_cleaner_applies: ClassVar[bool] = True
+    spark_needs_kafka_source: ClassVar[bool] = False
 
     @property
     def description(self) -> str:
@@ -147,15 +143,6 @@ class EmbeddedBackend(Backend):
 
     def check(self) -> None:
         return None
-
-    def topic_settings_apply(self) -> bool:
-        return False
-
-    def log_cleaner_applies(self) -> bool:
-        return True
-
-    def spark_needs_kafka_source(self) -> bool:
-        return False
 
     @contextmanager
     def capture_log(
@@ -218,6 +205,9 @@ class KafkaBackend(Backend):
     bootstrap: str
     data_dir: Path
     kind: ClassVar[str] = "kafka"
+    topic_settings_apply: ClassVar[bool] = True
+    log_cleaner_applies: ClassVar[bool] = False
+    spark_needs_kafka_source: ClassVar[bool] = True
 
     @property
     def description(self) -> str:
@@ -232,15 +222,6 @@ class KafkaBackend(Backend):
         from eventstore.kafka.config import probe_bootstrap
 
         probe_bootstrap(self.bootstrap)  # one line at once for an address nobody listens on
-
-    def topic_settings_apply(self) -> bool:
-        return True
-
-    def log_cleaner_applies(self) -> bool:
-        return False
-
-    def spark_needs_kafka_source(self) -> bool:
-        return True
 
     @contextmanager
     def capture_log(

@@ -357,9 +357,9 @@ def run(
         )
         config.validate()  # before the log is opened: --core native without the extension is one line, nothing made
         backend = State.backend()
-        if (replication_factor is not None or min_insync_replicas is not None) and not backend.topic_settings_apply():
+        if (replication_factor is not None or min_insync_replicas is not None) and not backend.topic_settings_apply:
             raise fail("--replication-factor and --min-insync-replicas are Kafka topic settings: give --kafka")
-        if log_cleaner and not backend.log_cleaner_applies():
+        if log_cleaner and not backend.log_cleaner_applies:
             raise fail("--log-cleaner cleans the embedded log; with --kafka the brokers' log cleaner compacts")
         with _log_and_sink(
             state_dir, replication_factor=replication_factor, min_insync_replicas=min_insync_replicas

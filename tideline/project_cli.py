@@ -231,7 +231,7 @@ def rebuild(
             else:
                 from projections.rebuild import rebuild as run_rebuild
 
-                spark = _session(master or "local[*]", level, kafka=backend.spark_needs_kafka_source())
+                spark = _session(master or "local[*]", level, kafka=backend.spark_needs_kafka_source)
                 try:
                     with _console().status("rebuilding") as status:
                         result = run_rebuild(
@@ -321,7 +321,7 @@ def follow(
             trigger_seconds=trigger_seconds,
         )
         job = None if chosen.needs_spark else chosen.job(catalog, view, settings)
-        with_kafka = backend.spark_needs_kafka_source()
+        with_kafka = backend.spark_needs_kafka_source
         spark = _session(master or "local[*]", level, kafka=with_kafka) if chosen.needs_spark else None
         server = None
         try:

@@ -59,9 +59,8 @@ def _run(call: Callable[[BankApp], Any]) -> None:
         except (CommandsError, ReadTimeout) as e:
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(1) from None
-    if isinstance(outcome, CommandResult):
-        outcome = outcome.to_json()
-    typer.echo(json.dumps(to_json(outcome) if not isinstance(outcome, dict) else outcome, default=str))
+    # A command's result, the folded state (already JSON-ready), or a view row (Decimal balance: str)
+    typer.echo(json.dumps(outcome.to_json() if isinstance(outcome, CommandResult) else outcome, default=str))
 
 
 CommandId = Annotated[str | None, typer.Option("--command-id", help="Idempotency key (default: a fresh one).")]

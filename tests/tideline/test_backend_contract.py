@@ -85,6 +85,25 @@ def test_the_backend_is_chosen_by_the_options(tmp_path: Path) -> None:
     kafka = choose(tmp_path, "127.0.0.1:9092")
     assert isinstance(kafka, KafkaBackend) and kafka.description == "Kafka at 127.0.0.1:9092"
     assert choose(tmp_path, "").kind == "embedded"
+    embedded = choose(tmp_path, None)
+    assert (embedded.topic_settings_apply, embedded.log_cleaner_applies, embedded.spark_needs_kafka_source) == (
+        False, True, False)  # fmt: skip
+    assert (kafka.topic_settings_apply, kafka.log_cleaner_applies, kafka.spark_needs_kafka_source) == (
+        True, False, True)  # fmt: skip
+
+
+def test_capture_refuses_what_its_backend_cannot_do(tmp_path: Path) -> None:
+    """The capabilities decide: Kafka topic settings on the embedded log, the embedded log's cleaner on Kafka."""
+    from typer.testing import CliRunner
+
+    from tideline.cli import app
+
+    run = ["capture", "run", "--dsn", "postgresql://nobody@127.0.0.1:1/x"]
+    result = CliRunner().invoke(app, ["--data-dir", str(tmp_path / "log"), *run, "--replication-factor", "3"])
+    assert result.exit_code == 1 and "are Kafka topic settings: give --kafka" in result.output, result.output
+    result = CliRunner().invoke(app, ["--kafka", "127.0.0.1:1", *run, "--log-cleaner"])
+    assert result.exit_code == 1 and "--log-cleaner cleans the embedded log" in result.output, result.output
+    assert not (tmp_path / "log").exists()  # refused before anything was opened
 
 
 def test_the_reader_sees_committed_records_only(backend: Backend, names: str) -> None:
