@@ -12,7 +12,13 @@ role               embedded (``EmbeddedBackend``)                    Kafka (``Ka
                    EmbeddedSource`
 ``schema_store``   :class:`eventstore.schema_store.LogSchemaStore`  :class:`eventstore.kafka.schema_store.
                    (topic ``__schemas``)                            KafkaSchemaStore` (topic ``_schemas``)
+``log`` commands   :class:`eventstore.log.Log` (segments, sizes,     :class:`eventstore.kafka.KafkaAdmin`,
+                   file-based groups)                               librdkafka clients (:mod:`tideline.log_kafka`)
 =================  ===============================================  ==============================================
+
+The ``log`` commands' operations (create, list and describe topics, produce lines, tail, describe consumer
+groups) are methods of the backend too, with the same output on both: ``tideline log`` asks the backend and never
+which backend it is.
 
 Each role is a contract with a test suite run against both backends (tests/capture/test_sinks.py for the sink,
 tests/tideline/test_backend_contract.py for the reader and the schema store). The CLI, the console and the jobs
@@ -32,11 +38,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from typing import BinaryIO
+
     from capture.sinks import Sink
     from eventstore.log import Log
     from projections.sources import LogSource
     from schemas.registry import SchemaRegistry, SchemaStore
     from schemas.starts import SchemaStart
+    from tideline.log_cli import ProduceSummary, TailOptions, TailRows
 
 
 class Backend(abc.ABC):
@@ -93,7 +102,6 @@ class Backend(abc.ABC):
     def schema_store(self) -> Iterator[SchemaStore]:
         """Where the schema registry keeps its records."""
 
-
     @abc.abstractmethod
     def describe_topics(self) -> list[dict[str, Any]]:
         """Every topic with its partitions' offsets (``log topics --json``; sizes and segments on the embedded
@@ -102,6 +110,40 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def describe_groups(self) -> list[dict[str, Any]]:
         """Consumer groups: members, committed offsets, lag per partition (``log groups --json``)."""
+
+    @abc.abstractmethod
+    def create_topic(
+        self,
+        topic: str,
+        partitions: int,
+        overrides: dict[str, str],
+        *,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+    ) -> str:
+        """Create ``topic`` (``overrides``: checked topic settings); returns the line ``log create`` prints.
+        ``replication_factor`` / ``min_insync_replicas`` are refused where :attr:`topic_settings_apply` is false."""
+
+    @abc.abstractmethod
+    def list_topics(self) -> list[dict[str, Any]]:
+        """``log topics --json``: each topic's name, partitions and cleanup policy."""
+
+    @abc.abstractmethod
+    def describe_topic(self, topic: str) -> dict[str, Any]:
+        """``log describe --json``: partitions with offsets (and what else the backend knows), config."""
+
+    def topic_config_defaults(self) -> dict[str, Any] | None:
+        """The default of each topic setting, for ``log describe`` (None: the brokers' defaults, not known here)."""
+        return None
+
+    @abc.abstractmethod
+    def produce_lines(self, topic: str, stream: BinaryIO, *, partition: int | None = None) -> ProduceSummary:
+        """``log produce``: ``KEY<TAB>VALUE`` lines of ``stream`` appended to ``topic``."""
+
+    @abc.abstractmethod
+    @contextmanager
+    def tail(self, topic: str, options: TailOptions) -> Iterator[Iterator[list[TailRows]]]:
+        """``log tail``: the rows of each poll (as stored; ``log tail`` decodes Avro through :meth:`registry`)."""
 
     @contextmanager
     def registry(self) -> Iterator[SchemaRegistry]:
@@ -184,6 +226,59 @@ class EmbeddedBackend(Backend):
         with Log(self.data_dir, create=False) as log:
             return describe_groups(log)
 
+    def create_topic(
+        self,
+        topic: str,
+        partitions: int,
+        overrides: dict[str, str],
+        *,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+    ) -> str:
+        from eventstore.errors import ConfigError
+        from eventstore.log import Log
+
+        if replication_factor is not None or min_insync_replicas is not None:
+            raise ConfigError("--replication-factor and --min-insync-replicas apply to Kafka only (give --kafka)")
+        with Log(self.data_dir, create=True) as log:
+            meta = log.create_topic(topic, partitions, overrides=overrides)
+        plural = "s" if meta.partitions != 1 else ""
+        return (f"created topic {meta.name} with {meta.partitions} partition{plural} "
+                f"({meta.config.cleanup_policy.value}) in {self.data_dir}")  # fmt: skip
+
+    def list_topics(self) -> list[dict[str, Any]]:
+        from eventstore.log import Log
+        from tideline.log_cli import list_topics
+
+        with Log(self.data_dir, create=False) as log:
+            return list_topics(log)
+
+    def describe_topic(self, topic: str) -> dict[str, Any]:
+        from eventstore.log import Log
+
+        with Log(self.data_dir, create=False) as log:
+            return log.describe_json(topic)
+
+    def topic_config_defaults(self) -> dict[str, Any] | None:
+        from eventstore.topic import TopicConfig
+
+        return TopicConfig().to_json()
+
+    def produce_lines(self, topic: str, stream: BinaryIO, *, partition: int | None = None) -> ProduceSummary:
+        from eventstore.log import Log
+        from tideline.log_cli import produce_lines
+
+        with Log(self.data_dir, create=False) as log:
+            return produce_lines(log, topic, stream, partition=partition)
+
+    @contextmanager
+    def tail(self, topic: str, options: TailOptions) -> Iterator[Iterator[list[TailRows]]]:
+        from eventstore.log import Log
+        from tideline.log_cli import tail_consumer, tail_polls
+
+        with Log(self.data_dir, create=False) as log, tail_consumer(log, options) as consumer:
+            yield tail_polls(log, consumer, topic, options)
+
     def source(self, *, create: bool = False) -> LogSource:
         from projections.embedded_source import EmbeddedSource
 
@@ -261,6 +356,55 @@ class KafkaBackend(Backend):
         from tideline import log_kafka
 
         return log_kafka.describe_groups(self.bootstrap)
+
+    def create_topic(
+        self,
+        topic: str,
+        partitions: int,
+        overrides: dict[str, str],
+        *,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+    ) -> str:
+        from tideline import log_kafka
+
+        self.check()
+        return log_kafka.create_topic(self.bootstrap, topic, partitions, overrides,
+                                      replication_factor=replication_factor,
+                                      min_insync_replicas=min_insync_replicas)  # fmt: skip
+
+    def list_topics(self) -> list[dict[str, Any]]:
+        from tideline import log_kafka
+
+        self.check()
+        return log_kafka.topics(self.bootstrap)
+
+    def describe_topic(self, topic: str) -> dict[str, Any]:
+        from eventstore.kafka import KafkaAdmin
+
+        self.check()
+        return KafkaAdmin(self.bootstrap).describe_json(topic)
+
+    def produce_lines(self, topic: str, stream: BinaryIO, *, partition: int | None = None) -> ProduceSummary:
+        from tideline import log_kafka
+
+        self.check()
+        return log_kafka.produce_lines(self.bootstrap, topic, stream, partition=partition)
+
+    @contextmanager
+    def tail(self, topic: str, options: TailOptions) -> Iterator[Iterator[list[TailRows]]]:
+        from tideline import log_kafka
+
+        self.check()
+        polls = log_kafka.tail_polls(
+            self.bootstrap, topic, from_beginning=options.from_beginning, follow=options.follow,
+            partition=options.partition, offset=options.offset, group=options.group,
+            isolation=options.isolation.value,
+        )  # fmt: skip
+        try:
+            yield polls
+        finally:
+            polls.close()
 
     def source(self, *, create: bool = False) -> LogSource:
         from projections.kafka_source import KafkaSource

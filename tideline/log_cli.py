@@ -1,7 +1,8 @@
 """``tideline log``: create, inspect, write, read and clean the topics of a log directory; show consumer groups.
 
-With ``--kafka`` / ``TIDELINE_KAFKA_BOOTSTRAP`` the commands work on an Apache Kafka
-cluster instead (:mod:`tideline.log_kafka`), with the same output.
+The commands take the log from the backend chosen once (:mod:`tideline.backend`: the embedded log at
+``--data-dir``, or an Apache Kafka cluster with ``--kafka`` / ``TIDELINE_KAFKA_BOOTSTRAP``, or the project file),
+with the same output on both; ``compact`` and ``cleaner`` run where the backend has a log to clean.
 
 The functions behind the commands (:func:`list_topics`, :func:`describe_topics`,
 :func:`produce_lines`, :func:`compact_topic`, :func:`json_lines`, :func:`text_lines`,
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import contextlib
 import functools
 import math
 import operator
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
     from eventstore.log_cleaner import CleanedPartition, LogCleaner
     from eventstore.offsets import TopicPartition
     from eventstore.schema_store import FramedDecoder
+    from schemas.registry import SchemaRegistry
+    from tideline.backend import Backend
 
 
 class LogGroup(LazyGroup):
@@ -106,16 +110,23 @@ def _data_dir() -> Path:
     return State.data_dir
 
 
-def _kafka() -> str | None:
-    """Bootstrap servers when Kafka is the log (``--kafka``; checked reachable, in one line), else None."""
+def _backend() -> Backend:
+    """The backend chosen once (checked reachable, in one line)."""
     from tideline.cli import State
 
-    if State.kafka is not None:
-        from eventstore.kafka.config import probe_bootstrap
+    backend = State.backend()
+    with one_line_errors():
+        backend.check()
+    return backend
 
-        with one_line_errors():
-            probe_bootstrap(State.kafka)
-    return State.kafka
+
+def _log_to_clean() -> Log:
+    """The log that ``compact`` / ``cleaner`` clean; one line where the backend cleans its own."""
+    backend = _backend()
+    if not backend.log_cleaner_applies:
+        raise fail(f"the log cleaner of {backend.description} compacts (cleanup.policy=compact): there is nothing "
+                   "to run here")  # fmt: skip
+    return _open_log()
 
 
 def _open_log(*, create: bool = False) -> Log:
@@ -190,21 +201,9 @@ def create(
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise ConfigError(f"--partitions must be within 1 … {MAX_PARTITIONS}, got {partitions}")
         overrides = parse_config_options(config or [], compact=compact)
-        if (bootstrap := _kafka()) is not None:
-            from tideline import log_kafka
-
-            typer.echo(log_kafka.create_topic(bootstrap, topic, partitions, overrides,
-                                              replication_factor=replication_factor,
-                                              min_insync_replicas=min_insync_replicas))  # fmt: skip
-            return
-        if replication_factor is not None or min_insync_replicas is not None:
-            raise ConfigError("--replication-factor and --min-insync-replicas apply to Kafka only (give --kafka)")
-        with _open_log(create=True) as log:
-            meta = log.create_topic(topic, partitions, overrides=overrides)
-    typer.echo(
-        f"created topic {meta.name} with {meta.partitions} partition{'s' if meta.partitions != 1 else ''} "
-        f"({meta.config.cleanup_policy.value}) in {_data_dir()}"
-    )
+        created = _backend().create_topic(topic, partitions, overrides, replication_factor=replication_factor,
+                                          min_insync_replicas=min_insync_replicas)  # fmt: skip
+    typer.echo(created)
 
 
 # ---------------------------------------------------------------------------- topics / describe
@@ -213,15 +212,9 @@ def create(
 @app.command()
 def topics(json_output: JsonOption = False) -> None:
     """List the topics of the log (with --json: name, partitions, cleanup policy)."""
-    if (bootstrap := _kafka()) is not None:
-        from tideline import log_kafka
-
-        with one_line_errors():
-            listed = log_kafka.topics(bootstrap)
-        typer.echo(orjson.dumps(listed).decode() if json_output else "\n".join(t["topic"] for t in listed))
-        return
-    with one_line_errors(), _open_log() as log:
-        listed = list_topics(log)
+    backend = _backend()
+    with one_line_errors():
+        listed = backend.list_topics()
     if json_output:
         typer.echo(orjson.dumps(listed).decode())
         return
@@ -252,76 +245,72 @@ def _human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+# The columns of `log describe`'s partition table, in order: each shown when the backend's description has it
+# (the embedded log knows sizes and segments, Kafka leaders, replicas and the last stable offset).
+_PARTITION_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("partition", "partition", str),
+    ("leader", "leader", str),
+    ("replicas", "replicas", lambda ids: ",".join(map(str, ids))),
+    ("in sync", "in_sync_replicas", lambda ids: ",".join(map(str, ids))),
+    ("start offset", "log_start_offset", str),
+    ("end offset", "log_end_offset", str),
+    ("last stable", "last_stable_offset", str),
+    ("size", "size_bytes", lambda n: _human_bytes(n)),
+    ("segments", "segments", str),
+)
+# summed over partitions in an "all" row:
+_TOTALLED: dict[str, Callable[[int], str]] = {"size_bytes": _human_bytes, "segments": str}
+
+
+def _describe_title(info: dict[str, Any]) -> str:
+    facts = [f"{info['partitions']} partitions"]
+    if "replication_factor" in info:
+        facts.append(f"replication factor {info['replication_factor']}")
+    if "min_insync_replicas" in info:
+        facts.append(f"min.insync.replicas {info['min_insync_replicas']}")
+    if "config_version" in info:
+        facts.append(f"config v{info['config_version']}")
+    return f"topic {info['topic']}  ({', '.join(facts)})"
+
+
 @app.command()
 def describe(topic: TopicArg, json_output: JsonOption = False) -> None:
-    """Partitions (start/end offsets, size, segments) and configuration of a topic."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from eventstore.topic import TopicConfig
-
-    if (bootstrap := _kafka()) is not None:
-        _describe_on_kafka(bootstrap, topic, json_output)
-        return
-    with one_line_errors(), _open_log() as log:
-        info = log.describe_json(topic)
-    if json_output:
-        typer.echo(orjson.dumps(info).decode())
-        return
-    console = Console(highlight=False)
-    parts = Table(title=f"topic {info['topic']}  ({info['partitions']} partitions, config v{info['config_version']})")
-    for column in ("partition", "start offset", "end offset", "size", "segments"):
-        parts.add_column(column, justify="right")
-    for p in info["partition_info"]:
-        parts.add_row(
-            str(p["partition"]),
-            str(p["log_start_offset"]),
-            str(p["log_end_offset"]),
-            _human_bytes(p["size_bytes"]),
-            str(p["segments"]),
-        )
-    total_size = sum(p["size_bytes"] for p in info["partition_info"])
-    total_segments = sum(p["segments"] for p in info["partition_info"])
-    parts.add_section()
-    parts.add_row("all", "", "", _human_bytes(total_size), str(total_segments))
-    console.print(parts)
-    defaults = TopicConfig().to_json()
-    settings = Table(title="config")
-    settings.add_column("setting")
-    settings.add_column("value", justify="right")
-    settings.add_column("default", justify="right")
-    for key, value in info["config"].items():
-        settings.add_row(key, str(value), "" if defaults.get(key) == value else str(defaults.get(key)))
-    console.print(settings)
-
-
-def _describe_on_kafka(bootstrap: str, topic: str, json_output: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from eventstore.kafka import KafkaAdmin
-
+    """Partitions (start/end offsets, and sizes and segments, or leaders and replicas) and configuration of a topic."""
+    backend = _backend()
     with one_line_errors():
-        info = KafkaAdmin(bootstrap).describe_json(topic)
+        info = backend.describe_topic(topic)
     if json_output:
         typer.echo(orjson.dumps(info).decode())
         return
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = info["partition_info"]
+    columns = [(header, key, show) for header, key, show in _PARTITION_COLUMNS if rows and key in rows[0]]
+    parts = Table(title=_describe_title(info))
+    for header, _, _ in columns:
+        parts.add_column(header, justify="right")
+    for p in rows:
+        parts.add_row(*(show(p[key]) for _, key, show in columns))
+    if any(key in _TOTALLED for _, key, _ in columns):
+        parts.add_section()
+        parts.add_row(*(
+            "all" if key == "partition" else _TOTALLED[key](sum(p[key] for p in rows)) if key in _TOTALLED else ""
+            for _, key, _ in columns
+        ))  # fmt: skip
     console = Console(highlight=False)
-    title = (f"topic {info['topic']}  ({info['partitions']} partitions, replication factor "
-             f"{info['replication_factor']}, min.insync.replicas {info['min_insync_replicas']})")  # fmt: skip
-    parts = Table(title=title)
-    for column in ("partition", "leader", "replicas", "in sync", "start offset", "end offset", "last stable"):
-        parts.add_column(column, justify="right")
-    for p in info["partition_info"]:
-        parts.add_row(str(p["partition"]), str(p["leader"]), ",".join(map(str, p["replicas"])),
-                      ",".join(map(str, p["in_sync_replicas"])), str(p["log_start_offset"]),
-                      str(p["log_end_offset"]), str(p["last_stable_offset"]))  # fmt: skip
     console.print(parts)
+    defaults = backend.topic_config_defaults()
     settings = Table(title="config")
     settings.add_column("setting")
     settings.add_column("value", justify="right")
+    if defaults is not None:
+        settings.add_column("default", justify="right")
     for key, value in info["config"].items():
-        settings.add_row(key, str(value))
+        shown = [key, str(value)]
+        if defaults is not None:
+            shown.append("" if defaults.get(key) == value else str(defaults.get(key)))
+        settings.add_row(*shown)
     console.print(settings)
 
 
@@ -499,15 +488,9 @@ def produce(
     Postgres COPY; a \\N key means no key. Keys and values are the line's bytes (UTF-8).
     Empty lines are skipped; a trailing \\r is dropped. A summary goes to stderr.
     """
-    if (bootstrap := _kafka()) is not None:
-        from tideline import log_kafka
-
-        with one_line_errors():
-            summary = log_kafka.produce_lines(bootstrap, topic, sys.stdin.buffer, partition=partition)
-        typer.echo(summary.line(), err=True)
-        return
-    with one_line_errors(), _open_log() as log:
-        summary = produce_lines(log, topic, sys.stdin.buffer, partition=partition)
+    backend = _backend()
+    with one_line_errors():
+        summary = backend.produce_lines(topic, sys.stdin.buffer, partition=partition)
     typer.echo(summary.line(), err=True)
 
 
@@ -595,15 +578,15 @@ def _may_be_framed(column: list[bytes | None]) -> bool:
 
 
 class FramedDisplay:
-    """Shows Confluent-framed Avro keys and values (first byte 0, a schema id of the registry
-    in the same log directory) as their JSON form; everything else is left as stored.
+    """Shows Confluent-framed Avro keys and values (first byte 0, a schema id of the backend's
+    registry) as their JSON form; everything else is left as stored.
 
     Values that look framed but cannot be decoded (unknown id, bad payload) are shown as
-    stored, with a note on stderr once per schema id. The registry is opened on the first
-    key or value starting with a 0 byte; other topics pay one byte test per record."""
+    stored, with a note on stderr once per schema id. The registry is opened (``open_registry``)
+    on the first key or value starting with a 0 byte; other topics pay one byte test per record."""
 
-    def __init__(self, log: Log) -> None:
-        self.log = log
+    def __init__(self, open_registry: Callable[[], SchemaRegistry]) -> None:
+        self.open_registry = open_registry
         self._decoder: FramedDecoder | None = None
 
     def rows(self, rows: TailRows) -> TailRows:
@@ -612,7 +595,7 @@ class FramedDisplay:
         if self._decoder is None:
             from eventstore.schema_store import FramedDecoder  # Avro, numpy: only when needed
 
-            self._decoder = FramedDecoder(self.log, lambda message: typer.echo(message, err=True))
+            self._decoder = FramedDecoder(self.open_registry(), lambda message: typer.echo(message, err=True))
         self._decoder.forget_missing()
         keys, key_ids = self._decode(rows.keys)
         values, value_ids = self._decode(rows.values)
@@ -829,14 +812,14 @@ def tail(
             for name, value in (("--partition", partition), ("--offset", offset)):
                 if value is not None:
                     raise ConfigError(f"{name} cannot be used with --group (the group assigns partitions and offsets)")
-        options = _TailOptions(from_beginning, follow, partition, offset, json_output, group, level)
+        options = TailOptions(from_beginning, follow, partition, offset, json_output, group, level)
         count = _run_tail(topic, options)
     if follow:
         typer.echo(f"processed {count} records", err=True)
 
 
 @dataclass(frozen=True, slots=True)
-class _TailOptions:
+class TailOptions:
     from_beginning: bool
     follow: bool
     partition: int | None
@@ -846,7 +829,7 @@ class _TailOptions:
     isolation: IsolationLevel
 
 
-def _tail_consumer(log: Log, options: _TailOptions) -> Consumer:
+def tail_consumer(log: Log, options: TailOptions) -> Consumer:
     from eventstore.consumer import Consumer
 
     starts_at_end = options.follow and not options.from_beginning
@@ -859,7 +842,7 @@ def _tail_consumer(log: Log, options: _TailOptions) -> Consumer:
     )
 
 
-def _tail_polls(log: Log, consumer: Consumer, topic: str, options: _TailOptions) -> Iterator[list[TailRows]]:
+def tail_polls(log: Log, consumer: Consumer, topic: str, options: TailOptions) -> Iterator[list[TailRows]]:
     from eventstore.offsets import TopicPartition
 
     meta = log.topic(topic)
@@ -876,14 +859,12 @@ def _tail_polls(log: Log, consumer: Consumer, topic: str, options: _TailOptions)
     return ([rows] for rows in _tail_rows(consumer, plan))
 
 
-def _run_tail(topic: str, options: _TailOptions) -> int:
-    if (bootstrap := _kafka()) is not None:
-        return _run_tail_on_kafka(bootstrap, topic, options)
+def _run_tail(topic: str, options: TailOptions) -> int:
+    backend = _backend()
     out = _stdout_binary()
     count = 0
-    with _open_log() as log, _tail_consumer(log, options) as consumer:
-        polls = _tail_polls(log, consumer, topic, options)
-        display = FramedDisplay(log)
+    with contextlib.ExitStack() as registry, backend.tail(topic, options) as polls:
+        display = FramedDisplay(lambda: registry.enter_context(backend.registry()))
         try:
             for printed in polls:
                 for rows in map(display.rows, printed):
@@ -896,32 +877,6 @@ def _run_tail(topic: str, options: _TailOptions) -> int:
             with suppress(OSError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise typer.Exit(0) from None
-    return count
-
-
-def _run_tail_on_kafka(bootstrap: str, topic: str, options: _TailOptions) -> int:
-    from tideline import log_kafka
-
-    out = _stdout_binary()
-    count = 0
-    polls = log_kafka.tail_polls(
-        bootstrap, topic, from_beginning=options.from_beginning, follow=options.follow,
-        partition=options.partition, offset=options.offset, group=options.group, isolation=options.isolation.value,
-    )  # fmt: skip
-    try:
-        for printed in polls:
-            for rows in printed:  # shown as stored: Avro decoding needs the registry (embedded log only so far)
-                out.write(json_lines(rows) if options.json_output else text_lines(rows))
-                count += len(rows)
-            out.flush()
-    except KeyboardInterrupt:
-        pass
-    except BrokenPipeError:
-        with suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
-    finally:
-        polls.close()
     return count
 
 
@@ -1036,14 +991,9 @@ def groups(json_output: JsonOption = False) -> None:
     Lag is log end − committed offset (as kafka-consumer-groups shows it); a
     read_committed member can read up to the last stable offset.
     """
-    if (bootstrap := _kafka()) is not None:
-        from tideline import log_kafka
-
-        with one_line_errors():
-            infos = log_kafka.describe_groups(bootstrap)
-    else:
-        with one_line_errors(), _open_log() as log:
-            infos = describe_groups(log)
+    backend = _backend()
+    with one_line_errors():
+        infos = backend.describe_groups()
     if json_output:
         typer.echo(orjson.dumps(infos).decode())
         return
@@ -1110,9 +1060,7 @@ def compact(topic: TopicArg, json_output: JsonOption = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    if _kafka() is not None:
-        raise fail("on Kafka the brokers' log cleaner compacts (cleanup.policy=compact): there is nothing to run")
-    with one_line_errors(), _open_log() as log:
+    with one_line_errors(), _log_to_clean() as log:
         policy = log.topic(topic).config.cleanup_policy
         results = compact_topic(log, topic)
     rows = [_cleaning_json(c) for c in results]
@@ -1212,7 +1160,7 @@ def cleaner(
             retention_check_interval_ms=retention_check_interval_ms,
         )
         config.validate()
-        with _open_log() as log:
+        with _log_to_clean() as log:
             service = LogCleaner(log, config, on_pass=functools.partial(_print_cleaned, json_output=json_output))
             if once:
                 service.check_retention()

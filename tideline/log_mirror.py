@@ -15,18 +15,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from eventstore.errors import ConfigError
-from eventstore.kafka.mirror import DEFAULT_BATCH_RECORDS, LogMirror
-from eventstore.kafka.mirror_topics import default_topics
-from eventstore.log import Log
 from tideline.cli_common import fail, one_line_errors
+
+# Kafka's client, the log and rich are imported when the command runs: building the command (a project file's
+# [log] section is checked against its options) costs no more than the options.
+if TYPE_CHECKING:
+    from eventstore.kafka.mirror import LogMirror
+
+# eventstore.kafka.mirror.DEFAULT_BATCH_RECORDS, which imports Kafka's client (a test checks they are the same).
+DEFAULT_BATCH_RECORDS = 20_000
 
 POLL_TIMEOUT_MS = 500  # one step's wait for new source records (--follow); Ctrl-C is seen within this
 
@@ -98,7 +100,11 @@ def mirror(
     named = [t.strip() for t in topics.split(",") if t.strip()] if topics is not None else None
     began = time.monotonic()
     with one_line_errors():
+        from eventstore.errors import ConfigError
         from eventstore.kafka.config import probe_bootstrap
+        from eventstore.kafka.mirror import LogMirror
+        from eventstore.kafka.mirror_topics import default_topics
+        from eventstore.log import Log
 
         if named == []:
             raise ConfigError("--topics is empty: name at least one topic, or leave it out to copy all")
@@ -136,6 +142,9 @@ def _run(engine: LogMirror, stop: threading.Event, *, follow: bool) -> bool:
 @contextmanager
 def _progress_bar(engine: LogMirror) -> Iterator[Callable[[], None]]:
     """A bar of source offsets (copied / copied + still to copy) with the records copied, on stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     started = engine.positions()
     console = Console(stderr=True, highlight=False)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[records]:,} records"),

@@ -1,6 +1,7 @@
 """The backend's roles as contracts, one suite run against both backends (tideline.backend): the reader
-(projections' LogSource, the live engine's LiveReader) and the schema store. The sink's suite is
-tests/capture/test_sinks.py. Records are written through the same backend's sink, as capture writes them.
+(projections' LogSource, the live engine's LiveReader), the schema store and the ``log`` commands' operations.
+The sink's suite is tests/capture/test_sinks.py. Records are written through the same backend's sink, as capture
+writes them.
 
 Kafka: the session's single-broker cluster, each test's topics under a name of its own.
 """
@@ -220,3 +221,40 @@ def test_the_schema_store_never_interleaves_two_writers(backend: Backend, names:
         records, _ = second.read_from(0)
     mine = [(k, v) for k, v in records if names.encode() in k]
     assert mine == ([a1, b] if fenced else [a1, a2, b]), mine
+
+
+# ---------------------------------------------------------------------------- the log commands' operations
+
+
+def test_the_log_operations_agree_on_both_backends(backend: Backend, names: str) -> None:
+    """create → produce → topics → describe → tail → groups, with the same results on either backend."""
+    import io
+
+    from eventstore.isolation import IsolationLevel
+    from tideline.log_cli import TailOptions
+
+    topic = f"{names}.ops"
+    created = backend.create_topic(topic, 3, {"cleanup_policy": "compact"})
+    assert created.startswith(f"created topic {topic} with 3 partitions (compact)")
+    lines = b"".join(b"k%d\tv%d\n" % (i, i) for i in range(12)) + b"k1\t\\N\n" + b"keyless\n"
+    with pytest.raises(Exception, match="key"):  # a compacted topic refuses a keyless record, on both
+        backend.produce_lines(topic, io.BytesIO(lines))
+    summary = backend.produce_lines(topic, io.BytesIO(lines[: lines.index(b"keyless")]))
+    assert (summary.records, summary.tombstones, sum(summary.per_partition.values())) == (13, 1, 13)
+
+    assert {"topic": topic, "partitions": 3, "cleanup_policy": "compact"} in backend.list_topics()
+    info = backend.describe_topic(topic)
+    assert info["topic"] == topic and info["partitions"] == 3
+    assert sum(p["log_end_offset"] - p["log_start_offset"] for p in info["partition_info"]) >= 13
+    assert [p["partition"] for p in info["partition_info"]] == [0, 1, 2]
+
+    options = TailOptions(False, False, None, None, True, f"{names}.group", IsolationLevel.READ_COMMITTED)
+    with backend.tail(topic, options) as polls:
+        rows = [r for poll in polls for r in poll]
+    records = [(k, v) for r in rows for k, v in zip(r.keys, r.values, strict=True)]
+    assert len(records) == 13 and (b"k1", None) in records and (b"k11", b"v11") in records
+    until(lambda: any(g["group"] == f"{names}.group" for g in backend.describe_groups()), "the group is listed")
+    (group,) = [g for g in backend.describe_groups() if g["group"] == f"{names}.group"]
+    mine = [p for p in group["partitions"] if p["topic"] == topic]
+    assert sum(p["committed_offset"] for p in mine) == sum(p["log_end_offset"] for p in mine)  # read to the end
+    assert all(p["lag"] == 0 for p in mine)

@@ -112,6 +112,33 @@ def test_log_topics_imports_only_the_log(tmp_path: Path, topics: list[str]) -> N
     assert as_json["heavy"] <= LOG_NEEDS
 
 
+def test_a_project_file_costs_no_heavy_import(tmp_path: Path) -> None:
+    """With a project file every command is built (its sections are checked against every command's options):
+    building them, ``log mirror`` included, imports no more than the options do."""
+    with Log(tmp_path / "log", create=True) as log:
+        log.create_topic("orders", 1)
+    (tmp_path / "tideline.toml").write_text(
+        'data_dir = "log"\n[log]\nbatch_records = 5000\n[capture]\ntopic_prefix = "shop"\n'
+        '[project]\nengine = "live"\n[schemas]\nport = 8081\n'
+    )
+    listed = probe(tmp_path, "log", "topics")
+    assert listed["code"] == 0, listed["stderr"]
+    assert listed["stdout"].split() == ["orders"]
+    assert listed["heavy"] <= LOG_NEEDS, f"log topics imported {sorted(listed['heavy'] - LOG_NEEDS)}"
+    assert "tideline.log_mirror" in listed["modules"]  # built, so [log] batch_records was checked against it
+    assert not {"eventstore.kafka", "eventstore.consumer", "capture.connector"} & listed["modules"]
+    (tmp_path / "tideline.toml").write_text('data_dir = "log"\n[log]\nbatch_record = 5000\n')
+    typo = probe(tmp_path, "log", "topics")
+    assert typo["code"] == 1 and "log.batch_record: no `tideline log` command has this option" in typo["stderr"]
+
+
+def test_the_mirror_default_batch_is_the_engine_s() -> None:
+    from eventstore.kafka.mirror import DEFAULT_BATCH_RECORDS
+    from tideline import log_mirror
+
+    assert log_mirror.DEFAULT_BATCH_RECORDS == DEFAULT_BATCH_RECORDS
+
+
 # ---------------------------------------------------------------------------- sub-commands built when used
 
 
