@@ -388,7 +388,9 @@ def mutated_pgoutput(data: st.DataObject, seed: int) -> None:
     payloads, lsns = data.draw(pgo.streams())
     rnd = random.Random(seed)
     for _ in range(rnd.randrange(1, 4)):
-        i = rnd.randrange(len(payloads))
+        # in the second half: a mutated Relation or Begin near the start fails the whole stream, and over 60
+        # examples the core took 1 to 61 changes (8 seeds), once 0 in a suite run; 8 to 125 (28 seeds) now
+        i = rnd.randrange(len(payloads) // 2, len(payloads))
         payloads[i] = pgo.mutate(payloads[i], rnd)
     differential(TABLES, payloads, data.draw(pgo.cuts(len(payloads))), Plugin.PGOUTPUT, lsns)
 
