@@ -100,8 +100,10 @@ def test_a_views_package_outside_the_repository_rebuilds_on_the_cluster(
 ) -> None:
     """The tests' userapp, copied under a fresh package name into a directory outside the repository
     that only the driver has on its ``sys.path`` (no ``PYTHONPATH`` anywhere): its fold view (the
-    executors import the package to fold) and its count view rebuild on both workers of the cluster
-    and equal the reference; the zip shipped to the executors holds the package and no bytecode."""
+    executors import the package to fold) rebuilds on both workers of the cluster and equals the
+    reference; the zip shipped to the executors holds the package and no bytecode. (Its count view is
+    not rebuilt here: a count is Spark SQL on the executors, no user code, and each rebuild is a Spark
+    application of its own, about 35 s on this cluster.)"""
     outside = tmp_path / "app"
     assert not outside.resolve().is_relative_to(REPO_ROOT)
     package = f"ua_outside_{uuid.uuid4().hex[:8]}"
@@ -113,7 +115,7 @@ def test_a_views_package_outside_the_repository_rebuilds_on_the_cluster(
     log.write(events=400)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_SUBMIT_ARGS")}
     env["PYSPARK_PYTHON"] = sys.executable
-    for view in ("ua_accounts", "ua_deposits"):
+    for view in ("ua_accounts",):
         argv = ["tideline", "--data-dir", str(log.path), "project", "rebuild", view, "--dsn", dsn,
                 "--views", f"{package}.views", "--master", standalone_master, "--json"]  # fmt: skip
         driver = f"import sys; sys.path.insert(0, {str(outside)!r}); sys.argv = {argv!r}; "
