@@ -84,7 +84,7 @@ from capture.snapshot import SnapshotSource, SnapshotStopped
 from capture.status import CoreReport, Stats, StatusReporter, write_core_report
 from capture.streaming import StreamingSource
 from capture.table_history import TableHistory
-from capture.tables import KEYLESS_WARNING, TableCatalog
+from capture.tables import GENERATED_COLUMNS_PUBLISHED_SINCE, KEYLESS_WARNING, TableCatalog
 from capture.topics import TopicRouter
 from capture.writer import LogWriter
 from eventstore.errors import ConfigError
@@ -461,6 +461,19 @@ class Connector:
                     log.warning("capture: table %s is not in publication %s: not captured (add it: "
                                 "ALTER PUBLICATION %s ADD TABLE %s)", name, pubs.name, pubs.name, name)  # fmt: skip
             self.stats.unpublished_tables = list(self.catalog.unpublished)
+        if self.stats.generated_columns_left_out != self.catalog.generated_left_out:
+            new = [c for c in self.catalog.generated_left_out if c not in self.stats.generated_columns_left_out]
+            if new:
+                log.warning("capture: stored generated column%s %s not captured: %s", "s" if len(new) > 1 else "",
+                            ", ".join(new), self._generated_left_out_reason())  # fmt: skip
+            self.stats.generated_columns_left_out = list(self.catalog.generated_left_out)
+
+    def _generated_left_out_reason(self) -> str:
+        pubs = self.publications
+        if self.catalog.server_version < GENERATED_COLUMNS_PUBLISHED_SINCE or pubs is None:
+            return "pgoutput sends them from PostgreSQL 18 (publish_generated_columns), not before"
+        return (f"publication {pubs.name} does not publish them (ALTER PUBLICATION {pubs.name} SET "
+                "(publish_generated_columns = stored), or name them in its column list)")  # fmt: skip
 
 
 def _one_line(e: BaseException) -> str:

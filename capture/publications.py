@@ -129,9 +129,17 @@ WHERE c.relkind = 'r' AND c.relpersistence = 'p' AND c.oid >= 16384
 ORDER BY 1, 2
 """
 _PUBLICATIONS_SQL = """
-SELECT pubname, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate
+SELECT pubname, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, {gencols}
 FROM pg_publication WHERE pubname = ANY(%s)
 """
+GENERATED_COLUMNS_SINCE = 180000  # server_version_num: pg_publication.pubgencols, publish_generated_columns
+
+
+def _publications_sql(c: psycopg.Connection[Any]) -> bytes:
+    """The publications' rows; the last column is ``pubgencols`` ('s': stored generated columns are published,
+    'n': not) from PostgreSQL 18, NULL before (nothing publishes them)."""
+    gencols = "pubgencols::text" if c.info.server_version >= GENERATED_COLUMNS_SINCE else "NULL::text"
+    return _PUBLICATIONS_SQL.format(gencols=gencols).encode()
 _MEMBERS_SQL = """
 SELECT p.pubname, n.nspname, c.relname
 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
@@ -177,7 +185,7 @@ class Publications:
         One transaction: a connector that dies in the middle leaves the publications as they were.
         """
         with psycopg.connect(self.dsn) as c:
-            existing = {row[0]: row for row in c.execute(_PUBLICATIONS_SQL, (list(self.names),)).fetchall()}
+            existing = {row[0]: row for row in c.execute(_publications_sql(c), (list(self.names),)).fetchall()}
             if self.mode is PublicationMode.DISABLED:
                 if self.name not in existing:
                     raise ConfigError(
@@ -214,8 +222,13 @@ class Publications:
     def _ensure(
         self, c: psycopg.Connection[Any], name: str, publish: tuple[str, ...], row: Any, result: SyncResult
     ) -> None:
-        """The publication exists, is not FOR ALL TABLES, and publishes exactly ``publish``."""
-        options = sql.SQL("(publish = {})").format(sql.Literal(", ".join(publish)))
+        """The publication exists, is not FOR ALL TABLES, publishes exactly ``publish``, and from PostgreSQL 18
+        publishes stored generated columns too (``publish_generated_columns = stored``: Debezium's and wal2json's
+        row images hold them)."""
+        generated = c.info.server_version >= GENERATED_COLUMNS_SINCE
+        options = sql.SQL("(publish = {}{})").format(
+            sql.Literal(", ".join(publish)), sql.SQL(", publish_generated_columns = stored" if generated else "")
+        )
         if row is None:
             c.execute(sql.SQL("CREATE PUBLICATION {} WITH ").format(sql.Identifier(name)) + options)
             result.created.append(name)
@@ -227,7 +240,7 @@ class Publications:
                 "or use it as it is (--publication-autocreate disabled)"
             )
         ops = tuple(op for op, on in zip(PUBLISH_ALL, row[2:6], strict=True) if on)
-        if ops != publish:
+        if ops != publish or (generated and row[6] != "s"):
             c.execute(sql.SQL("ALTER PUBLICATION {} SET ").format(sql.Identifier(name)) + options)
 
     def published(self, conn: psycopg.Connection[Any] | None = None) -> dict[TableName, PublishedTable]:
@@ -246,7 +259,7 @@ class Publications:
     def describe(self) -> list[dict[str, Any]]:
         """For ``capture status``: each of the publications that exists, what it publishes and how many tables."""
         with psycopg.connect(self.dsn, autocommit=True) as c:
-            rows = c.execute(_PUBLICATIONS_SQL, (list(self.names),)).fetchall()
+            rows = c.execute(_publications_sql(c), (list(self.names),)).fetchall()
             published = self.published(c)
             per_pub: dict[str, list[str]] = {}
             for pubname, schema, table in c.execute(_MEMBERS_SQL, (list(self.names),)).fetchall():
@@ -263,6 +276,7 @@ class Publications:
                 "exists": True,
                 "all_tables": bool(row[1]),
                 "publish": [op for op, on in zip(PUBLISH_ALL, row[2:6], strict=True) if on],
+                "generated_columns": {"s": "stored", "n": "none"}.get(row[6]),  # None: before PostgreSQL 18
                 "tables": tables,
                 "row_filters": sorted(f"{t.schema}.{t.name}" for t in published.values()
                                       if t.row_filter and f"{t.schema}.{t.name}" in tables),

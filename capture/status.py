@@ -167,6 +167,7 @@ class Stats:
     keyless_tables: list[str] = field(default_factory=list)  # captured with null keys (updates/deletes invisible)
     skipped_tables: list[str] = field(default_factory=list)  # keyless, left out (--keyless-tables skip)
     unpublished_tables: list[str] = field(default_factory=list)  # pgoutput: captured by the filter, not published
+    generated_columns_left_out: list[str] = field(default_factory=list)  # stored generated columns no image holds
     incremental: dict[str, Any] | None = None  # the incremental snapshot under way (capture.incremental)
     incremental_rereads: int = 0  # chunk reads taken again: a transaction the stream had passed was invisible
     core: CoreReport | None = None  # the per-change core, per table (set at start: capture.native.core_report)
@@ -206,6 +207,7 @@ class Stats:
             "keyless_tables": self.keyless_tables,
             "skipped_tables": self.skipped_tables,
             "unpublished_tables": self.unpublished_tables,
+            "generated_columns_left_out": self.generated_columns_left_out,
             "incremental_snapshot": self.incremental,
             "incremental_rereads": self.incremental_rereads,
             **core,

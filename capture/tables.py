@@ -24,8 +24,11 @@ Keys (the record key of every change event, JSON ``{column: value}`` in key orde
 With pgoutput the catalog also follows the slot's publications (capture.publications): a
 table they do not hold is not captured (:attr:`TableCatalog.unpublished`), a column list
 restricts the columns (it must cover the key), a row filter is kept
-(:attr:`TableInfo.row_filter`) for the snapshot to apply, and stored generated columns are
-left out (pgoutput 15 does not send them).
+(:attr:`TableInfo.row_filter`) for the snapshot to apply. Stored generated columns are
+left out on PostgreSQL 15 to 17 (pgoutput does not send them); from 18 they are captured
+where the publication publishes them (``publish_generated_columns = stored``, or a column list
+naming them: ``pg_publication_tables.attnames`` says which). Virtual generated columns (18) are
+never in a row image: no plugin sends them.
 
 Thread-safety: :class:`TableCatalog` is used by the connector thread only.
 """
@@ -221,6 +224,15 @@ SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
        CASE WHEN a.atthasmissing THEN a.attmissingval::text END, a.attnum
 FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped {generated} ORDER BY a.attnum
 """
+_STORED_GENERATED_SQL = """
+SELECT n.nspname, c.relname, array_agg(a.attname::text ORDER BY a.attnum)
+FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE a.attgenerated = 's' AND a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p')
+GROUP BY 1, 2
+"""
+_STORED_GENERATED = "AND a.attgenerated IN ('', 's')"  # 's' stored, 'v' virtual (18), '' not generated
+_NOT_GENERATED = "AND a.attgenerated = ''"
+GENERATED_COLUMNS_PUBLISHED_SINCE = 180000  # server_version_num: publish_generated_columns
 _INDEX_KEY_SQL = """
 SELECT a.attname FROM pg_index i
 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
@@ -245,7 +257,7 @@ class TableCatalog:
         self.filter = table_filter
         self.keyless_policy = keyless
         self.publications = publications  # pgoutput: only what they publish is captured
-        self._columns_sql = _COLUMNS_SQL.format(generated="" if generated_columns else "AND a.attgenerated = ''")
+        self.generated_columns = generated_columns  # the plugin sends stored generated columns (wal2json)
         self._tables: dict[tuple[str, str], TableInfo] = {}
         self.generation = 0  # counts load(): table infos may have changed (the native core registers them again)
         # the server's WAL position when the catalog was last read: every DDL committed before it is in it
@@ -253,6 +265,10 @@ class TableCatalog:
         self.keyless: list[str] = []  # captured without a key (policy keyless), "schema.table"
         self.skipped: list[str] = []  # keyless and left out (policy skip)
         self.unpublished: list[str] = []  # captured by the filter, but in none of the publications (pgoutput)
+        # stored generated columns of captured tables that no row image holds ("schema.table.column"): pgoutput
+        # before 18, or a publication without publish_generated_columns
+        self.generated_left_out: list[str] = []
+        self.server_version = 0  # server_version_num at the last load
 
     def load(self, conn: psycopg.Connection[Any] | None = None) -> list[TableInfo]:
         """Every captured table (keyless ones as the policy says; with publications, as they publish it)."""
@@ -275,6 +291,14 @@ class TableCatalog:
                     else:
                         unpublished.append(table.qualified)
             self._tables = {(t.schema, t.name): t for t in tables}
+            stored = {(schema, name): columns for schema, name, columns in c.execute(_STORED_GENERATED_SQL).fetchall()}
+            self.generated_left_out = [
+                f"{t.qualified}.{column}"
+                for t in tables
+                for column in stored.get((t.schema, t.name), ())
+                if column not in {col.name for col in t.columns}
+            ]
+            self.server_version = c.info.server_version
             self.generation += 1
             self.read_lsn = read_lsn
             self.keyless = [t.qualified for t in tables if t.keyless]
@@ -302,10 +326,18 @@ class TableCatalog:
         self.load()
         return self._tables.get((schema, table))
 
+    def _columns_sql(self, c: psycopg.Connection[Any]) -> bytes:
+        """The columns a row image holds: stored generated ones where the plugin sends them (wal2json), or where
+        the publications may (pgoutput on 18+, whose published column names then decide); never virtual ones."""
+        stored = self.generated_columns or (
+            self.publications is not None and c.info.server_version >= GENERATED_COLUMNS_PUBLISHED_SINCE
+        )
+        return _COLUMNS_SQL.format(generated=_STORED_GENERATED if stored else _NOT_GENERATED).encode()
+
     def _describe(self, c: psycopg.Connection[Any], schema: str, name: str, ident: str, oid: int) -> TableInfo:
         columns = tuple(
             TableColumn(n, t, int(o), None if m is None else parse_array(m)[0], int(a))
-            for n, t, o, m, a in c.execute(self._columns_sql.encode(), (oid,)).fetchall()
+            for n, t, o, m, a in c.execute(self._columns_sql(c), (oid,)).fetchall()
         )
         qualified = f"{schema}.{name}"
         names = {col.name for col in columns}

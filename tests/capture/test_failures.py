@@ -210,7 +210,7 @@ def test_all_replication_slots_in_use(odd_cluster: LocalPostgres, tmp_path: Path
 
 def test_output_plugin_not_allowed(odd_cluster: LocalPostgres, tmp_path: Path) -> None:
     check = subprocess.run(
-        [str(odd_cluster.bin_dir / "postgres"), "--describe-config"], capture_output=True, text=True, check=True
+        [str(odd_cluster.binaries / "postgres"), "--describe-config"], capture_output=True, text=True, check=True
     )
     if "output_plugin_libraries" not in check.stdout:
         pytest.skip("this PostgreSQL has no output_plugin_libraries setting (added in 15.19): nothing to refuse")

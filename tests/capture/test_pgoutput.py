@@ -49,7 +49,7 @@ PUBLICATION = "cdc_all"
 
 @pytest.fixture(scope="module")
 def dsn(postgres: LocalPostgres) -> str:
-    require_wal2json(postgres.bin_dir)
+    require_wal2json(postgres.binaries)
     dsn = postgres.create_database("capture_pgoutput")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(

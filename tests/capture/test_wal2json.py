@@ -117,7 +117,7 @@ def session_options(**overrides: str) -> str:
 
 @pytest.fixture(scope="module")
 def dsn(postgres: LocalPostgres) -> str:
-    require_wal2json(postgres.bin_dir)
+    require_wal2json(postgres.binaries)
     return postgres.create_database("capture_wal2json")
 
 

