@@ -95,8 +95,11 @@ def postgres18(_no_ambient_postgres: None) -> Iterator[LocalPostgres]:
 
 @pytest.fixture
 def server(request: pytest.FixtureRequest) -> LocalPostgres:
-    """The session's server of the version a test is parametrized with (``indirect``: 15 or 18; default 15)."""
-    version = getattr(request, "param", 15)
+    """The session's server of the version a test is parametrized with: ``server`` itself (``indirect``: 15 or
+    18), else the version of its ``plugin`` parameter (tests/capture/conftest.py's ``Source``), else 15."""
+    callspec = getattr(request.node, "callspec", None)
+    source = callspec.params.get("plugin") if callspec is not None else None
+    version = getattr(request, "param", getattr(source, "server_version", 15))
     if version not in (15, 18):
         raise ValueError(f"no session server for PostgreSQL {version} (15 or 18)")
     cluster: LocalPostgres = request.getfixturevalue("postgres18" if version == 18 else "postgres")

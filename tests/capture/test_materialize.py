@@ -33,6 +33,7 @@ import psycopg
 import pytest
 from backends import Backend
 from capture_util import capture, drop_slots, fresh_database
+from sources import Source
 from workload import KEYLESS, TABLES, Workload, soak
 
 from capture.connector import CaptureConfig, ValueFormat
@@ -60,8 +61,8 @@ SIZES = {  # initial rows per table, transactions while the snapshot runs, then 
 
 
 @pytest.fixture
-def db(postgres: LocalPostgres) -> Iterator[str]:
-    dsn = fresh_database(postgres, "materialize")
+def db(server: LocalPostgres) -> Iterator[str]:
+    dsn = fresh_database(server, "materialize")
     yield dsn
     drop_slots(dsn)
 
@@ -265,8 +266,16 @@ def compact_table_topics(log_dir: Path, dsn: str) -> dict[str, int]:
     return dict(totals)
 
 
-@pytest.mark.parametrize(("value_format", "plugin"), [("json", "wal2json"), ("avro", "wal2json"), ("json", "pgoutput"),
-                                                     ("avro", "pgoutput")])  # fmt: skip
+# pgoutput on both servers, one value format each (the formats' paths do not depend on the server)
+FORMATS_AND_SOURCES = [
+    pytest.param("json", "wal2json", 15, id="json-wal2json"),
+    pytest.param("avro", "wal2json", 15, id="avro-wal2json"),
+    pytest.param("json", "pgoutput", 15, id="json-pgoutput"),
+    pytest.param("avro", "pgoutput", 18, id="avro-pgoutput-pg18"),
+]
+
+
+@pytest.mark.parametrize(("value_format", "plugin", "server"), FORMATS_AND_SOURCES, indirect=["server"])
 def test_compacted_log_equals_tables(db: str, tmp_path: Path, value_format: str, plugin: str) -> None:
     """Also the Avro round trip: every type of the workload's tables, written as Avro, reads back as the row."""
     fmt = ValueFormat(value_format)
@@ -340,8 +349,7 @@ def test_compacted_log_equals_tables(db: str, tmp_path: Path, value_format: str,
         pytest.param("1e400", id="beyond-double"),
     ],
 )
-@pytest.mark.parametrize(("value_format", "plugin"), [("json", "wal2json"), ("avro", "wal2json"), ("json", "pgoutput"),
-                                                     ("avro", "pgoutput")])  # fmt: skip
+@pytest.mark.parametrize(("value_format", "plugin", "server"), FORMATS_AND_SOURCES, indirect=["server"])
 def test_unchanged_toasted_jsonb_filled_from_the_log_is_exact(
     db: str, tmp_path: Path, number: str, value_format: str, plugin: str
 ) -> None:
@@ -368,6 +376,9 @@ def test_unchanged_toasted_jsonb_filled_from_the_log_is_exact(
     assert log_state(log_dir, "cdc.public.docs", avro_table=avro) == table_state(db, table)
 
 
+@pytest.mark.parametrize(
+    "plugin", [Source(Plugin.WAL2JSON), Source(Plugin.PGOUTPUT, 18)], ids=str, indirect=True
+)  # pgoutput on 15 into Kafka: tests/capture/test_kafka_capture.py
 def test_log_in_kafka_equals_tables(db: str, tmp_path: Path, kafka3: LocalKafka, plugin: Plugin) -> None:
     """The same workload into Kafka (three brokers, replication factor 3, min.insync.replicas 2): after
     the snapshot (taken while the workload writes) and after streaming, the latest value per key of
