@@ -2,7 +2,8 @@
 
 Run once per backend and plugin: the embedded log, and Kafka (three brokers, replication factor
 3, min.insync.replicas 2; the reference always writes to an embedded log), each with wal2json and
-with pgoutput (on the embedded log with fewer kills), pgoutput's database set to
+with pgoutput (on the embedded log with fewer kills; PostgreSQL 15 for the embedded log's run,
+PostgreSQL 18 for Kafka's), pgoutput's database set to
 ``logical_decoding_work_mem = 64kB`` so that the workload's bigger transactions are streamed
 before they commit and kills also land while they are spilled or replayed.
 
@@ -473,20 +474,20 @@ def crash_scenario(dsn: str, tmp: Path, sizes: Sizes, crashed_dir: Backend, plug
     return Outcome(crashed, reference, hidden, kills, commits, summary, crashed_dir.prefix, sizes)
 
 
-@pytest.fixture(scope="module", params=["embedded", "kafka", "embedded-pgoutput", "kafka-pgoutput"])
-def outcome(
-    request: pytest.FixtureRequest, postgres: LocalPostgres, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Outcome]:
+@pytest.fixture(scope="module", params=["embedded", "kafka", "embedded-pgoutput", "kafka-pgoutput-pg18"])
+def outcome(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
     """The scenario once per backend and plugin: the embedded log, and Kafka on three brokers (replication factor
-    3, min.insync.replicas 2), with wal2json; then both with pgoutput, streaming big transactions."""
-    dsn = fresh_database(postgres, "crash")
+    3, min.insync.replicas 2), with wal2json; then both with pgoutput, streaming big transactions: the embedded
+    log's on PostgreSQL 15, Kafka's on 18 (pgoutput is killed on both servers, each backend once)."""
+    server: LocalPostgres = request.getfixturevalue("postgres18" if request.param.endswith("-pg18") else "postgres")
+    dsn = fresh_database(server, "crash")
     tmp = tmp_path_factory.mktemp("crash")
     plugin = Plugin.WAL2JSON
     if request.param == "kafka":
         cluster: LocalKafka = request.getfixturevalue("kafka3")
         crashed = Backend.kafka(cluster.bootstrap_servers, tmp / "crashed-state", brokers=3)
         sizes = SOAK if soak() else KAFKA_CI
-    elif request.param == "kafka-pgoutput":
+    elif request.param == "kafka-pgoutput-pg18":
         cluster = request.getfixturevalue("kafka3")
         plugin, crashed = Plugin.PGOUTPUT, Backend.kafka(cluster.bootstrap_servers, tmp / "crashed-state", brokers=3)
         sizes = SOAK if soak() else KAFKA_CI

@@ -34,6 +34,7 @@ import psycopg
 import pytest
 from capture_util import ConnectorThread, drop_slots, fresh_database, records, sql
 from readiness import patience, wait_until
+from sources import ON_BOTH_SERVERS
 from typer.testing import CliRunner
 from workload import soak
 
@@ -82,8 +83,8 @@ TENANTS = ("acme", "o'brien", "ünï", "a,b")
 
 
 @pytest.fixture
-def db(postgres: LocalPostgres) -> Iterator[str]:
-    dsn = fresh_database(postgres, "incremental")
+def db(server: LocalPostgres) -> Iterator[str]:
+    dsn = fresh_database(server, "incremental")
     sql(dsn, *SCHEMA)
     yield dsn
     drop_slots(dsn)
@@ -274,6 +275,7 @@ def cli(*args: str) -> str:
 # ---------------------------------------------------------------------------- scenarios
 
 
+@pytest.mark.parametrize("plugin", ON_BOTH_SERVERS, ids=str, indirect=True)
 def test_killed_mid_snapshot_resumes_in_order(db: str, tmp_path: Path, plugin: Plugin) -> None:
     """Signal table → incremental snapshot of two tables under churn; kill -9 mid-snapshot; resume; compare."""
     log_dir = tmp_path / "log"

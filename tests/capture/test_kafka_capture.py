@@ -34,6 +34,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from readiness import wait_until
 from schemas_serve_util import serving
+from sources import ON_BOTH_SERVERS
 from test_avro_interop import by_key, json_form
 from test_schema_evolution import ORACLE, TABLE, RandomDdl, compare_events, report, run_tolerant
 
@@ -54,8 +55,8 @@ TIDELINE = str(Path(sys.executable).parent / "tideline")
 
 
 @pytest.fixture
-def db(postgres: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
-    dsn = fresh_database(postgres, request.node.name[:16].lower().replace("[", "_").replace("]", ""))
+def db(server: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
+    dsn = fresh_database(server, request.node.name[:16].lower().replace("[", "_").replace("]", ""))
     yield dsn
     drop_slots(dsn)
 
@@ -64,10 +65,11 @@ def tideline(kafka: str, data_dir: Path, *args: str) -> list[str]:
     return [TIDELINE, "--data-dir", str(data_dir), "--kafka", kafka, *args]
 
 
+@pytest.mark.parametrize("plugin", ON_BOTH_SERVERS, ids=str, indirect=True)
 def test_cli_captures_into_kafka_with_replication_settings(
     db: str, kafka3: LocalKafka, tmp_path: Path, plugin: Plugin
 ) -> None:
-    """Snapshot, then a restart that streams, into Kafka with either plugin."""
+    """Snapshot, then a restart that streams, into Kafka with either plugin (pgoutput on 15 and 18)."""
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     insert_rows(db, 1, 20)
     backend = Backend.kafka(kafka3.bootstrap_servers, tmp_path / "state", brokers=3)

@@ -25,6 +25,7 @@ import orjson
 import psycopg
 import pytest
 from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, records, sql
+from sources import Source
 from typer.testing import CliRunner
 
 import capture.snapshot_readers as snapshot_readers
@@ -33,6 +34,7 @@ from capture.connector import Connector
 from capture.converters import JsonConverter
 from capture.errors import PermanentCaptureError
 from capture.events import EventEncoder, TxnContext
+from capture.messages import Plugin
 from capture.pgtypes import SESSION_OPTIONS
 from capture.recovery import RECOVERY_MARKER
 from capture.replication import ReplicationConnection
@@ -49,8 +51,8 @@ ROWS = 20_000
 
 
 @pytest.fixture
-def db(postgres: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
-    dsn = fresh_database(postgres, "psnap")
+def db(server: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
+    dsn = fresh_database(server, "psnap")
     yield dsn
     drop_slots(dsn)
 
@@ -162,8 +164,10 @@ def churn(dsn: str, stop: threading.Event, done: list[int]) -> None:
             done[0] = i
 
 
-def test_parallel_snapshot_under_concurrent_writes(db: str, tmp_path: Path) -> None:
-    """Writes during the snapshot arrive by streaming after it; per key, the read comes first."""
+@pytest.mark.parametrize("plugin", [Source(Plugin.WAL2JSON), Source(Plugin.PGOUTPUT, 18)], ids=str, indirect=True)
+def test_parallel_snapshot_under_concurrent_writes(db: str, tmp_path: Path, plugin: Plugin) -> None:
+    """Writes during the snapshot arrive by streaming after it; per key, the read comes first (wal2json on 15,
+    pgoutput on 18)."""
     seed(db)
     stop, done = threading.Event(), [0]
     writer = threading.Thread(target=churn, args=(db, stop, done), daemon=True)
@@ -171,11 +175,11 @@ def test_parallel_snapshot_under_concurrent_writes(db: str, tmp_path: Path) -> N
     try:
         while done[0] < 5:
             time.sleep(0.01)
-        stats = capture(tmp_path, db, slot="busy", snapshot_workers=2)
+        stats = capture(tmp_path, db, slot="busy", snapshot_workers=2, plugin=plugin)
     finally:
         stop.set()
         writer.join()
-    capture(tmp_path, db, slot="busy", snapshot_workers=2)  # streams what the writer did until it stopped
+    capture(tmp_path, db, slot="busy", snapshot_workers=2, plugin=plugin)  # streams what the writer did meanwhile
     assert stats.snapshot_rows > 0
     assert {k: normalized(v) for k, v in latest_by_key(tmp_path, KEYED).items()} == table_rows(db)
     streamed: set[bytes] = set()  # keys with a streamed change so far, in log order

@@ -23,6 +23,7 @@ import pytest
 from backends import Backend
 from capture_util import capture, drop_slots, fresh_database, latest_by_key, records, sql
 from readiness import wait_for_text
+from sources import ON_BOTH_SERVERS
 
 from capture.config import OffsetMismatch, SnapshotMode, ValueFormat
 from capture.connector import CaptureConfig, Connector, SlotLostError, slot_status
@@ -45,8 +46,8 @@ TOPIC = "cdc.public.t"
 
 
 @pytest.fixture
-def db(postgres: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
-    dsn = fresh_database(postgres, request.node.name[:16].lower().replace("[", "_").replace("]", ""))
+def db(server: LocalPostgres, request: pytest.FixtureRequest) -> Iterator[str]:
+    dsn = fresh_database(server, request.node.name[:16].lower().replace("[", "_").replace("]", ""))
     yield dsn
     drop_slots(dsn)
 
@@ -87,6 +88,7 @@ def recovered_deletes(log_dir: Path) -> list[tuple[Any, Any]]:
 # ---------------------------------------------------------------------------- a slot gone
 
 
+@pytest.mark.parametrize("plugin", ON_BOTH_SERVERS, ids=str, indirect=True)
 def test_dropped_slot_stops_loudly_then_when_needed_recovers_the_deletes(db: str, tmp_path: Path,
                                                                          plugin: Plugin) -> None:  # fmt: skip
     log_dir = tmp_path / "log"
