@@ -57,6 +57,9 @@ RUN_BYTES = 8 << 20  # a run read ahead for the native core holds at most about 
 STATUS = struct.Struct("!cQQQqB")
 
 
+FAILOVER_SLOTS_SINCE = 170000  # server_version_num: CREATE_REPLICATION_SLOT … (FAILOVER), sync_replication_slots
+
+
 def replication_dsn(dsn: str) -> str:
     """``dsn`` with ``replication=database`` (URL or key=value form)."""
     if "://" in dsn:
@@ -140,10 +143,20 @@ class ReplicationConnection:
         self._streaming = False
         self._ahead: XLogData | Keepalive | None = None  # read by pending(), returned by the next read()
 
+    @property
+    def supports_failover_slots(self) -> bool:
+        """PostgreSQL 17+: a slot created with ``FAILOVER`` is synchronized to standbys that ask for it
+        (``sync_replication_slots``), so it survives the promotion of one."""
+        return self.conn.info.server_version >= FAILOVER_SLOTS_SINCE
+
     def create_slot(self, name: str, plugin: Plugin, *, export_snapshot: bool) -> CreatedSlot:
-        """``CREATE_REPLICATION_SLOT``; with ``export_snapshot`` the snapshot stays valid until the next command."""
+        """``CREATE_REPLICATION_SLOT``; with ``export_snapshot`` the snapshot stays valid until the next command.
+        From PostgreSQL 17 the slot is a failover slot (``FAILOVER``)."""
         mode = "export" if export_snapshot else "nothing"
-        cur = self.conn.execute(f"CREATE_REPLICATION_SLOT {_ident(name)} LOGICAL {plugin.value} (SNAPSHOT '{mode}')")
+        failover = ", FAILOVER true" if self.supports_failover_slots else ""
+        cur = self.conn.execute(
+            f"CREATE_REPLICATION_SLOT {_ident(name)} LOGICAL {plugin.value} (SNAPSHOT '{mode}'{failover})"
+        )
         row = cur.fetchone()
         assert row is not None
         return CreatedSlot(row[0], parse_lsn(row[1]), row[2])

@@ -58,10 +58,11 @@ def current_wal_lsn(dsn: str) -> int:
 def slot_status(dsn: str, slot: str) -> dict[str, Any] | None:
     """The slot as the server sees it, with retained WAL in bytes (``capture status``, metrics)."""
     with psycopg.connect(dsn, autocommit=True) as c:
+        failover = "failover" if c.info.server_version >= 170000 else "NULL::bool"  # PostgreSQL 17+
         row = c.execute(
             "SELECT plugin, active, confirmed_flush_lsn::text, restart_lsn::text, wal_status, "
             "pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
-            "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
+            f"pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, {failover} "
             "FROM pg_replication_slots WHERE slot_name = %s",
             (slot,),
         ).fetchone()
@@ -77,4 +78,5 @@ def slot_status(dsn: str, slot: str) -> dict[str, Any] | None:
         "current_wal_lsn": row[5],
         "retained_wal_bytes": int(row[6] or 0),
         "unconfirmed_bytes": int(row[7] or 0),
+        "failover": row[8],  # synchronized to standbys (PostgreSQL 17+); None: the server has no failover slots
     }

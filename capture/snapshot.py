@@ -265,7 +265,7 @@ class SnapshotSource:
         if not needs_snapshot:
             if slot is None:
                 repl.create_slot(name, self.config.plugin, export_snapshot=False)
-                log.info("capture: created slot %s (no snapshot)", name)
+                log.info("capture: created slot %s (no snapshot; %s)", name, _failover_note(repl))
             return 0
         if self.config.snapshot_workers > 1:  # their imports run meanwhile (see SnapshotReaders)
             try:
@@ -299,6 +299,7 @@ class SnapshotSource:
             drop_slot(self.config.dsn, name)
         for attempt in range(1, SNAPSHOT_ATTEMPTS + 1):
             created = repl.create_slot(name, self.config.plugin, export_snapshot=True)
+            log.info("capture: created slot %s (%s)", name, _failover_note(repl))
             assert created.snapshot_name is not None
             try:
                 self.run(created.snapshot_name, created.consistent_point)
@@ -485,3 +486,10 @@ class SnapshotSource:
             return  # routed before (a new snapshot): the events topics keep every fact once
         self.writer.keystate.route(event.topic, event.key, version)
         self.writer.add(event)
+
+
+def _failover_note(repl: ReplicationConnection) -> str:
+    if repl.supports_failover_slots:
+        return "a failover slot: standbys with sync_replication_slots = on keep it for a promotion"
+    return ("no failover slots before PostgreSQL 17: a promoted standby has no such slot, and capture stops "
+            "naming it and the recovery")  # fmt: skip

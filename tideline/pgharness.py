@@ -198,6 +198,7 @@ class LocalPostgres:
     fast: bool = False
     bin_dir: Path | None = None  # None: server_bin_dir(version); the one in use is .binaries
     version: int | None = None  # None: the existing cluster's (data/PG_VERSION), else DEFAULT_VERSION
+    settings: tuple[str, ...] = ()  # further "name = value" lines of tideline.conf (a standby's, a test's)
     start_timeout: float = 60.0  # seconds pg_ctl waits for "ready"
     stop_timeout: float = 30.0  # seconds of fast shutdown before escalating
     _root: Path = field(init=False, repr=False, compare=False)
@@ -300,6 +301,84 @@ class LocalPostgres:
                 )
             self._write_state(pid=running[0], port=running[1])
             return dsn_for_port(running[1])
+
+    # -- replication: a physical standby, promotion ---------------------------
+
+    def standby(self, directory: Path, *, slot: str = "standby1", settings: tuple[str, ...] = ()) -> LocalPostgres:
+        """A hot standby of this running cluster in ``directory`` (not started): ``pg_basebackup -R`` through the
+        physical slot ``slot`` (created here), ``hot_standby_feedback`` on and, from PostgreSQL 17, logical slots
+        marked ``failover`` synchronized from the primary (``sync_replication_slots``). The primary waits for it
+        before logical decoding sends a change (``synchronized_standby_slots``, set and reloaded here), so a
+        failover slot on it is never behind what a logical client received. ``start()`` it, ``promote()`` it."""
+        running = self._running_postmaster()
+        if running is None:
+            raise PostgresHarnessError(f"no PostgreSQL running in {self._root}: start the primary first")
+        import psycopg  # the harness itself needs no client library until a standby is made
+
+        version = server_version(self.binaries)
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            c.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))
+        replica = LocalPostgres(
+            directory, fast=self.fast, bin_dir=self.bin_dir, version=self.version,
+            settings=(
+                "hot_standby = on", "hot_standby_feedback = on", f"primary_slot_name = '{_conf_quote(slot)}'",
+                *(("sync_replication_slots = on",) if version >= 17 else ()), *settings,
+            ),
+        )  # fmt: skip
+        replica._base_backup_of(self)
+        if version >= 17:  # after the base backup: the standby, once promoted, must not wait for itself
+            with psycopg.connect(self.dsn, autocommit=True) as c:
+                c.execute(f"ALTER SYSTEM SET synchronized_standby_slots = '{_conf_quote(slot)}'")
+                c.execute("SELECT pg_reload_conf()")
+        return replica
+
+    def _base_backup_of(self, primary: LocalPostgres) -> None:
+        self._check_socket_path()
+        self._root.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            user = self._prepare_directory()
+            if self.data_dir.exists():
+                raise PostgresHarnessError(f"{self.data_dir} exists: a standby is made in an empty directory")
+            staging = self._root / INITDB_SUBDIR
+            if staging.exists():
+                shutil.rmtree(staging)
+            port = primary.status().port
+            argv = [
+                str(self.binaries / "pg_basebackup"), "-D", str(staging), "-R", "-X", "stream",
+                "-d", f"host=127.0.0.1 port={port} user={SUPERUSER} dbname=postgres",  # slot sync needs a dbname
+                "--checkpoint=fast", *(["--no-sync"] if self.fast else []),
+            ]  # fmt: skip
+            result = self._run(argv, user, timeout=300)
+            if result.returncode != 0:
+                raise PostgresHarnessError(f"pg_basebackup of {primary.directory} failed (exit {result.returncode}): "
+                                           f"{_one_line(result.stderr or result.stdout)}")  # fmt: skip
+            (staging / "postmaster.pid").unlink(missing_ok=True)
+            staging.rename(self.data_dir)
+
+    def promote(self) -> str:
+        """``pg_ctl promote``: this standby becomes a primary (it waits until it accepts writes); its DSN."""
+        with self._locked():
+            user = self._prepare_directory()
+            running = self._running_postmaster()
+            if running is None:
+                raise PostgresHarnessError(f"no PostgreSQL running in {self._root}: nothing to promote")
+            argv = [str(self.binaries / "pg_ctl"), "-D", str(self.data_dir), "-w", "-t",
+                    str(int(self.start_timeout)), "promote"]  # fmt: skip
+            result = self._run(argv, user, timeout=self.start_timeout + 30)
+            if result.returncode != 0:
+                raise PostgresHarnessError(f"pg_ctl promote failed in {self._root} (exit {result.returncode}): "
+                                           f"{_one_line(result.stderr or result.stdout)}")  # fmt: skip
+            return dsn_for_port(running[1])
+
+    def kill(self) -> int:
+        """``kill -9`` of the postmaster (a crashed primary); its PID. Its backends notice and exit; ``start()``
+        recovers the cluster (module docstring)."""
+        running = self._running_postmaster()
+        if running is None:
+            raise PostgresHarnessError(f"no PostgreSQL running in {self._root}: nothing to kill")
+        os.kill(running[0], signal.SIGKILL)
+        _wait_until(lambda: not _pid_alive(running[0]), ORPHAN_GRACE_SECONDS)
+        return running[0]
 
     def status(self) -> ClusterStatus:
         """Report whether the cluster runs, on which port and PID."""
@@ -529,6 +608,7 @@ class LocalPostgres:
         plugins = _output_plugin_libraries(self.binaries)
         if plugins is not None:
             lines.append(f"output_plugin_libraries = '{plugins}'")
+        lines += list(self.settings)
         if self.fast:
             # wal_init_zero off: a fresh cluster has no WAL segments to recycle, and zero-filling
             # each new 16 MB segment stalls commits (measured: 100–250 ms latency spikes in

@@ -1,0 +1,199 @@
+"""Failover: the primary is killed (kill -9) and its standby promoted while capture streams a steady workload.
+
+PostgreSQL 18 (failover slots, 17+): capture's slot is created with ``FAILOVER``; the physical standby synchronizes
+it (``sync_replication_slots = on``) and the primary holds logical decoding back until the standby has the WAL
+(``synchronized_standby_slots``). Capture's DSN names both hosts (``target_session_attrs=read-write``): after the
+promotion it reconnects to the new primary and streams on from its stored position through the synchronized slot.
+The log then equals ``SELECT *`` on the new primary: nothing lost, nothing twice. The time from the kill to the
+first change captured from the new primary is printed (no assertion on it: the suite asserts no timings).
+
+PostgreSQL 15 (no failover slots): the promoted standby has no slot, and capture stops with one line that names
+the slot and the recovery (``--snapshot when_needed``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+import pytest
+from capture_util import ConnectorThread, latest_by_key, records, stored_position
+from readiness import patience, wait_until
+
+from capture.config import CaptureConfig
+from capture.errors import SlotLostError
+from capture.messages import Plugin
+from tideline.pgharness import LocalPostgres
+
+TABLE = "CREATE TABLE acct (id int PRIMARY KEY, balance bigint NOT NULL, touched int NOT NULL DEFAULT 0)"
+
+
+@dataclass
+class Pair:
+    primary: LocalPostgres
+    standby: LocalPostgres
+    db: str
+
+    def dsn(self) -> str:
+        """Both hosts; libpq takes the one that accepts writes."""
+        ports = [self.primary.status().port, self.standby.status().port]
+        hosts = ",".join(f"127.0.0.1:{p}" for p in ports)
+        return f"postgresql://postgres@{hosts}/{self.db}?target_session_attrs=read-write&connect_timeout=2"
+
+
+@pytest.fixture
+def pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pair]:
+    version = request.param
+    primary = LocalPostgres(tmp_path / "primary", fast=True, version=version)
+    standby: LocalPostgres | None = None
+    try:
+        primary.start()
+        db = f"failover{version}"
+        primary.create_database(db)
+        with psycopg.connect(primary.dsn_for(db), autocommit=True) as c:
+            c.execute(TABLE)
+        standby = primary.standby(tmp_path / "standby")
+        standby.start()
+        yield Pair(primary, standby, db)
+    finally:
+        for cluster in (standby, primary):
+            if cluster is not None:
+                cluster.stop()
+
+
+@dataclass
+class Writer:
+    """Inserts and updates through the two-host DSN until stopped; a failed statement is retried on a new
+    connection (the primary died: the next one that accepts writes takes it)."""
+
+    dsn: str
+    stop: threading.Event = field(default_factory=threading.Event)
+    next_id: int = 1
+    failures: int = 0
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        conn: psycopg.Connection[object] | None = None
+        while not self.stop.is_set():
+            try:
+                if conn is None:
+                    conn = psycopg.connect(self.dsn, autocommit=True)
+                i = self.next_id
+                with conn.transaction():
+                    conn.execute("INSERT INTO acct (id, balance) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING", (i, i))
+                    conn.execute("UPDATE acct SET balance = balance + 1, touched = touched + 1 WHERE id = %s",
+                                 (max(1, i // 2),))  # fmt: skip
+                self.next_id += 1
+                time.sleep(0.01)
+            except psycopg.OperationalError:
+                self.failures += 1
+                conn = None
+                time.sleep(0.1)
+
+    def finish(self) -> None:
+        self.stop.set()
+        assert self.thread is not None
+        self.thread.join(60)
+
+
+def synced_slot_ready(standby: LocalPostgres, db: str, slot: str) -> bool:
+    """The standby holds a persistent synchronized copy of the slot (a temporary one is dropped at promotion)."""
+    with psycopg.connect(standby.dsn_for(db)) as c:
+        row = c.execute("SELECT synced, temporary FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+    return row is not None and bool(row[0]) and not row[1]
+
+
+def table_rows(dsn: str) -> dict[int, dict[str, int]]:
+    with psycopg.connect(dsn) as c:
+        return {r[0]: {"id": r[0], "balance": r[1], "touched": r[2]} for r in c.execute("SELECT * FROM acct")}
+
+
+@pytest.mark.parametrize("pair", [18], ids=["pg18"], indirect=True)
+def test_capture_follows_a_promoted_standby_through_its_failover_slot(pair: Pair, tmp_path: Path) -> None:
+    log_dir, slot = tmp_path / "log", "fo"
+    config = CaptureConfig(dsn=pair.dsn(), slot=slot, topic_prefix="cdc", plugin=Plugin.PGOUTPUT,
+                           max_retry_time_s=120)  # fmt: skip
+    writer = Writer(pair.dsn())
+    with ConnectorThread(log_dir, config) as running:
+        writer.start()
+        wait_until(lambda: stored_position(log_dir, pair.dsn(), slot) is not None and writer.next_id > 50,
+                   "capture to store the workload's first changes", alive=running.thread)  # fmt: skip
+        with psycopg.connect(pair.primary.dsn_for(pair.db), autocommit=True) as c:
+            c.execute("SELECT pg_log_standby_snapshot()")  # a running-xacts record: the synced slot can persist
+        wait_until(lambda: synced_slot_ready(pair.standby, pair.db, slot), "the standby to hold the slot",
+                   alive=running.thread)  # fmt: skip
+        time.sleep(0.5)  # the readiness signals above passed: the kill lands while capture streams
+        killed_at = time.monotonic()
+        pair.primary.kill()
+        pair.standby.promote()
+        promoted = pair.standby.dsn_for(pair.db)
+        with psycopg.connect(promoted, autocommit=True) as c:
+            c.execute("INSERT INTO acct (id, balance) VALUES (-1, 0)")  # the first change of the new primary
+        wait_until(lambda: any(k == {"id": -1} for k, _, _ in records(log_dir, "cdc.public.acct")),
+                   "capture to stream from the new primary", alive=running.thread)  # fmt: skip
+        resumed_s = time.monotonic() - killed_at
+        before = writer.next_id
+        wait_until(lambda: writer.next_id > before + 50, "the workload to go on", alive=running.thread)
+        writer.finish()
+        with psycopg.connect(promoted, autocommit=True) as c:
+            end = c.execute("SELECT pg_current_wal_lsn()").fetchone()
+        assert end is not None
+        wait_until(lambda: (p := stored_position(log_dir, promoted, slot)) is not None
+                   and p.confirm_lsn >= _lsn(str(end[0])), "capture to catch up", alive=running.thread)  # fmt: skip
+    print(f"\nfailover: kill -9 of the primary to the first change captured from the promoted standby: "
+          f"{resumed_s:.2f} s ({writer.failures} writes retried)")
+    expected = table_rows(promoted)
+    assert len(expected) > 100
+    got = {k["id"]: v for k, v in ((orjson_key(k), v) for k, v in latest_by_key(log_dir, "cdc.public.acct").items())}
+    assert got == expected
+    creates: dict[int, int] = {}
+    for key, value, _ in records(log_dir, "cdc.public.acct"):
+        if value is not None and value["op"] in ("c", "r"):
+            creates[key["id"]] = creates.get(key["id"], 0) + 1
+    assert set(creates) == set(expected) and set(creates.values()) == {1}  # every row created once
+
+
+@pytest.mark.parametrize("pair", [15], ids=["pg15"], indirect=True)
+def test_without_failover_slots_capture_stops_naming_the_lost_slot(pair: Pair, tmp_path: Path) -> None:
+    log_dir, slot = tmp_path / "log", "fo"
+    config = CaptureConfig(dsn=pair.dsn(), slot=slot, topic_prefix="cdc", plugin=Plugin.PGOUTPUT,
+                           max_retry_time_s=120)  # fmt: skip
+    running = ConnectorThread(log_dir, config)
+    running.thread.start()
+    try:
+        with psycopg.connect(pair.primary.dsn_for(pair.db), autocommit=True) as c:
+            c.execute("INSERT INTO acct (id, balance) VALUES (1, 1)")
+        wait_until(lambda: len(records(log_dir, "cdc.public.acct")) == 1, "capture to store a change",
+                   alive=running.thread)  # fmt: skip
+        pair.primary.kill()
+        pair.standby.promote()
+        running.thread.join(patience(120))
+        assert not running.thread.is_alive(), "capture went on without its slot"
+    finally:
+        running.connector.stop()
+        running.thread.join(60)
+        running.log.close()
+    assert len(running.errors) == 1 and isinstance(running.errors[0], SlotLostError), running.errors
+    message = str(running.errors[0])
+    assert f"slot {slot} does not exist" in message and "--snapshot when_needed" in message, message
+
+
+def orjson_key(key: bytes) -> dict[str, int]:
+    import orjson
+
+    parsed = orjson.loads(key)
+    assert isinstance(parsed, dict)
+    return parsed
+
+
+def _lsn(text: str) -> int:
+    high, low = text.split("/")
+    return (int(high, 16) << 32) + int(low, 16)
