@@ -81,6 +81,11 @@ class RetriesExhaustedError(CaptureError):
 _PERMANENT: tuple[tuple[re.Pattern[str], str | None, str, str], ...] = tuple(
     (re.compile(pattern, re.IGNORECASE), sqlstate, what, todo)
     for pattern, sqlstate, what, todo in (
+        (r"logical decoding cannot be used while in recovery", None,
+         "the server is a standby, and PostgreSQL 15 cannot decode on one (16 and later can)",
+         "point --dsn at the primary (a DSN naming both hosts with target_session_attrs=read-write follows it)"),
+        (r"recovery is in progress", None,
+         "the server is a standby and this needs a primary", "point --dsn at the primary"),
         (r"password authentication failed|authentication failed|no password supplied", "28P01",
          "authentication failed", "check the user and password in --dsn (or ~/.pgpass / PGPASSWORD)"),
         (r"no pg_hba\.conf entry", "28000",

@@ -184,6 +184,16 @@ class Publications:
         ``wanted`` decides for ``filtered`` (the captured tables); ``all_tables`` takes every one.
         One transaction: a connector that dies in the middle leaves the publications as they were.
         """
+        try:
+            return self._sync(wanted)
+        except psycopg.errors.ReadOnlySqlTransaction:
+            raise ConfigError(
+                f"the server is a standby: capture cannot create or alter publication {self.name} on it (read "
+                "only). Run the same capture command against the primary once (the publications it makes "
+                "replicate here), or create one there and give --publication NAME --publication-autocreate disabled"
+            ) from None
+
+    def _sync(self, wanted: Callable[[PublishableTable], bool]) -> SyncResult:
         with psycopg.connect(self.dsn) as c:
             existing = {row[0]: row for row in c.execute(_publications_sql(c), (list(self.names),)).fetchall()}
             if self.mode is PublicationMode.DISABLED:

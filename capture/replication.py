@@ -24,6 +24,7 @@ Thread-safety: none; one connection belongs to one connector thread.
 from __future__ import annotations
 
 import array
+import functools
 import itertools
 import select
 import struct
@@ -143,17 +144,24 @@ class ReplicationConnection:
         self._streaming = False
         self._ahead: XLogData | Keepalive | None = None  # read by pending(), returned by the next read()
 
+    @functools.cached_property
+    def in_recovery(self) -> bool:
+        """Whether the server is a standby (capture decodes on one from PostgreSQL 16)."""
+        row = self.conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        return bool(row and row[0])
+
     @property
     def supports_failover_slots(self) -> bool:
-        """PostgreSQL 17+: a slot created with ``FAILOVER`` is synchronized to standbys that ask for it
-        (``sync_replication_slots``), so it survives the promotion of one."""
-        return self.conn.info.server_version >= FAILOVER_SLOTS_SINCE
+        """PostgreSQL 17+ on a primary: a slot created with ``FAILOVER`` is synchronized to standbys that ask for
+        it (``sync_replication_slots``), so it survives the promotion of one. (A standby's own slot cannot be one.)"""
+        return self.conn.info.server_version >= FAILOVER_SLOTS_SINCE and not self.in_recovery
 
     def create_slot(self, name: str, plugin: Plugin, *, export_snapshot: bool) -> CreatedSlot:
         """``CREATE_REPLICATION_SLOT``; with ``export_snapshot`` the snapshot stays valid until the next command.
         From PostgreSQL 17 the slot is a failover slot (``FAILOVER``)."""
         mode = "export" if export_snapshot else "nothing"
-        failover = ", FAILOVER true" if self.supports_failover_slots else ""
+        # asked before the slot is made: any command after it ends the exported snapshot (in_recovery is kept)
+        failover = ", FAILOVER true" if not self.in_recovery and self.supports_failover_slots else ""
         cur = self.conn.execute(
             f"CREATE_REPLICATION_SLOT {_ident(name)} LOGICAL {plugin.value} (SNAPSHOT '{mode}'{failover})"
         )

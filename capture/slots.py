@@ -48,9 +48,14 @@ def drop_slot(dsn: str, slot: str) -> None:
         c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
+# The server's WAL end: where it writes (a primary), or where its replay is (a standby, where capture may decode
+# too: PostgreSQL 16+), as one expression for both.
+WAL_END = "(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)"
+
+
 def current_wal_lsn(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as c:
-        row = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        row = c.execute(f"SELECT {WAL_END}::text").fetchone()
     assert row is not None
     return parse_lsn(row[0])
 
@@ -61,8 +66,8 @@ def slot_status(dsn: str, slot: str) -> dict[str, Any] | None:
         failover = "failover" if c.info.server_version >= 170000 else "NULL::bool"  # PostgreSQL 17+
         row = c.execute(
             "SELECT plugin, active, confirmed_flush_lsn::text, restart_lsn::text, wal_status, "
-            "pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
-            f"pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, {failover} "
+            f"{WAL_END}::text, pg_wal_lsn_diff({WAL_END}, restart_lsn)::bigint, "
+            f"pg_wal_lsn_diff({WAL_END}, confirmed_flush_lsn)::bigint, {failover} "
             "FROM pg_replication_slots WHERE slot_name = %s",
             (slot,),
         ).fetchone()

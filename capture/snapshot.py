@@ -491,5 +491,8 @@ class SnapshotSource:
 def _failover_note(repl: ReplicationConnection) -> str:
     if repl.supports_failover_slots:
         return "a failover slot: standbys with sync_replication_slots = on keep it for a promotion"
+    if repl.in_recovery:
+        return ("on a standby: a promotion keeps it, the failover of another server to primary does not (this "
+                "standby's slot is not synchronized anywhere)")  # fmt: skip
     return ("no failover slots before PostgreSQL 17: a promoted standby has no such slot, and capture stops "
             "naming it and the recovery")  # fmt: skip

@@ -48,6 +48,7 @@ from psycopg.pq.abc import PGresult
 from capture.messages import Column
 from capture.pgtypes import parse_array, text_converter
 from capture.publications import Publications, PublishedTable
+from capture.slots import WAL_END
 from eventstore.errors import ConfigError
 from schemas.position import parse_lsn
 
@@ -276,7 +277,7 @@ class TableCatalog:
         c = conn or psycopg.connect(self.dsn, autocommit=True)
         try:
             tables, skipped, unpublished = [], [], []
-            row = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            row = c.execute(f"SELECT {WAL_END}::text").fetchone()
             read_lsn = parse_lsn(row[0]) if row is not None else 0
             published = None if self.publications is None else self.publications.published(c)
             for schema, name, ident, oid in c.execute(_TABLES_SQL).fetchall():
