@@ -25,6 +25,7 @@ from replicas import Pair, Writer, synced_slot_ready, table_rows
 from capture.config import CaptureConfig
 from capture.errors import SlotLostError
 from capture.messages import Plugin
+from capture.slots import slot_status
 
 
 @pytest.mark.parametrize("pair", [18], ids=["pg18"], indirect=True)
@@ -41,6 +42,8 @@ def test_capture_follows_a_promoted_standby_through_its_failover_slot(pair: Pair
             c.execute("SELECT pg_log_standby_snapshot()")  # a running-xacts record: the synced slot can persist
         wait_until(lambda: synced_slot_ready(pair.standby, pair.db, slot), "the standby to hold the slot",
                    alive=running.thread)  # fmt: skip
+        status = slot_status(pair.dsn(), slot)
+        assert status is not None and status["failover"] is True  # what `capture status` shows
         time.sleep(0.5)  # the readiness signals above passed: the kill lands while capture streams
         killed_at = time.monotonic()
         pair.primary.kill()
@@ -84,6 +87,8 @@ def test_without_failover_slots_capture_stops_naming_the_lost_slot(pair: Pair, t
             c.execute("INSERT INTO acct (id, balance) VALUES (1, 1)")
         wait_until(lambda: len(records(log_dir, "cdc.public.acct")) == 1, "capture to store a change",
                    alive=running.thread)  # fmt: skip
+        status = slot_status(pair.dsn(), slot)
+        assert status is not None and status["failover"] is None  # the server has no failover slots
         pair.primary.kill()
         pair.standby.promote()
         running.thread.join(patience(120))
