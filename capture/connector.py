@@ -73,7 +73,7 @@ from capture.keystate import KeyState
 from capture.messages import StreamingAmbiguous
 from capture.native import core_report, native_core_for
 from capture.offsets import OffsetContext
-from capture.publications import Publications, PublishableTable
+from capture.publications import GENERATED_COLUMNS_SINCE, Publications, PublishableTable
 from capture.recovery import check_start, move_position
 from capture.replication import ReplicationConnection
 from capture.signals import ensure_signal_table, split_table_name
@@ -84,7 +84,7 @@ from capture.snapshot import SnapshotSource, SnapshotStopped
 from capture.status import CoreReport, Stats, StatusReporter, write_core_report
 from capture.streaming import StreamingSource
 from capture.table_history import TableHistory
-from capture.tables import GENERATED_COLUMNS_PUBLISHED_SINCE, KEYLESS_WARNING, TableCatalog
+from capture.tables import KEYLESS_WARNING, TableCatalog
 from capture.topics import TopicRouter
 from capture.writer import LogWriter
 from eventstore.errors import ConfigError
@@ -470,7 +470,7 @@ class Connector:
 
     def _generated_left_out_reason(self) -> str:
         pubs = self.publications
-        if self.catalog.server_version < GENERATED_COLUMNS_PUBLISHED_SINCE or pubs is None:
+        if self.catalog.server_version < GENERATED_COLUMNS_SINCE or pubs is None:
             return "pgoutput sends them from PostgreSQL 18 (publish_generated_columns), not before"
         return (f"publication {pubs.name} does not publish them (ALTER PUBLICATION {pubs.name} SET "
                 "(publish_generated_columns = stored), or name them in its column list)")  # fmt: skip

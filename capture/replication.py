@@ -24,7 +24,6 @@ Thread-safety: none; one connection belongs to one connector thread.
 from __future__ import annotations
 
 import array
-import functools
 import itertools
 import select
 import struct
@@ -40,6 +39,7 @@ from psycopg.pq.abc import PGconn
 from capture import libpq as pqlib
 from capture.messages import Plugin
 from capture.pgtypes import SESSION_OPTIONS
+from capture.slots import FAILOVER_SLOTS_SINCE
 from schemas.position import format_lsn, parse_lsn
 
 _read_xlog: Callable[[int, int, int, int, bytes | None, int, int], tuple[int, bytes, bytes, bytes | None]] | None
@@ -56,9 +56,6 @@ XLOG_BODY = 1 + XLOG_HEADER.size  # where an XLogData message's payload starts
 KEEPALIVE = struct.Struct("!QQB")
 RUN_BYTES = 8 << 20  # a run read ahead for the native core holds at most about this much (and one message)
 STATUS = struct.Struct("!cQQQqB")
-
-
-FAILOVER_SLOTS_SINCE = 170000  # server_version_num: CREATE_REPLICATION_SLOT … (FAILOVER), sync_replication_slots
 
 
 def replication_dsn(dsn: str) -> str:
@@ -143,12 +140,10 @@ class ReplicationConnection:
         )
         self._streaming = False
         self._ahead: XLogData | Keepalive | None = None  # read by pending(), returned by the next read()
-
-    @functools.cached_property
-    def in_recovery(self) -> bool:
-        """Whether the server is a standby (capture decodes on one from PostgreSQL 16)."""
+        # whether the server is a standby (capture decodes on one from PostgreSQL 16); asked now, as any command
+        # after CREATE_REPLICATION_SLOT would end the snapshot it exported
         row = self.conn.execute("SELECT pg_is_in_recovery()").fetchone()
-        return bool(row and row[0])
+        self.in_recovery = bool(row and row[0])
 
     @property
     def supports_failover_slots(self) -> bool:
@@ -160,8 +155,7 @@ class ReplicationConnection:
         """``CREATE_REPLICATION_SLOT``; with ``export_snapshot`` the snapshot stays valid until the next command.
         From PostgreSQL 17 the slot is a failover slot (``FAILOVER``)."""
         mode = "export" if export_snapshot else "nothing"
-        # asked before the slot is made: any command after it ends the exported snapshot (in_recovery is kept)
-        failover = ", FAILOVER true" if not self.in_recovery and self.supports_failover_slots else ""
+        failover = ", FAILOVER true" if self.supports_failover_slots else ""
         cur = self.conn.execute(
             f"CREATE_REPLICATION_SLOT {_ident(name)} LOGICAL {plugin.value} (SNAPSHOT '{mode}'{failover})"
         )

@@ -48,6 +48,8 @@ def drop_slot(dsn: str, slot: str) -> None:
         c.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
 
 
+FAILOVER_SLOTS_SINCE = 170000  # server_version_num: CREATE_REPLICATION_SLOT … (FAILOVER), sync_replication_slots
+
 # The server's WAL end: where it writes (a primary), or where its replay is (a standby, where capture may decode
 # too: PostgreSQL 16+), as one expression for both.
 WAL_END = "(CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)"
@@ -63,7 +65,7 @@ def current_wal_lsn(dsn: str) -> int:
 def slot_status(dsn: str, slot: str) -> dict[str, Any] | None:
     """The slot as the server sees it, with retained WAL in bytes (``capture status``, metrics)."""
     with psycopg.connect(dsn, autocommit=True) as c:
-        failover = "failover" if c.info.server_version >= 170000 else "NULL::bool"  # PostgreSQL 17+
+        failover = "failover" if c.info.server_version >= FAILOVER_SLOTS_SINCE else "NULL::bool"
         row = c.execute(
             "SELECT plugin, active, confirmed_flush_lsn::text, restart_lsn::text, wal_status, "
             f"{WAL_END}::text, pg_wal_lsn_diff({WAL_END}, restart_lsn)::bigint, "

@@ -47,7 +47,7 @@ from psycopg.pq.abc import PGresult
 
 from capture.messages import Column
 from capture.pgtypes import parse_array, text_converter
-from capture.publications import Publications, PublishedTable
+from capture.publications import GENERATED_COLUMNS_SINCE, Publications, PublishedTable
 from capture.slots import WAL_END
 from eventstore.errors import ConfigError
 from schemas.position import parse_lsn
@@ -231,12 +231,11 @@ FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdroppe
 _STORED_GENERATED_SQL = """
 SELECT n.nspname, c.relname, array_agg(a.attname::text ORDER BY a.attnum)
 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE a.attgenerated = 's' AND a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p')
+WHERE a.attgenerated = 's' AND a.attnum > 0 AND NOT a.attisdropped AND c.relkind = 'r'
 GROUP BY 1, 2
 """
 _STORED_GENERATED = "AND a.attgenerated IN ('', 's')"  # 's' stored, 'v' virtual (18), '' not generated
 _NOT_GENERATED = "AND a.attgenerated = ''"
-GENERATED_COLUMNS_PUBLISHED_SINCE = 180000  # server_version_num: publish_generated_columns
 _INDEX_KEY_SQL = """
 SELECT a.attname FROM pg_index i
 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) ON true
@@ -299,8 +298,7 @@ class TableCatalog:
             self.generated_left_out = [
                 f"{t.qualified}.{column}"
                 for t in tables
-                for column in stored.get((t.schema, t.name), ())
-                if column not in {col.name for col in t.columns}
+                for column in set(stored.get((t.schema, t.name), ())).difference(col.name for col in t.columns)
             ]
             self.server_version = c.info.server_version
             self.generation += 1
@@ -334,7 +332,7 @@ class TableCatalog:
         """The columns a row image holds: stored generated ones where the plugin sends them (wal2json), or where
         the publications may (pgoutput on 18+, whose published column names then decide); never virtual ones."""
         stored = self.generated_columns or (
-            self.publications is not None and c.info.server_version >= GENERATED_COLUMNS_PUBLISHED_SINCE
+            self.publications is not None and c.info.server_version >= GENERATED_COLUMNS_SINCE
         )
         return _COLUMNS_SQL.format(generated=_STORED_GENERATED if stored else _NOT_GENERATED).encode()
 

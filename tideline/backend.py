@@ -18,7 +18,7 @@ role               embedded (``EmbeddedBackend``)                    Kafka (``Ka
 
 The ``log`` commands' operations (create, list and describe topics, produce lines, tail, describe consumer
 groups) are methods of the backend too, with the same output on both: ``tideline log`` asks the backend and never
-which backend it is.
+which backend it is. Like the other reads they do not probe Kafka first: the caller does, once (:meth:`check`).
 
 Each role is a contract with a test suite run against both backends (tests/capture/test_sinks.py for the sink,
 tests/tideline/test_backend_contract.py for the reader and the schema store). The CLI, the console and the jobs
@@ -111,7 +111,6 @@ class Backend(abc.ABC):
     def describe_groups(self) -> list[dict[str, Any]]:
         """Consumer groups: members, committed offsets, lag per partition (``log groups --json``)."""
 
-    @abc.abstractmethod
     def create_topic(
         self,
         topic: str,
@@ -123,6 +122,17 @@ class Backend(abc.ABC):
     ) -> str:
         """Create ``topic`` (``overrides``: checked topic settings); returns the line ``log create`` prints.
         ``replication_factor`` / ``min_insync_replicas`` are refused where :attr:`topic_settings_apply` is false."""
+        if not self.topic_settings_apply and (replication_factor is not None or min_insync_replicas is not None):
+            from eventstore.errors import ConfigError
+
+            raise ConfigError("--replication-factor and --min-insync-replicas apply to Kafka only (give --kafka)")
+        return self._create_topic(topic, partitions, overrides, replication_factor, min_insync_replicas)
+
+    @abc.abstractmethod
+    def _create_topic(
+        self, topic: str, partitions: int, overrides: dict[str, str], replication_factor: int | None,
+        min_insync_replicas: int | None,
+    ) -> str: ...  # fmt: skip
 
     @abc.abstractmethod
     def list_topics(self) -> list[dict[str, Any]]:
@@ -226,20 +236,12 @@ class EmbeddedBackend(Backend):
         with Log(self.data_dir, create=False) as log:
             return describe_groups(log)
 
-    def create_topic(
-        self,
-        topic: str,
-        partitions: int,
-        overrides: dict[str, str],
-        *,
-        replication_factor: int | None = None,
-        min_insync_replicas: int | None = None,
-    ) -> str:
-        from eventstore.errors import ConfigError
+    def _create_topic(
+        self, topic: str, partitions: int, overrides: dict[str, str], replication_factor: int | None,
+        min_insync_replicas: int | None,
+    ) -> str:  # fmt: skip
         from eventstore.log import Log
 
-        if replication_factor is not None or min_insync_replicas is not None:
-            raise ConfigError("--replication-factor and --min-insync-replicas apply to Kafka only (give --kafka)")
         with Log(self.data_dir, create=True) as log:
             meta = log.create_topic(topic, partitions, overrides=overrides)
         plural = "s" if meta.partitions != 1 else ""
@@ -357,18 +359,12 @@ class KafkaBackend(Backend):
 
         return log_kafka.describe_groups(self.bootstrap)
 
-    def create_topic(
-        self,
-        topic: str,
-        partitions: int,
-        overrides: dict[str, str],
-        *,
-        replication_factor: int | None = None,
-        min_insync_replicas: int | None = None,
-    ) -> str:
+    def _create_topic(
+        self, topic: str, partitions: int, overrides: dict[str, str], replication_factor: int | None,
+        min_insync_replicas: int | None,
+    ) -> str:  # fmt: skip
         from tideline import log_kafka
 
-        self.check()
         return log_kafka.create_topic(self.bootstrap, topic, partitions, overrides,
                                       replication_factor=replication_factor,
                                       min_insync_replicas=min_insync_replicas)  # fmt: skip
@@ -376,26 +372,22 @@ class KafkaBackend(Backend):
     def list_topics(self) -> list[dict[str, Any]]:
         from tideline import log_kafka
 
-        self.check()
         return log_kafka.topics(self.bootstrap)
 
     def describe_topic(self, topic: str) -> dict[str, Any]:
         from eventstore.kafka import KafkaAdmin
 
-        self.check()
         return KafkaAdmin(self.bootstrap).describe_json(topic)
 
     def produce_lines(self, topic: str, stream: BinaryIO, *, partition: int | None = None) -> ProduceSummary:
         from tideline import log_kafka
 
-        self.check()
         return log_kafka.produce_lines(self.bootstrap, topic, stream, partition=partition)
 
     @contextmanager
     def tail(self, topic: str, options: TailOptions) -> Iterator[Iterator[list[TailRows]]]:
         from tideline import log_kafka
 
-        self.check()
         polls = log_kafka.tail_polls(
             self.bootstrap, topic, from_beginning=options.from_beginning, follow=options.follow,
             partition=options.partition, offset=options.offset, group=options.group,

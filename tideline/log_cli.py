@@ -255,7 +255,7 @@ _PARTITION_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("start offset", "log_start_offset", str),
     ("end offset", "log_end_offset", str),
     ("last stable", "last_stable_offset", str),
-    ("size", "size_bytes", lambda n: _human_bytes(n)),
+    ("size", "size_bytes", _human_bytes),
     ("segments", "segments", str),
 )
 # summed over partitions in an "all" row:

@@ -19,7 +19,8 @@ Directory layout (the harness owns everything under the directory ``D``)::
         postmaster.pid    written by the postmaster: line 1 = PID, line 4 = port
         tideline.conf     harness settings, rewritten at every start, included last
                           from postgresql.conf (so it overrides it)
-      data.initdb/        exists only while initdb runs: renamed to data/ on success
+      data.initdb/        exists only while initdb (or a standby's pg_basebackup) runs:
+                          renamed to data/ on success
       postgres.log        server log (``pg_ctl -l``), appended to across restarts
       .s.PGSQL.<port>     Unix socket (``unix_socket_directories = D``)
       harness.json        {"version": 1, "port", "pid", "os_user", "fast"}: written
@@ -319,7 +320,7 @@ class LocalPostgres:
         with psycopg.connect(self.dsn, autocommit=True) as c:
             c.execute("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))
         replica = LocalPostgres(
-            directory, fast=self.fast, bin_dir=self.bin_dir, version=self.version,
+            directory, fast=self.fast, bin_dir=self.bin_dir, version=version,  # the primary's, not "its own"
             settings=(
                 "hot_standby = on", "hot_standby_feedback = on", f"primary_slot_name = '{_conf_quote(slot)}'",
                 *(("sync_replication_slots = on",) if version >= 17 else ()), *settings,

@@ -6,12 +6,16 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import orjson
 import psycopg
+from capture_util import latest_by_key, records
 
 from tideline.pgharness import LocalPostgres
 
 TABLE = "CREATE TABLE acct (id int PRIMARY KEY, balance bigint NOT NULL, touched int NOT NULL DEFAULT 0)"
+TOPIC = "cdc.public.acct"  # its topic, with the tests' prefix
 
 
 @dataclass
@@ -76,3 +80,17 @@ def synced_slot_ready(standby: LocalPostgres, db: str, slot: str) -> bool:
 def table_rows(dsn: str) -> dict[int, dict[str, int]]:
     with psycopg.connect(dsn) as c:
         return {r[0]: {"id": r[0], "balance": r[1], "touched": r[2]} for r in c.execute("SELECT * FROM acct")}
+
+
+def assert_log_is_table(log_dir: Path, dsn: str) -> int:
+    """The log's latest value per key of ``acct`` equals ``SELECT *`` at ``dsn``, and every row was created (read
+    or inserted) once, deleted ones included: nothing lost, nothing twice. Returns the row count."""
+    expected = table_rows(dsn)
+    logged = {orjson.loads(key)["id"]: after for key, after in latest_by_key(log_dir, TOPIC).items()}
+    assert logged == expected
+    creates: dict[int, int] = {}
+    for key, value, _ in records(log_dir, TOPIC):
+        if value is not None and value["op"] in ("c", "r"):
+            creates[key["id"]] = creates.get(key["id"], 0) + 1
+    assert set(expected) <= set(creates) and set(creates.values()) == {1}, creates  # deleted rows were created too
+    return len(expected)

@@ -250,6 +250,8 @@ def test_a_cluster_is_started_by_the_version_that_made_it(tmp_path: Path) -> Non
             LocalPostgres(directory, version=15).start()
         again = LocalPostgres(directory, fast=True).start()  # its own version
         assert _version_num(again) >= 180000
+        # a standby of it is made with its binaries too (pg_basebackup of 15 refuses an 18 server)
+        assert LocalPostgres(directory).standby(tmp_path / "standby").binaries == server_bin_dir(18)
     finally:
         LocalPostgres(directory).stop()
     with pytest.raises(PostgresHarnessError, match="no PostgreSQL 16 here: the harness runs 15 and 18"):
