@@ -63,9 +63,9 @@ class LogStorageError(TidelineError):
     gone (free space). ``errno`` is the operating system's error number (``errno.ENOSPC``).
     """
 
-    def __init__(self, path: Path, error: OSError) -> None:
+    def __init__(self, path: Path, error: OSError, *, what: str = "the batch was not stored") -> None:
         super().__init__(
-            f"cannot append to {path}: {error.strerror or error} (the batch was not stored; "
+            f"cannot write {path}: {error.strerror or error} ({what}; "
             + ("free space on that file system, then retry)" if error.errno == 28 else "check the disk, then retry)")
         )
         self.path = path

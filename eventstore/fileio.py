@@ -1,5 +1,10 @@
 """Durable file writes shared by the log's small state files and compaction output.
 
+Every write here is whole or raises: a full disk lets ``write``/``pwrite`` through as far as the
+last free page and returns the short count without an error (the *next* call fails with ENOSPC),
+so a single unchecked call can leave a record torn while its caller goes on as if it were stored
+(:func:`pwrite_all`).
+
 Crash policy of :func:`replace_durably`: the new content is written to
 ``<name>.<pid>.tmp``, fsynced, renamed over ``<name>`` and the directory is fsynced, so a
 crash leaves the old file or the new one, plus at most a stale ``.tmp`` that owners
@@ -8,6 +13,7 @@ delete on open.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,6 +28,20 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset``, or raise :class:`OSError` (ENOSPC when the disk is full).
+
+    The caller decides what a part written before the failure means (cut it, or leave it torn for
+    the reader's framing to ignore)."""
+    view = memoryview(data)
+    written = 0
+    while written < len(view):
+        n = os.pwrite(fd, view[written:], offset + written)
+        if n <= 0:  # not seen in practice (the next call raises), but never loop on it
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written += n
+
+
 def write_fsynced(path: Path, chunks: Iterable[bytes | bytearray | memoryview]) -> int:
     """Create or truncate ``path``, write every chunk whole, fsync; return the bytes written."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -29,10 +49,8 @@ def write_fsynced(path: Path, chunks: Iterable[bytes | bytearray | memoryview]) 
         total = 0
         for chunk in chunks:
             view = memoryview(chunk)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-                total += n
+            pwrite_all(fd, view, total)
+            total += len(view)
         os.fsync(fd)
         return total
     finally:

@@ -80,7 +80,7 @@ from eventstore.errors import (
     LogStorageError,
     OffsetOutOfRangeError,
 )
-from eventstore.fileio import fsync_dir, replace_durably
+from eventstore.fileio import fsync_dir, pwrite_all, replace_durably
 from eventstore.index import OFFSET_ENTRY, TIME_ENTRY, truncate_index_files
 from eventstore.producer_state import (
     ABORTED_TXNS_FILE,
@@ -443,7 +443,7 @@ class PartitionLog:
             _, valid = decode_aborted(raw, path)  # damage before the tail raises: never cut valid entries
             if valid != size:
                 os.ftruncate(fd, valid)  # a torn entry of a crashed writer (we hold the lock)
-            os.pwrite(fd, encode_aborted(entry), valid)
+            pwrite_all(fd, encode_aborted(entry), valid)
             os.fdatasync(fd)
         finally:
             os.close(fd)
@@ -456,7 +456,7 @@ class PartitionLog:
         lowering = first_unstable >= 0 and (current < 0 or first_unstable < current)
         fd = os.open(self.directory / LSO_FILE, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            os.pwrite(fd, encode_lso(first_unstable), 0)
+            pwrite_all(fd, encode_lso(first_unstable), 0)
             if lowering:
                 os.fdatasync(fd)
         finally:
@@ -558,14 +558,15 @@ class PartitionLog:
             stored = unpack_header(batch)
             self._note_batch(active, position, stored)
             if stored.is_control:
-                self._sync_transaction_files()  # the transaction closed: the LSO may move up
+                try:
+                    self._sync_transaction_files()  # the transaction closed: the LSO may move up
+                except OSError as e:  # a retry of the marker finds the transaction closed here and moves on
+                    what = "the marker is stored, the last stable offset not yet"
+                    raise LogStorageError(self.directory / LSO_FILE, e, what=what) from e
             return AppendResult(stored.base_offset, stored.last_offset, now)
 
     def _write_batch(self, active: _ActiveSegment, batch: EncodedBatch | bytearray, position: int) -> None:
-        written = 0
-        view = memoryview(batch)
-        while written < len(batch):
-            written += os.pwrite(active.fd, view[written:], position + written)
+        pwrite_all(active.fd, batch, position)
         self._dirty = True
         self._maybe_fsync(active)
 

@@ -61,8 +61,8 @@ from typing import TYPE_CHECKING, Any
 
 import crc32c
 
-from eventstore.errors import ConfigError, InvalidTxnStateError, ProducerFencedError
-from eventstore.fileio import fsync_dir, replace_durably
+from eventstore.errors import ConfigError, InvalidTxnStateError, LogStorageError, ProducerFencedError
+from eventstore.fileio import fsync_dir, pwrite_all, replace_durably
 from eventstore.producer_state import ControlType, control_key
 from eventstore.record_batch import EncodedBatch, build_records, encode_batch
 from eventstore.topic import now_ms
@@ -216,8 +216,10 @@ class TransactionCoordinator:
                 elif raw:
                     raise InvalidTxnStateError(f"{path} is damaged: cannot hand out producer ids safely")
                 body = struct.pack("<q", next_id + 1)
-                os.pwrite(fd, body + struct.pack("<I", crc32c.crc32c(body)), 0)
+                pwrite_all(fd, body + struct.pack("<I", crc32c.crc32c(body)), 0)
                 os.fdatasync(fd)
+            except OSError as e:  # the id is not handed out: a full disk is retried like an append
+                raise LogStorageError(path, e, what="no producer id was handed out") from e
             finally:
                 os.close(fd)
             return next_id
@@ -242,20 +244,25 @@ class TransactionCoordinator:
         except FileNotFoundError:
             raw = b""
         _, valid = _last_record(raw)
-        if valid + len(record) > STATE_FILE_LIMIT:
-            replace_durably(path, record)
-            return
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            if valid != len(raw):
-                os.ftruncate(fd, valid)  # a torn record of a crashed writer (we hold the lock)
-            os.pwrite(fd, record, valid)
-            if durable:
-                os.fdatasync(fd)
-        finally:
-            os.close(fd)
-        if not raw:
-            fsync_dir(self.directory)
+            if valid + len(record) > STATE_FILE_LIMIT:
+                replace_durably(path, record)
+                return
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if valid != len(raw):
+                    os.ftruncate(fd, valid)  # a torn record of a crashed writer (we hold the lock)
+                # whole or raising: a short write on a full disk left the record torn (so the state unchanged)
+                # while the caller went on, e.g. writing commit markers for a decision that was not stored
+                pwrite_all(fd, record, valid)
+                if durable:
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            if not raw:
+                fsync_dir(self.directory)
+        except OSError as e:  # the state is the last whole record, as before the call
+            raise LogStorageError(path, e, what=f"transaction state {meta.state.value} not stored") from e
 
     def _owner_path(self, tid: str, epoch: int) -> Path:
         return self.directory / f"{tid}.{epoch}.owner"

@@ -9,7 +9,9 @@ they continue. Checked:
   (the failed write was cut), while the disk is still full;
 * nothing acknowledged is lost, nothing is stored twice, nothing unacknowledged is read;
 * once space is back, appends succeed again, in this process and after a reopen;
-* a compaction pass that runs out of space keeps the old segments and removes its partial output.
+* a compaction pass that runs out of space keeps the old segments and removes its partial output;
+* a transaction whose commit meets the full disk is committed in every partition or in none (a short
+  write of the coordinator's decision used to pass for a stored one).
 
 Time to recover (reported to RELIABILITY.md) = from freeing the space to the first
 successful append. Sizes grow with ``TIDELINE_SOAK=1``.
@@ -18,6 +20,7 @@ successful append. Sizes grow with ``TIDELINE_SOAK=1``.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import time
@@ -200,3 +203,76 @@ def test_compaction_on_a_full_disk_leaves_the_old_segments_and_no_leftovers(smal
     for _, _, key, value in read_everything(path, "t", 1):
         got[key] = value
     assert got == latest, "after compaction the latest value of some key is not the one acknowledged last"
+
+
+def test_a_transaction_whose_commit_meets_a_full_disk_is_committed_everywhere_or_nowhere(
+    small_disk: SmallFilesystem,
+) -> None:
+    """A full disk lets a write through only as far as the last free page: the commit decision written into the
+    transaction's state file short (torn, so not there at all), then a commit marker written to one partition and
+    refused by the next, must not leave the first committed and the second aborted by the abort that follows.
+
+    Set up so that exactly that happens: the state file ends a few bytes before a page boundary, partition ``b``'s
+    segment ends on one (its marker needs a new page) and ``a``'s does not; the disk is then filled."""
+    import struct
+
+    import crc32c
+
+    from eventstore.consumer import IsolationLevel
+
+    page = os.statvfs(small_disk.path).f_frsize
+    path = small_disk.path / "log"
+    with Log(path) as log:
+        for topic in ("a", "b"):
+            log.create_topic(topic, 1)
+        producer = Producer(log, transactional_id="tx", linger_ms=0)
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send_batch("a", [b"one"], [b"k"], partition=0)
+        segment_b = log_path(path / "b-0", 0)
+        producer.send_batch("b", [b"x" * 1000], [b"k"], partition=0)  # measures a one-record batch's overhead
+        overhead = os.path.getsize(segment_b) - 1000
+        room = page - os.path.getsize(segment_b) % page
+        producer.send_batch("b", [b"y" * (room - overhead)], [b"k"], partition=0)
+        assert os.path.getsize(segment_b) % page == 0, "b's segment does not end on a page boundary"
+
+        # The state file (length + CRC32C + JSON, see eventstore.transactions) rewritten to end 40 bytes before a
+        # page boundary: its last record, the open transaction's, padded with a key the reader ignores.
+        state = path / "_transactions" / "tx.state"
+        raw = state.read_bytes()
+        pos, last = 0, b""
+        while pos < len(raw):
+            length = struct.unpack_from("<I", raw, pos)[0]
+            last, pos = raw[pos + 8 : pos + 8 + length], pos + 8 + length
+        body = json.loads(last)
+        body["pad"] = ""
+        size = len(json.dumps(body).encode()) + 8
+        body["pad"] = "p" * (page - 40 - size)
+        encoded = json.dumps(body).encode()
+        state.write_bytes(struct.pack("<II", len(encoded), crc32c.crc32c(encoded)) + encoded)
+        assert os.path.getsize(state) == page - 40
+
+        small_disk.fill(leave_bytes=0)
+        try:
+            producer.commit_transaction()
+            committed = True
+        except LogStorageError as e:
+            assert e.errno == errno.ENOSPC, e
+            committed = False
+        small_disk.free()
+        if not committed:
+            producer.abort_transaction()  # what a caller does after a failed commit (capture does)
+        producer.close()
+
+    with Log(path, create=False) as log, Producer(log, transactional_id="tx") as successor:
+        successor.init_transactions()  # completes or aborts whatever is left
+        visible = {}
+        for topic in ("a", "b"):
+            with Consumer(log, enable_auto_commit=False, isolation_level=IsolationLevel.READ_COMMITTED) as c:
+                c.assign([TopicPartition(topic, 0)])
+                c.seek_to_beginning()
+                visible[topic] = 0
+                while batch := c.poll(timeout_ms=0):
+                    visible[topic] += len(batch)
+    assert (visible["a"] > 0) == (visible["b"] > 0), f"one transaction, half of it committed: {visible}"
+    assert (visible["a"] > 0) == committed, f"commit {'returned' if committed else 'failed'}, but {visible}"
