@@ -140,6 +140,11 @@ class CaptureConfig:
     # Schema change events (capture.schema_changes): each DDL on a captured table as an event on
     # <prefix>.schema_changes at its WAL position; installs an event trigger in the source database.
     schema_changes: bool = False
+    # Partitioned tables (capture.partitions): False, each partition is a captured table with its own topic (its
+    # changes come under its name); True (Debezium's and PostgreSQL's publish_via_partition_root), a partitioned
+    # table is captured as one table, its partitions' changes and rows in its topic, followed through ATTACH,
+    # DETACH and DROP of partitions (the event triggers of capture.schema_changes say when).
+    publish_via_partition_root: bool = False
     value_format: ValueFormat = ValueFormat.JSON  # avro: table topics through the schema registry (capture.avro)
     # Outbox routing (capture.events): rows inserted into this table ("schema.table", e.g. the
     # commands' "public.events") become records on <outbox_topic_prefix>.<stream_type>.
@@ -226,7 +231,8 @@ class CaptureConfig:
     def publications(self) -> Publications:
         """The publications the slot streams (pgoutput; see capture.publications)."""
         return Publications(self.dsn, self.publication or self.slot,
-                            self.publication_autocreate or PublicationMode.FILTERED)  # fmt: skip
+                            self.publication_autocreate or PublicationMode.FILTERED,
+                            via_root=self.publish_via_partition_root)  # fmt: skip
 
     def decoder_settings(self, default_spill_dir: Path) -> DecoderSettings:
         """What the plugin's decoder needs from this configuration."""

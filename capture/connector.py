@@ -73,6 +73,8 @@ from capture.keystate import KeyState
 from capture.messages import StreamingAmbiguous
 from capture.native import core_report, native_core_for
 from capture.offsets import OffsetContext
+from capture.partitions import META_NAME as PARTITION_MAP
+from capture.partitions import PartitionMap
 from capture.publications import GENERATED_COLUMNS_SINCE, Publications, PublishableTable
 from capture.recovery import check_start, move_position
 from capture.replication import ReplicationConnection
@@ -144,7 +146,9 @@ class Connector:
             config.keyless_tables,
             publications=self.publications,
             generated_columns=capabilities.emits_generated_columns,
+            partition_root=config.publish_via_partition_root,
         )
+        self.partitions = PartitionMap(self.catalog) if config.publish_via_partition_root else None
         self.router = TopicRouter(config.topic_prefix, config.table_topics)
         self.history = TableHistory(config, self.publications, self.history_path())
         self.key = connector_key(config.topic_prefix, config.slot)
@@ -299,6 +303,11 @@ class Connector:
         self._report_core(core_report(self.config, builder.converter, tables))
         self.writer.catch_up_tracked(tables, builder.topic)
         assert self.keystate is not None
+        if self.partitions is not None:
+            stored_map = self.keystate.meta(PARTITION_MAP)
+            self.partitions.load(stored_map)  # as of the stored position
+            if stored_map is None:  # the catalog's now: stored with the next log transaction (a snapshot's)
+                self.keystate.put_meta(PARTITION_MAP, self.partitions.dump())
         self.stats.key_state_caught_up = self.keystate.records_caught_up
         repl = ReplicationConnection(self.config.dsn)
         closing: list[Callable[[], None]] = []
@@ -352,7 +361,7 @@ class Connector:
             streaming = StreamingSource(
                 self.config, self.catalog, decoder, builder, self.writer, self.offsets, self.stats, status, self._stop,
                 incremental, self.signal_table,
-                native,
+                native, self.partitions,
             )  # fmt: skip
             streaming.run(repl, target)
         finally:
@@ -431,8 +440,24 @@ class Connector:
 
     def _ensure_schema_changes(self) -> None:
         """``--schema-changes``: the event triggers that write each DDL into the WAL are installed (capture.
-        schema_changes); a role that may not create them stops the connector with one line saying what to do."""
+        schema_changes); a role that may not create them stops the connector with one line saying what to do.
+        ``--publish-via-partition-root`` without it installs them too (capture.partitions), and goes on without
+        following partitions attached or detached, with a warning, where it may not."""
         if not self.config.schema_changes:
+            if self.partitions is None:
+                return
+            try:
+                installed = schema_changes.install(self.config.dsn)
+            except ConfigError as e:
+                log.warning("capture: --publish-via-partition-root: partitions attached, detached or dropped while "
+                            "capture runs are not followed (their rows would stay in, or stay out of, the "
+                            "partitioned table's topic): %s", _one_line(e))  # fmt: skip
+                self.stats.partitions_not_followed = ["(event triggers missing: every partitioned table)"]
+                self.partitions.followed = False
+                return
+            if installed:
+                log.info("capture: installed the event triggers %s (--publish-via-partition-root): partitions "
+                         "attached, detached or dropped are followed", ", ".join(schema_changes.TRIGGERS))  # fmt: skip
             return
         if schema_changes.install(self.config.dsn):
             log.info("capture: installed the event triggers %s (--schema-changes): each DDL on a captured table "

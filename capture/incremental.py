@@ -214,6 +214,32 @@ class IncrementalSnapshot:
                  ", ".join(progress.tables), progress.chunk_size)  # fmt: skip
         self._store(progress)
 
+    def request_rows(self, snapshot_id: str, name: str, condition: str) -> None:
+        """Snapshot the rows of table ``name`` that meet ``condition`` (a partition attached to it: capture.
+        partitions). Added to the snapshot under way: a table it has still to read takes the condition too (or'ed
+        with its own); the table it is reading is read again from its start with both (its rows read so far may
+        not meet the new one); a table it reads whole already needs nothing more."""
+        current = self.progress
+        if current is None or name not in current.tables:
+            self.request(snapshot_id, [name], {name: condition}, None)
+            return
+        own = current.filters.get(name)
+        if own is None:
+            return  # read whole, the new rows with it
+        filters = {**current.filters, name: f"({own}) OR ({condition})"}
+        if current.tables[0] == name:
+            if self.chunk is not None and self.chunk.table.qualified == name:
+                self.chunk = None  # its high watermark is ignored when it comes
+            self._store(replace(current, filters=filters, last_key=None, table_rows=0, table_estimate=0))
+        else:
+            self._store(replace(current, filters=filters))
+        log.info("capture: incremental snapshot %s: %s also reads %s", current.id, name, condition)
+
+    def connection(self) -> psycopg.Connection[Any]:
+        """The snapshot's own connection to the source (autocommit): for other short queries of the stream's
+        thread too."""
+        return self._connection()
+
     def _eligible(self, name: str, condition: str | None) -> bool:
         schema, _, table_name = name.partition(".")
         table = self.catalog.get(schema, table_name)

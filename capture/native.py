@@ -204,6 +204,9 @@ def table_reason(config: CaptureConfig, table: TableInfo) -> str | None:
     extension."""
     if table.qualified == config.outbox_table:
         return "the outbox table: its rows are routed by the Python path"
+    if table.partitioned and config.plugin is Plugin.WAL2JSON:
+        return ("a partitioned table captured whole with wal2json, which names each partition in its changes "
+                "(the core knows the captured tables' names; pgoutput publishes them as the root's)")
     converts = tideline_native.SnapshotEncoder.converts  # the core's own test (native/src/convert.rs, kind_of)
     uncovered = [f"column {c.name}: {c.type_name} not covered by the native core" for c in table.columns
                  if not converts(c.type_oid)]  # fmt: skip

@@ -33,8 +33,12 @@ publication must exist before the slot's first change ("publication … does not
 otherwise), and **a table added to a publication later is streamed only from then on**:
 its rows written before are not (the connector warns, naming the table). Partitioned
 tables are published through their partitions (each has its own replica identity), as
-wal2json reports their changes. Table entries the managed publications already hold keep
-their row filters and column lists.
+wal2json reports their changes; with ``via_root`` (``--publish-via-partition-root``) the
+managed publications hold the partitioned tables themselves and no partition, ``WITH
+(publish_via_partition_root = true)``: each partition's changes come as its root's (capture.partitions).
+A publication used as it is must say the same as the connector about that option (else a partitioned
+table's changes would come under names capture does not capture). Table entries the managed publications
+already hold keep their row filters and column lists.
 
 Thread-safety: none needed (each call opens its own connection).
 """
@@ -124,12 +128,14 @@ SELECT n.nspname, c.relname,
        pk.indexrelid IS NOT NULL OR c.relreplident IN ('f', 'i')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_index pk ON pk.indrelid = c.oid AND pk.indisprimary
-WHERE c.relkind = 'r' AND c.relpersistence = 'p' AND c.oid >= 16384
+WHERE {which} AND c.relpersistence = 'p' AND c.oid >= 16384
   AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
 ORDER BY 1, 2
 """
+_LEAVES = "c.relkind = 'r'"
+_ROOTS = "c.relkind IN ('r', 'p') AND NOT c.relispartition"
 _PUBLICATIONS_SQL = """
-SELECT pubname, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, {gencols}
+SELECT pubname, puballtables, pubinsert, pubupdate, pubdelete, pubtruncate, {gencols}, pubviaroot
 FROM pg_publication WHERE pubname = ANY(%s)
 """
 GENERATED_COLUMNS_SINCE = 180000  # server_version_num: pg_publication.pubgencols, publish_generated_columns
@@ -160,7 +166,7 @@ class Publications:
     ('mine',)
     """
 
-    def __init__(self, dsn: str, name: str, mode: PublicationMode) -> None:
+    def __init__(self, dsn: str, name: str, mode: PublicationMode, *, via_root: bool = False) -> None:
         limit = MAX_NAME_BYTES - (0 if mode is PublicationMode.DISABLED else len(KEYLESS_SUFFIX))
         if not name or len(name.encode()) > limit:
             raise ConfigError(
@@ -168,6 +174,7 @@ class Publications:
                 + ("" if mode is PublicationMode.DISABLED else f" (the keyless one is named {name}{KEYLESS_SUFFIX})")
             )
         self.dsn, self.name, self.mode = dsn, name, mode
+        self.via_root = via_root  # publish_via_partition_root (module docstring)
 
     @property
     def keyless_name(self) -> str:
@@ -203,6 +210,7 @@ class Publications:
                         f"(CREATE PUBLICATION {_sql_name(self.name)} FOR TABLE …) or let capture manage it "
                         "(--publication-autocreate filtered)"
                     )
+                self._check_via_root(existing[self.name])
                 return SyncResult()
             result = SyncResult()
             want = {self.name: PUBLISH_ALL, self.keyless_name: PUBLISH_KEYLESS}
@@ -212,7 +220,8 @@ class Publications:
             for pubname, schema, table in c.execute(_MEMBERS_SQL, (list(want),)).fetchall():
                 members[pubname].add((schema, table))
             target: dict[str, set[TableName]] = {name: set() for name in want}
-            for row in c.execute(_PUBLISHABLE_SQL).fetchall():
+            which = _ROOTS if self.via_root else _LEAVES
+            for row in c.execute(_PUBLISHABLE_SQL.format(which=which).encode()).fetchall():
                 table = PublishableTable(row[0], row[1], bool(row[2]), bool(row[3]))
                 if self.mode is PublicationMode.ALL_TABLES or wanted(table):
                     into = self.name if table.has_replica_identity else self.keyless_name
@@ -236,8 +245,10 @@ class Publications:
         publishes stored generated columns too (``publish_generated_columns = stored``: Debezium's and wal2json's
         row images hold them)."""
         generated = c.info.server_version >= GENERATED_COLUMNS_SINCE
-        options = sql.SQL("(publish = {}{})").format(
-            sql.Literal(", ".join(publish)), sql.SQL(", publish_generated_columns = stored" if generated else "")
+        options = sql.SQL("(publish = {}, publish_via_partition_root = {}{})").format(
+            sql.Literal(", ".join(publish)),
+            sql.SQL("true" if self.via_root else "false"),
+            sql.SQL(", publish_generated_columns = stored" if generated else ""),
         )
         if row is None:
             c.execute(sql.SQL("CREATE PUBLICATION {} WITH ").format(sql.Identifier(name)) + options)
@@ -250,8 +261,24 @@ class Publications:
                 "or use it as it is (--publication-autocreate disabled)"
             )
         ops = tuple(op for op, on in zip(PUBLISH_ALL, row[2:6], strict=True) if on)
-        if ops != publish or (generated and row[6] != "s"):
+        if ops != publish or (generated and row[6] != "s") or bool(row[7]) != self.via_root:
             c.execute(sql.SQL("ALTER PUBLICATION {} SET ").format(sql.Identifier(name)) + options)
+
+    def _check_via_root(self, row: Any) -> None:
+        """A publication used as it is publishes partitions as the connector captures them (module docstring)."""
+        if bool(row[7]) == self.via_root:
+            return
+        if self.via_root:
+            raise ConfigError(
+                f"publication {self.name} publishes each partition under its own name (publish_via_partition_root "
+                f"is false), and --publish-via-partition-root captures partitioned tables whole: ALTER PUBLICATION "
+                f"{_sql_name(self.name)} SET (publish_via_partition_root = true), or capture without the option"
+            )
+        raise ConfigError(
+            f"publication {self.name} publishes partitions' changes as their partitioned table's "
+            f"(publish_via_partition_root is true), which capture reads only with --publish-via-partition-root: "
+            f"pass it, or ALTER PUBLICATION {_sql_name(self.name)} SET (publish_via_partition_root = false)"
+        )
 
     def published(self, conn: psycopg.Connection[Any] | None = None) -> dict[TableName, PublishedTable]:
         """Every table the publications stream, with its column list and row filter."""
@@ -287,6 +314,7 @@ class Publications:
                 "all_tables": bool(row[1]),
                 "publish": [op for op, on in zip(PUBLISH_ALL, row[2:6], strict=True) if on],
                 "generated_columns": {"s": "stored", "n": "none"}.get(row[6]),  # None: before PostgreSQL 18
+                "via_partition_root": bool(row[7]),
                 "tables": tables,
                 "row_filters": sorted(f"{t.schema}.{t.name}" for t in published.values()
                                       if t.row_filter and f"{t.schema}.{t.name}" in tables),

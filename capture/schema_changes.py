@@ -8,6 +8,12 @@ transactional logical message per table a DDL command created, altered or droppe
     pg_logical_emit_message(true, 'tideline.ddl', '{"ddl": …, "command_tag": …, "schema": …,
                                                    "table": …, "columns": [...], "key": [...]}')
 
+With ``"partitions"`` (a partitioned table: its leaf partitions after the command, ``[schema, name, OID,
+partition constraint]`` each) and ``"partition_root"`` (a partition: ``[root schema, root name, its OID, its
+constraint]``), null otherwise: what capture.partitions follows partitioned tables by
+(``--publish-via-partition-root``). Messages of an older function lack both keys; the connector replaces the
+function at start (:data:`FUNCTION_VERSION` in its body).
+
 The message is part of the DDL's own transaction and sits in the WAL right after the DDL's
 catalog changes, so it is decoded at the DDL's position: after every row written before it,
 before the first row of the new shape (also when DML and DDL share a transaction). The
@@ -56,10 +62,14 @@ from eventstore.errors import ConfigError
 DDL_PREFIX = "tideline.ddl"
 FUNCTION = "public.tideline_ddl_event"
 TRIGGERS = ("tideline_ddl", "tideline_ddl_drop")
+# In the function's body: an installed function without it is an older one, replaced at start (its messages lack
+# the partition fields capture.partitions needs).
+FUNCTION_VERSION = "tideline ddl event v2"
 
 _FUNCTION_SQL = f"""
 CREATE OR REPLACE FUNCTION {FUNCTION}() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+-- {FUNCTION_VERSION}
 DECLARE
   r record;
 BEGIN
@@ -76,13 +86,13 @@ BEGIN
     END LOOP;
     RETURN;
   END IF;
-  FOR r IN SELECT c.oid, n.nspname, c.relname, max(d.command_tag) AS command_tag
+  FOR r IN SELECT c.oid, n.nspname, c.relname, c.relkind, c.relispartition, max(d.command_tag) AS command_tag
            FROM pg_event_trigger_ddl_commands() d
            JOIN pg_class c ON c.oid = d.objid AND d.classid = 'pg_class'::regclass
            JOIN pg_namespace n ON n.oid = c.relnamespace
            WHERE c.relkind IN ('r', 'p') AND d.command_tag IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE TABLE AS',
                                                                'SELECT INTO')
-           GROUP BY c.oid, n.nspname, c.relname LOOP
+           GROUP BY c.oid, n.nspname, c.relname, c.relkind, c.relispartition LOOP
     PERFORM pg_logical_emit_message(true, '{DDL_PREFIX}', jsonb_build_object(
       'ddl', current_query(), 'command_tag', r.command_tag, 'schema', r.nspname, 'table', r.relname,
       'columns', (SELECT coalesce(jsonb_agg(jsonb_build_object(
@@ -94,7 +104,18 @@ BEGIN
                   WHERE a.attrelid = r.oid AND a.attnum > 0 AND NOT a.attisdropped),
       'key', (SELECT coalesce(jsonb_agg(a.attname ORDER BY array_position(i.indkey::int2[], a.attnum)), '[]'::jsonb)
               FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey::int2[])
-              WHERE i.indrelid = r.oid AND i.indisprimary))::text);
+              WHERE i.indrelid = r.oid AND i.indisprimary),
+      'partitions', CASE WHEN r.relkind = 'p' THEN
+                      (SELECT coalesce(jsonb_agg(jsonb_build_array(ln.nspname, l.relname, l.oid::bigint,
+                                                                   pg_get_partition_constraintdef(l.oid))
+                                                 ORDER BY l.oid), '[]'::jsonb)
+                       FROM pg_partition_tree(r.oid) t JOIN pg_class l ON l.oid = t.relid
+                       JOIN pg_namespace ln ON ln.oid = l.relnamespace WHERE t.isleaf) END,
+      'partition_root', CASE WHEN r.relispartition THEN
+                          (SELECT jsonb_build_array(rn.nspname, rc.relname, r.oid::bigint,
+                                                    pg_get_partition_constraintdef(r.oid)) FROM pg_class rc
+                           JOIN pg_namespace rn ON rn.oid = rc.relnamespace
+                           WHERE rc.oid = pg_partition_root(r.oid)) END)::text);
   END LOOP;
 END
 $fn$
@@ -125,12 +146,16 @@ def install(dsn: str) -> bool:
             "SELECT count(*) FROM pg_event_trigger WHERE evtname = ANY(%s) AND evtenabled <> 'D'", [list(TRIGGERS)]
         ).fetchone()
         role = conn.execute("SELECT current_user, current_setting('server_version_num')::int / 10000").fetchone()
-        assert found is not None and role is not None
-        if found[0] == len(TRIGGERS):
+        current = conn.execute(
+            "SELECT count(*) FROM pg_proc WHERE oid = to_regproc(%s) AND prosrc LIKE %s",
+            (FUNCTION, f"%{FUNCTION_VERSION}%"),
+        ).fetchone()
+        assert found is not None and role is not None and current is not None
+        if found[0] == len(TRIGGERS) and current[0]:
             conn.rollback()
             return False
         try:
-            for statement in install_sql():
+            for statement in install_sql():  # an older function is replaced, triggers that exist are kept
                 conn.execute(statement.encode())
             conn.commit()
         except psycopg.errors.InsufficientPrivilege as e:
@@ -163,6 +188,11 @@ class DdlMessage:
     table: str
     columns: list[dict[str, Any]] | None  # None: dropped
     key: list[str] | None
+    # a partitioned table's leaf partitions after the command: (schema, name, OID, partition constraint), the
+    # constraint as pg_get_partition_constraintdef prints it (None: not a partitioned table, or an older trigger)
+    partitions: list[tuple[str, str, int, str]] | None = None
+    # a partition's root table after the command: (root schema, root name, the partition's OID and constraint)
+    partition_root: tuple[str, str, int, str] | None = None
 
     @property
     def change_type(self) -> str:
@@ -186,9 +216,13 @@ def parse(content: bytes | None) -> DdlMessage:
         columns = raw["columns"]
         if columns is not None and not isinstance(columns, list):
             raise TypeError("columns is not a list")
+        parts, root = raw.get("partitions"), raw.get("partition_root")  # absent: an older trigger's message
+        leaves = None if parts is None else [(str(s), str(n), int(o), str(c or "")) for s, n, o, c in parts]
+        above = None if root is None else (str(root[0]), str(root[1]), int(root[2]), str(root[3] or ""))
         return DdlMessage(str(raw["ddl"]), str(raw["command_tag"]), str(raw["schema"]), str(raw["table"]),
-                          columns, None if raw["key"] is None else [str(k) for k in raw["key"]])  # fmt: skip
-    except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+                          columns, None if raw["key"] is None else [str(k) for k in raw["key"]],
+                          leaves, above)  # fmt: skip
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise DdlMessageError(f"not a schema change message of {DDL_PREFIX}: {e}") from None
 
 
@@ -211,4 +245,3 @@ def table_change(ddl: DdlMessage, keep_column: Any) -> dict[str, Any]:
             ],
         }
     return {"type": ddl.change_type, "id": f'"{ddl.schema}"."{ddl.table}"', "table": table}
-

@@ -423,6 +423,8 @@ class SnapshotSource:
         """The table's ctid ranges for the reader processes ([]: read it here; capture.snapshot_readers)."""
         if self.config.snapshot_workers < 2 or c.info.server_version < 140000:  # TID range scans: PostgreSQL 14
             return []
+        if table.partitioned:  # no blocks of its own: its partitions' ctids repeat (read whole, here)
+            return []
         row = c.execute(BLOCKS_SQL.encode(), (qualified_name(table),)).fetchone()
         return tid_ranges(table, int(row[0]) if row else 0, self.config.snapshot_workers)
 

@@ -168,6 +168,8 @@ class Stats:
     skipped_tables: list[str] = field(default_factory=list)  # keyless, left out (--keyless-tables skip)
     unpublished_tables: list[str] = field(default_factory=list)  # pgoutput: captured by the filter, not published
     generated_columns_left_out: list[str] = field(default_factory=list)  # stored generated columns no image holds
+    # partitions that left a captured root whose rows stayed in its topic (capture.partitions: Avro keys)
+    partitions_not_followed: list[str] = field(default_factory=list)
     incremental: dict[str, Any] | None = None  # the incremental snapshot under way (capture.incremental)
     incremental_rereads: int = 0  # chunk reads taken again: a transaction the stream had passed was invisible
     core: CoreReport | None = None  # the per-change core, per table (set at start: capture.native.core_report)
@@ -208,6 +210,7 @@ class Stats:
             "skipped_tables": self.skipped_tables,
             "unpublished_tables": self.unpublished_tables,
             "generated_columns_left_out": self.generated_columns_left_out,
+            "partitions_not_followed": self.partitions_not_followed,
             "incremental_snapshot": self.incremental,
             "incremental_rereads": self.incremental_rereads,
             **core,

@@ -55,11 +55,12 @@ from capture.incremental import WATERMARK_PREFIX, IncrementalSnapshot
 from capture.messages import ChangeMessage, DecodeError, Decoder, Kind, Plugin
 from capture.native import NativeCore
 from capture.offsets import OffsetContext
+from capture.partitions import META_NAME, Change, PartitionMap, chunks_in
 from capture.replication import Keepalive, ReplicationConnection, XLogData, XLogRun
 from capture.schema_changes import DDL_PREFIX, DdlMessage, DdlMessageError
 from capture.schema_changes import parse as parse_ddl
 from capture.status import Stats, StatusReporter
-from capture.tables import TableCatalog, TableInfo
+from capture.tables import Partition, TableCatalog, TableInfo
 from capture.writer import LogWriter
 from eventstore.topic import now_ms
 from schemas.position import format_lsn
@@ -85,6 +86,7 @@ class StreamingSource:
     incremental: IncrementalSnapshot
     signal_table: tuple[str, str] | None  # (schema, table) whose INSERTs are signals (capture.signals); None: none
     native: NativeCore | None = None  # the native core (capture.native), None: every change takes the Python path
+    partitions: PartitionMap | None = None  # --publish-via-partition-root: the roots' partitions (capture.partitions)
     # the stream's state between messages
     _ctx: TxnContext | None = None
     _ctx_next: int = 0
@@ -235,13 +237,18 @@ class StreamingSource:
                 continue  # not an event: takes no index
             if m.kind is Kind.MESSAGE and m.prefix == DDL_PREFIX:
                 self.builder.shapes.possible_ddl(ctx.commit_lsn)  # a DDL: the tables' shapes may change here
-                ddl = self._ddl(m, ctx)
-                if ddl is None or not self.config.schema_changes:
+                ddl, captured = self._ddl(m, ctx)
+                event = captured and self.config.schema_changes
+                change = self._partition_ddl(ddl) if ddl is not None and self.partitions is not None else None
+                if ddl is None or not (event or change):
                     continue  # not an event: takes no index
                 i = self._index
                 self._index += 1
                 if not self.offsets.covers(ctx.commit_lsn, i):
-                    self._add_schema_change(self.builder.schema_change(ddl, m, ctx, i, now_ms()))
+                    if event:
+                        self._add_schema_change(self.builder.schema_change(ddl, m, ctx, i, now_ms()))
+                    if change:
+                        self._partitions_changed(change, m, ctx, i)
                     self.offsets.event_stored(ctx.commit_lsn, i)
                 continue
             i = self._index
@@ -255,26 +262,103 @@ class StreamingSource:
                 self._commit()  # mid-transaction: bounded memory; the position says how far
         return False
 
-    def _ddl(self, m: ChangeMessage, ctx: TxnContext) -> DdlMessage | None:
-        """A DDL message (capture.schema_changes) about a captured table (None: another, or unreadable). With
-        wal2json, whose UPDATEs do not say which columns they left out, the table's shape follows it exactly
-        (capture.shapes; pgoutput's Relation messages say so themselves), whether or not its events are written."""
+    def _ddl(self, m: ChangeMessage, ctx: TxnContext) -> tuple[DdlMessage | None, bool]:
+        """A DDL message (capture.schema_changes) and whether it is about a captured table (None: unreadable).
+        With wal2json, whose UPDATEs do not say which columns they left out, a captured table's shape follows
+        it exactly (capture.shapes; pgoutput's Relation messages say so themselves), whether or not its events
+        are written."""
         try:
             ddl = parse_ddl(m.content)
         except DdlMessageError as e:
             log.warning("capture: a %s message at %s is not a schema change (%s): ignored", DDL_PREFIX,
                         format_lsn(m.lsn), e)  # fmt: skip
-            return None
+            return None, False
         if not self.config.table_filter.captures(ddl.schema, ddl.table) or ddl.qualified in (
             self.config.outbox_table, self.config.signal_table
         ):
-            return None
+            return ddl, False
+        if self.partitions is not None and ddl.partition_root is not None:
+            return ddl, False  # a partition: captured through its root (its DDL is the root's business)
         if ddl.columns is not None and self.config.plugin is Plugin.WAL2JSON:
             table = self.catalog.get(ddl.schema, ddl.table)
             if table is not None:
                 columns = [(str(c["name"]), str(c["type"]), int(c["position"])) for c in ddl.columns]
                 self.builder.shapes.ddl(table, self.builder.topic(table), columns, ctx.commit_lsn)
-        return ddl
+        return ddl, True
+
+    # ------------------------------------------------------------------ partitions (capture.partitions)
+
+    def _table_of(self, schema: str, name: str) -> TableInfo | None:
+        """The captured table a change of ``schema.name`` belongs to: a partition's is its root's as of the change
+        (the partition map; wal2json names partitions), another table's its own."""
+        parts = self.partitions
+        if parts is None:
+            return self.catalog.get(schema, name)
+        part = parts.partition_of(schema, name)
+        if part is not None:
+            return self.catalog.current(*part.root) or self.catalog.get(*part.root)
+        return self.catalog.get(schema, name, partitions=not parts.followed)
+
+    def _partition_ddl(self, ddl: DdlMessage) -> Change:
+        """The map of the roots' partitions after ``ddl`` (kept with the position: the key state's meta)."""
+        assert self.partitions is not None
+        before = self.partitions.dump()
+        change = self.partitions.on_ddl(ddl)
+        after = self.partitions.dump()
+        if after != before:
+            self.catalog.load()  # the partitions' names and roots (wal2json's changes name them)
+            self.partitions.regroup(change)
+            self.builder.keystate.put_meta(META_NAME, self.partitions.dump())
+        return change
+
+    def _partitions_changed(self, change: Change, m: ChangeMessage, ctx: TxnContext, index: int) -> None:
+        """Rows that joined a root (an incremental snapshot reads them) or left it (their deletes, here)."""
+        for table, part in change.removed:
+            log.info("capture: partition %s.%s left %s at %s: deleting its rows from %s", part.schema, part.name,
+                     table.qualified, format_lsn(ctx.commit_lsn), self.builder.topic(table))  # fmt: skip
+            self._delete_partition_rows(table, part, m, ctx, index)
+        # A partition detached is a table of its own: wal2json streams its changes from here, so its rows are read
+        # now; pgoutput streams it once the publications hold it, from the next start, which reads it (a table new
+        # to the connector: capture.incremental.include_new_tables), as any table created while capture runs.
+        for _, part in change.removed if self.config.plugin is Plugin.WAL2JSON else ():
+            own = self.catalog.current(part.schema, part.name)
+            if own is not None and not own.keyless and self.partitions is not None and not any(
+                part.oid in leaves for leaves in self.partitions.roots.values()
+            ):
+                log.info("capture: %s is a table of its own now: reading its rows into %s (incremental snapshot)",
+                         own.qualified, self.builder.topic(own))  # fmt: skip
+                self.incremental.request_rows(f"partition-{part.oid}-{ctx.commit_lsn:x}", own.qualified, "true")
+        for table, part in change.attached:
+            log.info("capture: partition %s.%s joined %s at %s: reading its rows (incremental snapshot)",
+                     part.schema, part.name, table.qualified, format_lsn(ctx.commit_lsn))  # fmt: skip
+            self.incremental.request_rows(f"partition-{part.oid}-{ctx.commit_lsn:x}", table.qualified,
+                                          f"tableoid = {part.oid}")  # fmt: skip
+
+    def _delete_partition_rows(self, table: TableInfo, part: Partition, m: ChangeMessage, ctx: TxnContext,
+                               index: int) -> None:  # fmt: skip
+        """A ``d`` event and a tombstone for each live key of the root's topic that was the partition's row."""
+        if table.keyless:
+            return
+        topic = self.builder.topic(table)
+        if self.builder.converter.key_image(table, b"{}") is None:  # Avro: keys are not read back as values
+            what = f"{part.schema}.{part.name} ({table.qualified})"
+            if what not in self.stats.partitions_not_followed:
+                self.stats.partitions_not_followed.append(what)
+            log.warning("capture: partition %s left %s, but its rows stay in %s: Avro keys are not read back as "
+                        "values to find them (docs/capture.md, Partitioned tables)", what, table.qualified, topic)
+            return
+        self.writer.ensure_table_topic(table, topic)
+        conn = self.incremental.connection()
+        for keys in chunks_in(conn, table, part, self.builder.keystate.truncated_keys(topic)):
+            events: list[Event] = []
+            for key in keys:
+                events += self.builder.recovered_delete(table, key, ctx, index, now_ms())
+            for e in events:
+                self.writer.add(e)
+            self.stats.events += len(events)
+            self.incremental.seen(m, table, events, ctx.xid)
+            if self.writer.full:
+                self.writer.send_pending()  # inside the open transaction: O(chunk) memory
 
     def _add_schema_change(self, event: Event) -> None:
         self.writer.ensure_schema_changes_topic(event.topic)
@@ -309,7 +393,7 @@ class StreamingSource:
             if m.kind is Kind.INSERT:
                 self.incremental.on_signal(m)
             return
-        table = self.catalog.get(m.schema, m.table)
+        table = self._table_of(m.schema, m.table)
         if table is None:
             return  # not captured
         table = self._check_columns(table, m)
@@ -317,6 +401,14 @@ class StreamingSource:
             if self.native is not None:
                 self.native.sync(table)
             self._route_outbox(m, table, ctx, index)
+            return
+        if m.kind is Kind.TRUNCATE and table.partitioned and (m.schema, m.table) != (table.schema, table.name):
+            parts = self.partitions
+            part = None if parts is None else parts.partition_of(m.schema, m.table)
+            if part is None and parts is not None and not parts.followed:
+                part = self.catalog.root_of(m.schema, m.table)
+            if part is not None:  # one partition emptied (wal2json names it): its rows, not the root's
+                self._delete_partition_rows(table, part, m, ctx, index)
             return
         topic = self.builder.topic(table)
         self.writer.ensure_table_topic(table, topic)

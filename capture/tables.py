@@ -110,6 +110,17 @@ def toastable_type(type_name: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Partition:
+    """A leaf partition of a partitioned table captured whole (--publish-via-partition-root)."""
+
+    schema: str
+    name: str
+    oid: int
+    root: tuple[str, str]  # (schema, table) of the partitioned table at the top of its tree
+    constraint: str  # pg_get_partition_constraintdef: which rows it holds, bounds of the partitions above included
+
+
+@dataclass(frozen=True, slots=True)
 class TableInfo:
     schema: str
     name: str
@@ -122,6 +133,8 @@ class TableInfo:
     column_types: frozenset[tuple[str, int]] = frozenset()  # (name, type OID): what a change must match
     qualified: str = ""  # "schema.table" (set from schema and name; a field: read for every change)
     row_filter: str | None = None  # the publication's WHERE (pgoutput): the snapshot reads only these rows
+    # captured as one partitioned table (--publish-via-partition-root): its rows are its partitions'
+    partitioned: bool = False
 
     def __post_init__(self) -> None:
         if not self.qualified:
@@ -137,6 +150,7 @@ class TableInfo:
         source: str,
         ident: str,
         row_filter: str | None = None,
+        partitioned: bool = False,
     ) -> TableInfo:
         toastable = tuple(c.name for c in columns if c.toastable and c.name not in key)
         return cls(
@@ -150,6 +164,7 @@ class TableInfo:
             frozenset(c.name for c in columns),
             frozenset((c.name, c.type_oid) for c in columns),
             row_filter=row_filter,
+            partitioned=partitioned,
         )
 
     def as_published(self, published: PublishedTable) -> TableInfo:
@@ -164,7 +179,7 @@ class TableInfo:
                 f"add them to the list (ALTER PUBLICATION … SET TABLE {self.qualified} (…)) or exclude the table"
             )
         return TableInfo.make(self.schema, self.name, columns, key, self.key_source, self.replica_identity,
-                              published.row_filter)  # fmt: skip
+                              published.row_filter, self.partitioned)  # fmt: skip
 
     @property
     def keyless(self) -> bool:
@@ -215,13 +230,23 @@ class TableFilter:
 
 # Ordinary tables only: a partitioned table ('p') holds no rows of its own, and both plugins report each change
 # under its partition's name, so its rows are captured through its partitions (each with its own topic). Reading
-# the parent too put every row in a second topic, once, that no change ever followed.
+# the parent too put every row in a second topic, once, that no change ever followed. Partition roots instead
+# (--publish-via-partition-root): the tables that are no partition, partitioned ones among them, each read whole.
 _TABLES_SQL = """
-SELECT n.nspname, c.relname, c.relreplident, c.oid
+SELECT n.nspname, c.relname, c.relreplident, c.oid, c.relkind = 'p'
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind = 'r' AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+WHERE {which} AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
   AND n.nspname NOT LIKE 'pg_temp%%'
 ORDER BY 1, 2
+"""
+_LEAVES = "c.relkind = 'r'"
+_ROOTS = "c.relkind IN ('r', 'p') AND NOT c.relispartition"
+# Every leaf partition with its root and its partition constraint (the whole chain of bounds above it).
+_PARTITIONS_SQL = """
+SELECT n.nspname, c.relname, c.oid::bigint, rn.nspname, r.relname, pg_get_partition_constraintdef(c.oid)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_class r ON r.oid = pg_partition_root(c.oid) JOIN pg_namespace rn ON rn.oid = r.relnamespace
+WHERE c.relispartition AND c.relkind = 'r'
 """
 _COLUMNS_SQL = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.atttypid,
@@ -231,7 +256,7 @@ FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdroppe
 _STORED_GENERATED_SQL = """
 SELECT n.nspname, c.relname, array_agg(a.attname::text ORDER BY a.attnum)
 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE a.attgenerated = 's' AND a.attnum > 0 AND NOT a.attisdropped AND c.relkind = 'r'
+WHERE a.attgenerated = 's' AND a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p')
 GROUP BY 1, 2
 """
 _STORED_GENERATED = "AND a.attgenerated IN ('', 's')"  # 's' stored, 'v' virtual (18), '' not generated
@@ -255,8 +280,14 @@ class TableCatalog:
         *,
         publications: Publications | None = None,
         generated_columns: bool = True,
+        partition_root: bool = False,
     ) -> None:
         self.dsn = dsn
+        # partitioned tables captured whole, partitions through them (--publish-via-partition-root)
+        self.partition_root = partition_root
+        # (root mode) each leaf partition → (its root, OID, partition constraint), as of the last load
+        self.partitions: dict[tuple[str, str], Partition] = {}
+        self._not_partitions: set[tuple[str, str]] = set()  # (root mode) names seen in the stream: no partition
         self.filter = table_filter
         self.keyless_policy = keyless
         self.publications = publications  # pgoutput: only what they publish is captured
@@ -282,9 +313,10 @@ class TableCatalog:
             row = c.execute(f"SELECT {WAL_END}::text").fetchone()
             read_lsn = parse_lsn(row[0]) if row is not None else 0
             published = None if self.publications is None else self.publications.published(c)
-            for schema, name, ident, oid in c.execute(_TABLES_SQL).fetchall():
+            which = _ROOTS if self.partition_root else _LEAVES
+            for schema, name, ident, oid, partitioned in c.execute(_TABLES_SQL.format(which=which).encode()).fetchall():
                 if self.filter.captures(schema, name):
-                    table = self._describe(c, schema, name, ident, oid)
+                    table = self._describe(c, schema, name, ident, oid, partitioned=bool(partitioned))
                     if table.keyless and self.keyless_policy is KeylessPolicy.SKIP:
                         skipped.append(table.qualified)
                     elif published is None:
@@ -294,6 +326,12 @@ class TableCatalog:
                     else:
                         unpublished.append(table.qualified)
             self._tables = {(t.schema, t.name): t for t in tables}
+            if self.partition_root:
+                self.partitions = {
+                    (schema, name): Partition(schema, name, int(oid), (root_schema, root), constraint)
+                    for schema, name, oid, root_schema, root, constraint in c.execute(_PARTITIONS_SQL).fetchall()
+                }
+                self._not_partitions = set()
             stored = {(schema, name): columns for schema, name, columns in c.execute(_STORED_GENERATED_SQL).fetchall()}
             self.generated_left_out = [
                 f"{t.qualified}.{column}"
@@ -311,13 +349,35 @@ class TableCatalog:
             if own:
                 c.close()
 
-    def get(self, schema: str, table: str) -> TableInfo | None:
-        """Metadata of a table seen in the stream (None: not captured); reloads on first sight."""
+    def get(self, schema: str, table: str, *, partitions: bool = True) -> TableInfo | None:
+        """Metadata of a table seen in the stream (None: not captured); reloads on first sight. With partition
+        roots, a partition's name (wal2json's changes carry it) stands for its root's table, as the catalog has
+        it now (``partitions``; False: the caller knows the partitions as of the change, capture.partitions)."""
         info = self._tables.get((schema, table))
+        if info is None and self.partition_root and partitions:
+            return self._partition_root(schema, table)
         if info is None and self.filter.captures(schema, table):
             self.load()
             info = self._tables.get((schema, table))
         return info
+
+    def _partition_root(self, schema: str, table: str) -> TableInfo | None:
+        """The captured root of a partition (root mode); a name not known yet reads the catalog once."""
+        name = (schema, table)
+        part = self.partitions.get(name)
+        if part is None and name not in self._not_partitions:
+            self.load()  # a partition created or attached since, or a captured table new to the stream
+            info = self._tables.get(name)
+            if info is not None:
+                return info
+            part = self.partitions.get(name)
+            if part is None:
+                self._not_partitions.add(name)
+        return None if part is None else self._tables.get(part.root)
+
+    def root_of(self, schema: str, table: str) -> Partition | None:
+        """(Root mode) the partition ``schema.table`` as last loaded (None: not a known partition)."""
+        return self.partitions.get((schema, table))
 
     def current(self, schema: str, table: str) -> TableInfo | None:
         """The table's info as last loaded (None: not loaded, or not captured); never reads the catalog."""
@@ -336,7 +396,9 @@ class TableCatalog:
         )
         return _COLUMNS_SQL.format(generated=_STORED_GENERATED if stored else _NOT_GENERATED).encode()
 
-    def _describe(self, c: psycopg.Connection[Any], schema: str, name: str, ident: str, oid: int) -> TableInfo:
+    def _describe(
+        self, c: psycopg.Connection[Any], schema: str, name: str, ident: str, oid: int, *, partitioned: bool = False
+    ) -> TableInfo:
         columns = tuple(
             TableColumn(n, t, int(o), None if m is None else parse_array(m)[0], int(a))
             for n, t, o, m, a in c.execute(self._columns_sql(c), (oid,)).fetchall()
@@ -345,7 +407,7 @@ class TableCatalog:
         names = {col.name for col in columns}
         pk = [r[0] for r in c.execute(_INDEX_KEY_SQL.format(which="i.indisprimary"), (oid,)).fetchall()]
         if pk:
-            return TableInfo.make(schema, name, columns, tuple(pk), "primary key", ident)
+            return TableInfo.make(schema, name, columns, tuple(pk), "primary key", ident, partitioned=partitioned)
         configured = self.filter.key_columns.get(qualified)
         if configured:
             missing = [k for k in configured if k not in names]
@@ -356,13 +418,23 @@ class TableCatalog:
                     f"{qualified} has no primary key: configured key columns need REPLICA IDENTITY FULL "
                     f"(ALTER TABLE {qualified} REPLICA IDENTITY FULL) so deletes carry them"
                 )
-            return TableInfo.make(schema, name, columns, tuple(configured), "configured", ident)
+            return TableInfo.make(
+                schema, name, columns, tuple(configured), "configured", ident, partitioned=partitioned
+            )
         if ident == "i":
             idx = [r[0] for r in c.execute(_INDEX_KEY_SQL.format(which="i.indisreplident"), (oid,)).fetchall()]
-            return TableInfo.make(schema, name, columns, tuple(idx), "replica identity index", ident)
+            return TableInfo.make(
+                schema, name, columns, tuple(idx), "replica identity index", ident, partitioned=partitioned
+            )
         if ident == "f":
             return TableInfo.make(
-                schema, name, columns, tuple(col.name for col in columns), "replica identity full", ident
+                schema,
+                name,
+                columns,
+                tuple(col.name for col in columns),
+                "replica identity full",
+                ident,
+                partitioned=partitioned,
             )
         if self.keyless_policy is KeylessPolicy.FAIL:
             raise TableRefusedError(
@@ -370,7 +442,7 @@ class TableCatalog:
                 f"key, set REPLICA IDENTITY FULL or USING INDEX, configure key columns for it, exclude it "
                 f"(--exclude-tables {qualified}), or capture it keyless (--keyless-tables keyless)"
             )
-        return TableInfo.make(schema, name, columns, (), "none", ident)
+        return TableInfo.make(schema, name, columns, (), "none", ident, partitioned=partitioned)
 
 
 def qualified_name(table: TableInfo) -> str:

@@ -207,6 +207,16 @@ def run(
             "right; `tideline capture schema-changes-sql` prints it for a DBA).",
         ),
     ] = False,
+    publish_via_partition_root: Annotated[
+        bool,
+        typer.Option(
+            "--publish-via-partition-root",
+            help="Capture a partitioned table as one table: its partitions' rows and changes in its own topic "
+            "(PostgreSQL's and Debezium's publish_via_partition_root; default: a topic per partition). Partitions "
+            "attached, detached or dropped while capture runs are followed (it installs the event triggers of "
+            "--schema-changes).",
+        ),
+    ] = False,
     core: Annotated[
         str | None,
         typer.Option(
@@ -346,6 +356,7 @@ def run(
             exit_when_caught_up=exit_when_caught_up,
             transaction_metadata=transaction_metadata,
             schema_changes=schema_changes,
+            publish_via_partition_root=publish_via_partition_root,
             value_format=ValueFormat.parse(value_format),
             core=CoreChoice.default() if core is None else CoreChoice.parse(core),
             outbox_table=outbox_table,
