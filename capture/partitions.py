@@ -71,6 +71,7 @@ class PartitionMap:
     def __init__(self, catalog: TableCatalog) -> None:
         self.catalog = catalog
         self.roots: dict[TableName, dict[int, Partition]] = {}
+        self._by_name: dict[TableName, Partition] | None = None  # the leaves by name, derived from ``roots``
         # the event triggers write the DDL into the stream: the map follows it (False: it is the catalog's at start,
         # and a partition it does not know is looked up in the catalog as it is now)
         self.followed = True
@@ -79,6 +80,7 @@ class PartitionMap:
 
     def load(self, stored: str | None) -> None:
         """The map stored with the position (``meta``), else the catalog's as last loaded (logged)."""
+        self._by_name = None
         if stored is not None:
             self.roots = {}
             for root, leaves in orjson.loads(stored).items():
@@ -104,15 +106,12 @@ class PartitionMap:
 
     def on_ddl(self, ddl: DdlMessage) -> Change:
         """Apply a DDL message (capture.schema_changes) to the map; what changed for captured roots."""
+        self._by_name = None
         change = Change([], [])
         name = (ddl.schema, ddl.table)
         if ddl.columns is None:  # dropped: a leaf leaves its root; a dropped root takes its topic's rows with it
             self.roots.pop(name, None)
-            for root, leaves in self.roots.items():
-                for oid, part in list(leaves.items()):
-                    if (part.schema, part.name) == name:
-                        del leaves[oid]
-                        self._removed(change, root, part)
+            self._remove_named(change, name)
             return change
         if ddl.partitions is not None:  # a partitioned table: its leaves now
             now = {oid: Partition(s, n, oid, name, c) for s, n, oid, c in ddl.partitions}
@@ -128,12 +127,16 @@ class PartitionMap:
             part = Partition(ddl.schema, ddl.table, oid, (schema, table), constraint)
             self._place(change, (schema, table), {oid: part}, ddl.command_tag, replace_all=False)
             return change
-        for root, leaves in self.roots.items():  # a table that is no partition (any more): detached, if it was
-            for oid, part in list(leaves.items()):
-                if (part.schema, part.name) == name:
-                    del leaves[oid]
-                    self._removed(change, root, part)
+        self._remove_named(change, name)  # a table that is no partition (any more): detached, if it was
         return change
+
+    def _remove_named(self, change: Change, name: TableName) -> None:
+        """The leaf called ``name`` leaves the root it was under (if any)."""
+        part = self.partition_of(*name)
+        if part is not None:
+            del self.roots[part.root][part.oid]
+            self._by_name = None
+            self._removed(change, part.root, part)
 
     def _place(self, change: Change, root: TableName, now: dict[int, Partition], command: str, *,
                replace_all: bool) -> None:  # fmt: skip
@@ -142,6 +145,7 @@ class PartitionMap:
             if other != root:
                 for oid in set(leaves) & set(now):
                     self._removed(change, other, leaves.pop(oid))
+        self._by_name = None
         leaves = self.roots.setdefault(root, {})
         if replace_all:
             for oid in set(leaves) - set(now):
@@ -162,11 +166,12 @@ class PartitionMap:
             now = self.catalog.partitions.get((part.schema, part.name))
             if now is None or now.root == (old.schema, old.name):
                 continue
-            if any(now.oid in leaves for leaves in self.roots.values()):
+            if self.holds(now.oid):
                 continue
             info = self.catalog.current(*now.root)
             if info is not None:
                 self.roots.setdefault(now.root, {})[now.oid] = now
+                self._by_name = None
                 change.attached.append((info, now))
 
     def _removed(self, change: Change, root: TableName, part: Partition) -> None:
@@ -177,12 +182,15 @@ class PartitionMap:
     # ------------------------------------------------------------------ the keys a partition held
 
     def partition_of(self, schema: str, table: str) -> Partition | None:
-        """The leaf ``schema.table`` of a captured root, as of the position (None: none)."""
-        for leaves in self.roots.values():
-            for part in leaves.values():
-                if (part.schema, part.name) == (schema, table):
-                    return part
-        return None
+        """The leaf ``schema.table`` of a captured root, as of the position (None: none). Asked for every change
+        (wal2json names partitions): a dict lookup, the index rebuilt after the map changed."""
+        if self._by_name is None:
+            self._by_name = {(p.schema, p.name): p for leaves in self.roots.values() for p in leaves.values()}
+        return self._by_name.get((schema, table))
+
+    def holds(self, oid: int) -> bool:
+        """Whether partition ``oid`` is a leaf of some captured root."""
+        return any(oid in leaves for leaves in self.roots.values())
 
 
 def keys_in(conn: psycopg.Connection[Any], table: TableInfo, part: Partition, keys: list[bytes]) -> list[bytes]:

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from capture.config import CaptureConfig
+from capture.config import CaptureConfig, ValueFormat
 from capture.events import Event, EventBuilder, TxnContext
 from capture.incremental import WATERMARK_PREFIX, IncrementalSnapshot
 from capture.messages import ChangeMessage, DecodeError, Decoder, Kind, Plugin
@@ -288,16 +288,22 @@ class StreamingSource:
 
     # ------------------------------------------------------------------ partitions (capture.partitions)
 
-    def _table_of(self, schema: str, name: str) -> TableInfo | None:
-        """The captured table a change of ``schema.name`` belongs to: a partition's is its root's as of the change
-        (the partition map; wal2json names partitions), another table's its own."""
+    def _partition_named(self, schema: str, name: str) -> Partition | None:
+        """(Partition roots) the leaf ``schema.name`` as of the change: the partition map's, or where the map does
+        not follow DDL (no event triggers) the catalog's as it is now."""
         parts = self.partitions
         if parts is None:
-            return self.catalog.get(schema, name)
+            return None
         part = parts.partition_of(schema, name)
+        return part if part is not None or parts.followed else self.catalog.root_of(schema, name)
+
+    def _table_of(self, schema: str, name: str) -> TableInfo | None:
+        """The captured table a change of ``schema.name`` belongs to: a partition's is its root's as of the change
+        (wal2json names partitions), another table's its own."""
+        part = self._partition_named(schema, name)
         if part is not None:
             return self.catalog.current(*part.root) or self.catalog.get(*part.root)
-        return self.catalog.get(schema, name, partitions=not parts.followed)
+        return self.catalog.get(schema, name, partitions=self.partitions is None or not self.partitions.followed)
 
     def _partition_ddl(self, ddl: DdlMessage) -> Change:
         """The map of the roots' partitions after ``ddl`` (kept with the position: the key state's meta)."""
@@ -320,11 +326,10 @@ class StreamingSource:
         # A partition detached is a table of its own: wal2json streams its changes from here, so its rows are read
         # now; pgoutput streams it once the publications hold it, from the next start, which reads it (a table new
         # to the connector: capture.incremental.include_new_tables), as any table created while capture runs.
+        assert self.partitions is not None
         for _, part in change.removed if self.config.plugin is Plugin.WAL2JSON else ():
             own = self.catalog.current(part.schema, part.name)
-            if own is not None and not own.keyless and self.partitions is not None and not any(
-                part.oid in leaves for leaves in self.partitions.roots.values()
-            ):
+            if own is not None and not own.keyless and not self.partitions.holds(part.oid):
                 log.info("capture: %s is a table of its own now: reading its rows into %s (incremental snapshot)",
                          own.qualified, self.builder.topic(own))  # fmt: skip
                 self.incremental.request_rows(f"partition-{part.oid}-{ctx.commit_lsn:x}", own.qualified, "true")
@@ -340,7 +345,7 @@ class StreamingSource:
         if table.keyless:
             return
         topic = self.builder.topic(table)
-        if self.builder.converter.key_image(table, b"{}") is None:  # Avro: keys are not read back as values
+        if self.config.value_format is not ValueFormat.JSON:  # the constraint is evaluated on JSON keys (jsonb)
             what = f"{part.schema}.{part.name} ({table.qualified})"
             if what not in self.stats.partitions_not_followed:
                 self.stats.partitions_not_followed.append(what)
@@ -403,10 +408,7 @@ class StreamingSource:
             self._route_outbox(m, table, ctx, index)
             return
         if m.kind is Kind.TRUNCATE and table.partitioned and (m.schema, m.table) != (table.schema, table.name):
-            parts = self.partitions
-            part = None if parts is None else parts.partition_of(m.schema, m.table)
-            if part is None and parts is not None and not parts.followed:
-                part = self.catalog.root_of(m.schema, m.table)
+            part = self._partition_named(m.schema, m.table)
             if part is not None:  # one partition emptied (wal2json names it): its rows, not the root's
                 self._delete_partition_rows(table, part, m, ctx, index)
             return

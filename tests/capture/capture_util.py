@@ -90,6 +90,20 @@ def capture(
         return Connector(config, log).run()
 
 
+def run_connector(connector: Connector, errors: list[BaseException]) -> threading.Thread:
+    """``connector.run()`` in a daemon thread (started); what it raises goes into ``errors``."""
+
+    def target() -> None:
+        try:
+            connector.run()
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
 def stored_position(log_dir: Path, dsn: str, slot: str = "t") -> SourcePosition | None:
     """The position the connector of ``slot`` (prefix ``cdc``) stored in the embedded log at ``log_dir``, as
     its restart finds it (read_committed); also while it runs: a test's sign that it has done real work."""

@@ -30,7 +30,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from backends import Backend, assert_each_change_once, stored_equal
-from capture_util import sql
+from capture_util import run_connector, sql
 from workload import soak
 
 from capture.connector import CaptureConfig, Connector, SlotLostError
@@ -122,18 +122,6 @@ def sentinel(dsn: str, k: int) -> int:
         except psycopg.OperationalError:
             assert time.monotonic() < deadline, "the source did not come back"
             time.sleep(0.2)
-
-
-def run_connector(connector: Connector, errors: list[BaseException]) -> threading.Thread:
-    def target() -> None:
-        try:
-            connector.run()
-        except BaseException as e:
-            errors.append(e)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread
 
 
 def capture_through(

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, records, sql
+from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, records, run_connector, sql
 from sources import Source
 from typer.testing import CliRunner
 
@@ -203,15 +203,7 @@ def test_a_reader_killed_mid_snapshot_fails_and_the_next_start_takes_it_again(db
     failure: list[BaseException] = []
     with Log(tmp_path) as log:
         connector = Connector(config, log)
-
-        def run() -> None:
-            try:
-                connector.run()
-            except BaseException as e:
-                failure.append(e)
-
-        thread = threading.Thread(target=run)
-        thread.start()
+        thread = run_connector(connector, failure)
         killed = None
         readers: list[int] = []
         while thread.is_alive() and killed is None:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import psycopg
 import pytest
-from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, sql
+from capture_util import capture, drop_slots, events, fresh_database, latest_by_key, run_connector, sql
 from sources import ON_BOTH_SERVERS, Source
 
 from capture.config import CaptureConfig
@@ -135,15 +135,7 @@ def test_attach_while_the_partition_is_written_and_capture_streams(
         errors: list[BaseException] = []
         with Log(log_dir) as log:
             connector = Connector(config, log)
-
-            def run() -> None:
-                try:
-                    connector.run()
-                except BaseException as e:
-                    errors.append(e)
-
-            thread = threading.Thread(target=run, daemon=True)
-            thread.start()
+            thread = run_connector(connector, errors)
             deadline = time.monotonic() + 120
             while not connector.offsets.confirm_lsn:  # the snapshot is stored: streaming
                 assert thread.is_alive() and time.monotonic() < deadline, errors or "capture did not start"
