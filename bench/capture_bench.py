@@ -105,6 +105,7 @@ from capture import snapshot_readers
 from capture.config import DEFAULT_COMPRESSION, CoreChoice
 from capture.connector import CaptureConfig, Connector, SnapshotMode
 from capture.decoders.wal2json import SLOT_OPTIONS
+from capture.kafka_native import ProducerMode
 from capture.messages import Plugin
 from capture.native import available as native_available
 from capture.publications import PublicationMode
@@ -347,16 +348,18 @@ def run_connector(
     series: list[tuple[float, int]] | None = None,
     *,
     kafka: str | None = None,
+    producer: ProducerMode = ProducerMode.AUTO,
 ) -> float:
     """Seconds to store the slot's WAL; ``series`` gets (seconds since start, events stored) every 50 ms.
-    ``kafka``: into that cluster (``log_dir`` holds the key state) instead of the embedded log."""
+    ``kafka``: into that cluster (``log_dir`` holds the key state) instead of the embedded log, with the
+    Kafka producer ``producer`` (auto: the native one, as a user gets it)."""
     start = time.perf_counter()
     done = threading.Event()
     with ExitStack() as stack:
         if kafka is None:
             connector = Connector(config, stack.enter_context(Log(log_dir)))
         else:
-            connector = Connector(config, sink=KafkaLogSink(kafka, state_dir=log_dir))
+            connector = Connector(config, sink=KafkaLogSink(kafka, state_dir=log_dir, producer=producer))
 
         def sample() -> None:
             while not done.wait(0.05):
@@ -474,6 +477,7 @@ def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kaf
 
 THROUGHPUT_RATES: list[float] = [0.0, 0.0]  # pg_recvlogical and connector, wal2json bench workload (the plot)
 THROUGHPUT_TARGET = 0.8  # × pg_recvlogical with the connector's own options, median of paired runs (docs/targets.md)
+KAFKA_THROUGHPUT_TARGET = 0.8  # the same WAL into Kafka, exactly once (docs/targets.md)
 
 
 def throughput_of(
@@ -493,13 +497,14 @@ def throughput_of(
     recv_s: list[float] = []
     conn_s: list[float] = []
     kafka_s: list[float] = []
+    kafka_py_s: list[float] = []  # into Kafka with confluent-kafka's per-record producer (--kafka-producer python)
     python_s: list[float] = []  # the Python core, where the native one runs by default (the comparison)
     minimal_s: list[float] = []  # pg_recvlogical with minimal options
     best_series: list[tuple[float, int]] = []
     # (the pre-filled table: the native core only)
     compare = native_applies(plugin) and not workload.minimal and workload.python_core
     bin_dir = server_bin_dir(workload.server)
-    consumers = ("recv", "tl", *(("kf",) if kafka else ()), *(("py",) if compare else ()),
+    consumers = ("recv", "tl", *(("kf", "kp") if kafka else ()), *(("py",) if compare else ()),
                  *(("min",) if minimal else ()))  # fmt: skip
     for i in range(workload.runs):
         for consumer in consumers:
@@ -526,22 +531,25 @@ def throughput_of(
                 raise AssertionError(f"the connector (Python core) stored {stored} records, expected {expected}")
             shutil.rmtree(log_dir)
         if kafka:
-            prefix = f"kf{plugin.value}{i}"
-            state = ctx.workdir / f"kafka-state-{plugin.value}-{i}"
-            config = plugin_config(plugin, dsn, f"kf_{i}", prefix, publication=workload.publication)
-            kafka_s.append(run_connector(config, state, kafka=kafka))
-            stored = count_kafka_records(kafka, f"{prefix}.public.{workload.table}")
-            if stored != expected:
-                raise AssertionError(
-                    f"the connector ({plugin.value}) stored {stored} records in Kafka, expected {expected}"
-                )
+            for slot, producer, times in (("kf", ProducerMode.AUTO, kafka_s), ("kp", ProducerMode.PYTHON, kafka_py_s)):
+                prefix = f"{slot}{plugin.value}{i}"
+                state = ctx.workdir / f"kafka-state-{slot}-{plugin.value}-{i}"
+                config = plugin_config(plugin, dsn, f"{slot}_{i}", prefix, publication=workload.publication)
+                times.append(run_connector(config, state, kafka=kafka, producer=producer))
+                stored = count_kafka_records(kafka, f"{prefix}.public.{workload.table}")
+                if stored != expected:
+                    raise AssertionError(
+                        f"the connector ({plugin.value}, {producer.value} producer) stored {stored} records in Kafka, "
+                        f"expected {expected}"
+                    )
         for consumer in consumers:
             execute(dsn, "SELECT pg_drop_replication_slot(%s)", (f"{consumer}_{i}",))
         ctx.say(
             f"{plugin.value}{workload.on}, {workload.name} workload, run {i + 1}: "
             f"pg_recvlogical {n / recv_s[-1]:,.0f} changes/s, "
             f"connector {n / conn_s[-1]:,.0f} changes/s into the embedded log ({recv_s[-1] / conn_s[-1]:.2f}×)"
-            + (f", {n / kafka_s[-1]:,.0f} changes/s into Kafka" if kafka_s else "")
+            + (f", {n / kafka_s[-1]:,.0f} changes/s into Kafka ({n / kafka_py_s[-1]:,.0f} with the Python producer)"
+               if kafka_s else "")
             + (f"; Python core {n / python_s[-1]:,.0f} changes/s" if python_s else "")
             + (f"; pg_recvlogical with minimal options {n / minimal_s[-1]:,.0f} changes/s" if minimal_s else "")
         )
@@ -603,14 +611,29 @@ def throughput_of(
         into_kafka = Paired([n / s for s in kafka_s], peer)
         section.results.append(
             measured_paired(
-                f"{figure}, WAL → Kafka (1 broker, exactly once; {core})",
+                f"{figure}, WAL → Kafka (1 broker, exactly once; {core}, native producer)",
                 into_kafka,
                 "changes/s",
-                baseline_name=baseline,  # informational: the Kafka targets are against Debezium
-                note="the same WAL into a local single-broker Kafka (KRaft, `tideline.kafkaharness`): transactional "
-                f"producer, acks=all, one Kafka transaction per log batch with the position; {into_kafka.spread()}; "
-                f"{statistics.median(k / c for k, c in zip(kafka_s, conn_s, strict=True)):.2f}× the embedded log's "
-                "time (median of the pairs)",
+                baseline_name=baseline,
+                min_ratio=KAFKA_THROUGHPUT_TARGET,
+                note="the same WAL into a local single-broker Kafka (KRaft, `tideline.kafkaharness`) as a user gets it "
+                "(`--kafka-producer auto`: librdkafka driven from the native core, records as Arrow buffers): "
+                "transactional producers, acks=all, one Kafka transaction per log batch with the position; "
+                f"{into_kafka.spread()}; {statistics.median(k / c for k, c in zip(kafka_s, conn_s, strict=True)):.2f}× "
+                "the embedded log's time (median of the pairs)",
+            )
+        )
+        python_producer = Paired([n / s for s in kafka_py_s], peer)
+        section.results.append(
+            measured_paired(
+                f"{figure}, WAL → Kafka (1 broker, exactly once; {core}, Python producer)",
+                python_producer,
+                "changes/s",
+                baseline_name=baseline,  # informational: the before, with confluent-kafka's per-record calls
+                note="the same, with `--kafka-producer python` (confluent-kafka: a `produce()` call and a Python "
+                f"delivery callback per record), interleaved with the runs above: {python_producer.spread()}; native "
+                "producer / Python producer, median of the pairs "
+                f"{statistics.median(p / k for p, k in zip(kafka_py_s, kafka_s, strict=True)):.2f}×",
             )
         )
     return best_series
@@ -628,7 +651,8 @@ kafka = sys.argv[5] if len(sys.argv) > 5 else ""
 config = CaptureConfig(dsn=dsn, slot=slot, topic_prefix=prefix, snapshot=SnapshotMode.NEVER)
 if kafka:  # into Kafka (log_dir holds the key state)
     from pathlib import Path
-    from capture.sinks.kafka import KafkaLogSink
+    from capture.kafka_native import ProducerMode
+from capture.sinks.kafka import KafkaLogSink
     connector = Connector(config, sink=KafkaLogSink(kafka, state_dir=Path(log_dir)))
     signal.signal(signal.SIGTERM, lambda *_: connector.stop())
     stats = connector.run()
@@ -1049,6 +1073,59 @@ def tmpfs_room(needed: int) -> Path | None:
     return shm if tmpfs and st.f_bavail * st.f_frsize >= needed else None
 
 
+def kafka_snapshot_run(ctx: Context, dsn: str, n: int, bootstrap: str, run: int) -> SnapshotRun:
+    """One initial snapshot of the ``n``-row snapshot table into Kafka (default configuration, a new slot, a new
+    topic deleted afterwards, the key state in a fresh directory)."""
+    prefix = f"snapkafka{run}"
+    config = CaptureConfig(dsn=dsn, slot="snapk", topic_prefix=prefix, exit_when_caught_up=True,
+                           table_filter=TableFilter(include=[f"public.{SNAPSHOT_TABLE}"]))  # fmt: skip
+    state = ctx.workdir / f"snapshot-kafka-state-{run}"
+    subprocess.run(["true"], check=True)  # reap earlier children first (snapshot_run says why)
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    stats = Connector(config, sink=KafkaLogSink(bootstrap, state_dir=state)).run()
+    seconds = time.perf_counter() - started
+    own_after, children_after = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    execute(dsn, "SELECT pg_drop_replication_slot('snapk')")
+    topic = f"{prefix}.public.{SNAPSHOT_TABLE}"
+    stored = count_kafka_records(bootstrap, topic)
+    if stats.snapshot_rows != n or stored != n:
+        raise AssertionError(f"the snapshot into Kafka read {stats.snapshot_rows:,} rows, stored {stored:,}, not {n:,}")
+    from confluent_kafka.admin import AdminClient
+
+    AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(60)
+    shutil.rmtree(state, ignore_errors=True)
+    cpu = [a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime for a, b in ((own_after, own), (children_after, children))]
+    return SnapshotRun(seconds, cpu[0], cpu[1], 0)
+
+
+def bench_snapshot_kafka(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> None:
+    """The same snapshot into Kafka (a private one-broker cluster started for it), paired with COPY."""
+    n = sizes.snapshot_rows
+    copies: list[float] = []
+    runs: list[SnapshotRun] = []
+    with LocalKafka(ctx.workdir / "kafka-snapshot", brokers=1) as kafka:
+        for i in range(sizes.snapshot_pairs):
+            copies.append(copy_read_s(dsn, SNAPSHOT_TABLE)[0])
+            runs.append(kafka_snapshot_run(ctx, dsn, n, kafka.bootstrap_servers, i))
+            ctx.say(f"snapshot into Kafka, pair {i + 1}: COPY {n / copies[-1]:,.0f} rows/s, connector "
+                    f"{n / runs[-1].seconds:,.0f} rows/s ({runs[-1].cpu_note(n)})")  # fmt: skip
+    paired = Paired([n / r.seconds for r in runs], [n / s for s in copies])
+    section.results.append(
+        measured_paired(
+            f"snapshot of one {n:,}-row table into Kafka (1 broker, exactly once, default configuration)",
+            paired,
+            "rows/s",
+            baseline_name="COPY … TO STDOUT of the same table, drained",
+            min_ratio=0.5,
+            note="the same table and defaults as the durable-log row, into a private one-broker Kafka (KRaft): the "
+            "native producer, lz4, one Kafka transaction per chunk with the position, acks=all; every row counted "
+            f"back read_committed; median of {len(runs)} paired runs (COPY, then the snapshot, a new topic each): "
+            f"{paired.spread()}; the last {runs[-1].cpu_note(n)} (the broker's CPU not counted; it shares the 2 CPUs)",
+        )
+    )
+
+
 def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> None:
     """The connector's initial snapshot of one big table against COPY of the same table (module docstring, 3)."""
     n = sizes.snapshot_rows
@@ -1197,6 +1274,7 @@ def run(ctx: Context, section: Section) -> None:
             bench_throughput(ctx, section, sizes, dsn, kafka.bootstrap_servers)
             bench_latency(ctx, section, sizes, dsn, kafka.bootstrap_servers)
         bench_snapshot(ctx, section, sizes, dsn)
+        bench_snapshot_kafka(ctx, section, sizes, dsn)
     finally:
         pg.stop()
     bench_server(ctx, section, sizes, NEWER_SERVER)

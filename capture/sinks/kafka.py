@@ -55,8 +55,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
+from capture.kafka_native import NATIVE, NativeKafkaProducer, ProducerMode, choose, librdkafka_version
 from capture.sinks import Headers, ReadBatch, RoundRobin, TopicRecords, TopicSpec, check_cleanup_policy
 from eventstore.errors import ConfigError, TidelineError, TopicExistsError, UnknownTopicError
 from eventstore.kafka import KafkaAdmin, KafkaProducer, KafkaReader
@@ -292,6 +294,7 @@ class KafkaLogSink:
         replication_factor: int | None = None,
         min_insync_replicas: int | None = None,
         timeout_s: float = 30.0,
+        producer: ProducerMode | None = None,
     ) -> None:
         if replication_factor is not None and replication_factor < 1:
             raise ConfigError(f"--replication-factor must be ≥ 1, not {replication_factor}")
@@ -306,7 +309,10 @@ class KafkaLogSink:
         self.min_insync_replicas = min_insync_replicas
         self.timeout_s = timeout_s
         self.admin = KafkaAdmin(bootstrap_servers, timeout_s=timeout_s)
-        self.producers: list[KafkaProducer] = []  # PRODUCERS of them once open; transactions alternate
+        # the native producer (records as Arrow buffers, capture.kafka_native) or confluent-kafka's, and why
+        self.producer_choice = choose(producer if producer is not None else ProducerMode.default())
+        # PRODUCERS of them once open; transactions alternate
+        self.producers: list[KafkaProducer | NativeKafkaProducer] = []
         self._turn = 0
         self.unsettled = Unsettled()
         self.check_every_s = CHECK_EVERY_S
@@ -331,8 +337,16 @@ class KafkaLogSink:
         ``transactional_id#1`` (see :data:`PRODUCERS`), each ``init_transactions``: what a killed
         predecessor left open under either id is aborted, and a zombie holding either is fenced."""
         self._close_producers()
+        choice = self.producer_choice
+        if choice.reason is not None and not choice.chosen:
+            log.warning("capture: Kafka producer: python (confluent-kafka, a Python call per record): %s",
+                        choice.reason)  # fmt: skip
+        else:
+            log.info("capture: Kafka producer: %s%s", choice.path,
+                     f" (librdkafka {librdkafka_version()})" if choice.path == NATIVE else f" ({choice.reason})")
+        make = NativeKafkaProducer if choice.path == NATIVE else KafkaProducer
         for i in range(PRODUCERS):
-            producer = KafkaProducer(
+            producer = make(
                 self.bootstrap_servers,
                 transactional_id=transactional_id if i == 0 else f"{transactional_id}#{i}",
                 transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
@@ -350,7 +364,7 @@ class KafkaLogSink:
         self._check(outage="the producers were opened again after a failure" if reopened
                     else "the last run left batches without known commit markers")  # fmt: skip
 
-    def _producer(self) -> KafkaProducer:
+    def _producer(self) -> KafkaProducer | NativeKafkaProducer:
         """The producer whose turn it is: the open transaction's, or the next one's."""
         if not self.producers:
             raise RuntimeError("sink not opened")
@@ -420,6 +434,10 @@ class KafkaLogSink:
         taken at :meth:`commit` (``commit_transaction`` flushes, and fails if a record failed), so
         a batch costs one wait, not two. librdkafka adds the partitions to the transaction as it
         sends: ``also`` needs nothing. Returns ``{}``: the offsets come with the commit."""
+        producer = self._producer()
+        if isinstance(producer, NativeKafkaProducer):
+            self._append_arrays(producer, batch)
+            return {}
         plan: list[tuple[str, int, Sequence[bytes | None], Sequence[bytes | None], Sequence[Headers | None] | None]]
         plan = []
         for topic, records in batch.items():
@@ -431,9 +449,7 @@ class KafkaLogSink:
                 target = 0 if n == 1 else self._round_robin.next(topic, n)
                 plan.append((topic, target, keys, values, headers))
                 continue
-            parts = partitions_for_keys(pa.array(keys, pa.binary()), n)
-            if (parts < 0).any():  # keyless records among keyed ones: one partition for them
-                parts[parts < 0] = self._round_robin.next(topic, n)
+            parts = self._placement(topic, pa.array(keys, pa.binary()), n)
             for p in np.unique(parts).tolist():
                 idx = np.flatnonzero(parts == p).tolist()
                 plan.append((
@@ -445,8 +461,37 @@ class KafkaLogSink:
                 ))
         if plan:
             self._ensure_marked(self._turn, [(topic, partition) for topic, partition, *_ in plan])
-            self._producer().send_many(plan, wait=False)
+            producer.send_many(plan, wait=False)
         return {}
+
+    def _placement(self, topic: str, keys: pa.Array, n: int) -> npt.NDArray[np.int32]:
+        """Each record's partition of a topic with ``n`` partitions: murmur2 of its key; the keyless ones of
+        the batch all go to the next partition in round-robin order."""
+        if n == 1:
+            return np.zeros(len(keys), np.int32)
+        if keys.null_count == len(keys):
+            return np.full(len(keys), self._round_robin.next(topic, n), np.int32)
+        parts = partitions_for_keys(keys, n)
+        if (parts < 0).any():  # keyless records among keyed ones: one partition for them
+            parts[parts < 0] = self._round_robin.next(topic, n)
+        return parts
+
+    def _append_arrays(self, producer: NativeKafkaProducer, batch: Mapping[str, TopicRecords]) -> None:
+        """The native producer's append: each topic's records as two Arrow arrays and a partition per
+        record, no Python object per record (the records of a partition keep their order)."""
+        planned: list[tuple[str, npt.NDArray[np.int32], pa.Array, pa.Array, Sequence[Headers | None] | None]] = []
+        for topic, records in batch.items():
+            if not len(records):
+                continue
+            n = self._partitions.get(topic) or self.ensure_known(topic)
+            keys, values = records.arrays()
+            planned.append((topic, self._placement(topic, keys, n), keys, values, records.headers))
+        if not planned:
+            return
+        touched = [(topic, int(p)) for topic, parts, *_ in planned for p in np.unique(parts).tolist()]
+        self._ensure_marked(self._turn, touched)
+        for topic, parts, keys, values, headers in planned:
+            producer.send_arrays(topic, parts, keys, values, headers)
 
     def ensure_known(self, topic: str) -> int:
         """The partition count of a topic capture did not create in this run (it exists: ensure_topic ran)."""

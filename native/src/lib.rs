@@ -16,6 +16,7 @@
 mod avro;
 mod convert;
 mod json;
+mod kafka;
 mod pgoutput;
 mod snapshot;
 mod stream;
@@ -1116,6 +1117,9 @@ fn tideline_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<snapshot::SnapshotEncoder>()?;
     m.add_function(wrap_pyfunction!(snapshot::splice_reads, m)?)?;
     m.add_function(wrap_pyfunction!(stream::read_xlog, m)?)?;
+    m.add_class::<kafka::KafkaProducer>()?;
+    m.add("KafkaCallError", m.py().get_type::<kafka::KafkaCallError>())?;
+    m.add_function(wrap_pyfunction!(kafka::librdkafka_version, m)?)?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
