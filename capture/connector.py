@@ -372,7 +372,10 @@ class Connector:
     def _report_core(self, report: CoreReport) -> None:
         """The per-change core, at start: into the stats (status line, metrics, ``--json``), the report file
         (``capture status``, the console) and the log — one line for the connector, and a warning per table on
-        the Python path (one warning in all when every table is, for one reason ``--core`` did not ask for)."""
+        the Python path (one warning in all when every table is, for one reason ``--core`` did not ask for). The
+        Kafka sink's producer is part of it (the sink logs its own choice when it opens)."""
+        choice = getattr(self.sink, "producer_choice", None)
+        report.producer = choice.to_json() if choice is not None else None
         self.stats.core = report
         try:
             write_core_report(self.core_report_path(), report)

@@ -17,6 +17,8 @@ Read from :class:`capture.status.Stats` at scrape time::
                                                      (--core), reason (why python; "" when native)
   tideline_capture_table_core_info          info     per captured table (label table): core, reason
   tideline_capture_python_core_tables       gauge    captured tables on the Python path
+  tideline_capture_kafka_producer_info      info     into Kafka: producer (native, python), requested
+                                                     (--kafka-producer), reason (why python)
 
 Every metric carries the labels ``slot`` and ``topic_prefix``. The core's are there once the connector has
 read its tables (capture.status.CoreReport).
@@ -78,5 +80,12 @@ class CaptureCollector(Collector):
             for name, table in sorted(tables.items()):
                 per_table.add_metric([*values, name], {"core": table.core, "reason": table.reason or ""})
             yield per_table
+            if core.producer is not None:
+                producer = InfoMetricFamily(PREFIX + "kafka_producer", "The Kafka sink's producer (native or python) "
+                                            "and why python.", labels=labels)  # fmt: skip
+                producer.add_metric(values, {"producer": str(core.producer["kafka_producer"]),
+                                             "requested": str(core.producer["kafka_producer_requested"]),
+                                             "reason": str(core.producer["kafka_producer_reason"] or "")})  # fmt: skip
+                yield producer
             python = sum(1 for t in tables.values() if t.core == "python")
             yield gauge("python_core_tables", "Captured tables whose changes take the Python path.", python)

@@ -65,6 +65,9 @@ class CoreReport:
         self.chosen = chosen
         self.tables: dict[str, TableCore] = {}
         self.version = 0  # counts changes: the report file is written again
+        # the Kafka sink's producer (capture.kafka_native.ProducerChoice.to_json(): kafka_producer, its reason
+        # and what was asked); None with the embedded log
+        self.producer: dict[str, Any] | None = None
 
     def set_table(self, table: str, core: TableCore) -> bool:
         """Record ``table``'s core; whether that changed anything."""
@@ -104,6 +107,8 @@ class CoreReport:
                                "core_chosen": self.chosen}  # fmt: skip
         if tables:
             out["core_tables"] = {name: t.to_json() for name, t in sorted(self.tables.items())}
+        if self.producer is not None:
+            out.update(self.producer)
         return out
 
     def summary(self) -> str:
@@ -111,20 +116,27 @@ class CoreReport:
         if self.core == PYTHON:
             return f"python ({self.core_reason})"
         python = self.python_tables()
-        return f"native (python for {', '.join(sorted(python))})" if python else "native"
+        core = f"native (python for {', '.join(sorted(python))})" if python else "native"
+        if self.producer is not None:
+            core += f", Kafka producer {self.producer['kafka_producer']}"
+        return core
 
 
 def core_warnings(report: dict[str, Any]) -> list[str]:
     """The warnings of a core report's JSON (:meth:`CoreReport.to_json`): the tables on the Python path that
     ``--core`` did not ask for — one line when every table is, for one reason (the extension not built …)."""
+    producer = []
+    if report.get("kafka_producer") == PYTHON and report.get("kafka_producer_requested") != PYTHON:
+        producer = [f"capture writes to Kafka with the Python producer (a Python call per record): "
+                    f"{report.get('kafka_producer_reason')}"]  # fmt: skip
     if report.get("core") is None or report.get("core_chosen"):
-        return []
+        return producer
     tables: dict[str, dict[str, str | None]] = report.get("core_tables") or {}
     python = {name: t["reason"] for name, t in tables.items() if t["core"] == PYTHON}
     reason = report.get("core_reason")
     if report["core"] == PYTHON and all(r == reason for r in python.values()):
-        return [f"capture runs the Python core for every table: {reason}"]
-    return [f"table {name} takes the Python core: {r}" for name, r in sorted(python.items())]
+        return [f"capture runs the Python core for every table: {reason}", *producer]
+    return [f"table {name} takes the Python core: {r}" for name, r in sorted(python.items())] + producer
 
 
 def write_core_report(path: Path, report: CoreReport) -> None:

@@ -83,9 +83,11 @@ class Backend(abc.ABC):
         create: bool = True,
         replication_factor: int | None = None,
         min_insync_replicas: int | None = None,
+        kafka_producer: str | None = None,
     ) -> Iterator[tuple[Log | None, Sink | None]]:
         """What the connector writes to: the embedded log (its default sink), or Kafka's sink (key state under
-        ``state_dir``, default ``<data dir>/_capture``)."""
+        ``state_dir``, default ``<data dir>/_capture``; ``kafka_producer``: auto, native or python, None for
+        ``TIDELINE_KAFKA_PRODUCER`` or auto)."""
 
     @abc.abstractmethod
     @contextmanager
@@ -204,6 +206,7 @@ class EmbeddedBackend(Backend):
         create: bool = True,
         replication_factor: int | None = None,
         min_insync_replicas: int | None = None,
+        kafka_producer: str | None = None,
     ) -> Iterator[tuple[Log | None, Sink | None]]:
         from eventstore.log import Log
 
@@ -328,7 +331,9 @@ class KafkaBackend(Backend):
         create: bool = True,
         replication_factor: int | None = None,
         min_insync_replicas: int | None = None,
+        kafka_producer: str | None = None,
     ) -> Iterator[tuple[Log | None, Sink | None]]:
+        from capture.kafka_native import ProducerMode
         from capture.sinks.kafka import KafkaLogSink
 
         self.check()
@@ -337,6 +342,7 @@ class KafkaBackend(Backend):
             state_dir=state_dir or self.data_dir / "_capture",
             replication_factor=replication_factor,
             min_insync_replicas=min_insync_replicas,
+            producer=None if kafka_producer is None else ProducerMode.parse(kafka_producer),
         )
         try:
             yield None, sink

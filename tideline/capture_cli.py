@@ -103,12 +103,14 @@ def _log_and_sink(
     create: bool = True,
     replication_factor: int | None = None,
     min_insync_replicas: int | None = None,
+    kafka_producer: str | None = None,
 ) -> Iterator[tuple[Log | None, Sink | None]]:
     """What the connector writes to: :meth:`tideline.backend.Backend.capture_log` of the backend chosen."""
     from tideline.cli import State
 
     with State.backend().capture_log(
-        state_dir, create=create, replication_factor=replication_factor, min_insync_replicas=min_insync_replicas
+        state_dir, create=create, replication_factor=replication_factor, min_insync_replicas=min_insync_replicas,
+        kafka_producer=kafka_producer,
     ) as opened:
         yield opened
 
@@ -229,6 +231,17 @@ def run(
             "fallback are in the start log lines (a warning unless --core python chose it), `capture status`, the "
             "metrics (tideline_capture_core_info, tideline_capture_table_core_info) and the console. Default "
             "from TIDELINE_CAPTURE_CORE.",
+        ),
+    ] = None,
+    kafka_producer: Annotated[
+        str | None,
+        typer.Option(
+            "--kafka-producer",
+            help="Into Kafka (--kafka): auto (default: librdkafka driven by the native extension, a batch's records "
+            "handed over as Arrow buffers), python (confluent-kafka, a Python call and callback per record: the "
+            "reference), native (refuse to start without the extension). Which one runs, and why python, is in "
+            "the start log lines, `capture status`, the metrics (tideline_capture_kafka_producer_info) and the "
+            "console. Default from TIDELINE_KAFKA_PRODUCER.",
         ),
     ] = None,
     value_format: Annotated[
@@ -372,8 +385,11 @@ def run(
             raise fail("--replication-factor and --min-insync-replicas are Kafka topic settings: give --kafka")
         if log_cleaner and not backend.log_cleaner_applies:
             raise fail("--log-cleaner cleans the embedded log; with --kafka the brokers' log cleaner compacts")
+        if kafka_producer is not None and not backend.topic_settings_apply:
+            raise fail("--kafka-producer chooses how capture writes to Kafka: give --kafka")
         with _log_and_sink(
-            state_dir, replication_factor=replication_factor, min_insync_replicas=min_insync_replicas
+            state_dir, replication_factor=replication_factor, min_insync_replicas=min_insync_replicas,
+            kafka_producer=kafka_producer,
         ) as (log, sink):
             connector = Connector(config, log, sink=sink)
             if threading.current_thread() is threading.main_thread():
@@ -482,6 +498,10 @@ def status(
         native = len(out["core_tables"]) - len(python)
         what = out["core_reason"] or f"{native} of {len(out['core_tables'])} tables"
         typer.echo(f"core {out['core']} (--core {out['core_requested']}): {what}")
+        if "kafka_producer" in out:
+            why = f": {out['kafka_producer_reason']}" if out["kafka_producer_reason"] else ""
+            typer.echo(f"Kafka producer {out['kafka_producer']} (--kafka-producer "
+                       f"{out['kafka_producer_requested']}){why}")  # fmt: skip
         if out["core_reason"] is None:
             for name, reason in sorted(python.items()):
                 typer.echo(f"  table {name}: python ({reason})")

@@ -38,6 +38,7 @@ from capture.connector import CaptureConfig, Connector, SnapshotMode, ValueForma
 from capture.kafka_native import NATIVE, PYTHON, ProducerMode
 from capture.messages import Plugin
 from capture.sinks.kafka import KafkaLogSink
+from capture.status import core_warnings, read_core_report
 from eventstore.kafka import KafkaAdmin
 from eventstore.kafka.config import client_config
 from eventstore.topic import now_ms as topic_now_ms
@@ -87,7 +88,11 @@ def run(dsn: str, cluster: LocalKafka, mode: ProducerMode, plugin: Plugin, value
                            snapshot=SnapshotMode.NEVER, exit_when_caught_up=True, batch_events=200)  # fmt: skip
     sink = KafkaLogSink(cluster.bootstrap_servers, state_dir=state, producer=mode)
     assert sink.producer_choice.path == (NATIVE if mode is ProducerMode.NATIVE else PYTHON)
-    Connector(config, sink=sink).run()
+    connector = Connector(config, sink=sink)
+    connector.run()
+    report = read_core_report(connector.core_report_path())  # what `capture status` and the console read
+    assert (report["kafka_producer"], report["kafka_producer_requested"]) == (sink.producer_choice.path, mode.value)
+    assert core_warnings(report) == []  # python was asked for: not warned about
 
 
 def topic_records(bootstrap: str, topic: str) -> dict[int, list[Record]]:
