@@ -94,7 +94,8 @@ class OffsetContext:
         self._has_pending = True
 
     def event_stored(self, commit_lsn: int, index: int) -> None:
-        """The open batch now reaches event ``index`` of the transaction committed at ``commit_lsn``."""
+        """The open batch now reaches event ``index`` of the transaction committed at ``commit_lsn`` (-1: its
+        BEGIN record, transaction metadata's, and none of its changes yet)."""
         self._set(commit_lsn, index, False, self.confirm_floor())
 
     def transaction_stored(self, commit_lsn: int, last_index: int, commit_end: int) -> None:

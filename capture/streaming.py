@@ -204,6 +204,9 @@ class StreamingSource:
                 self._index = 0
                 if self.config.transaction_metadata and not self.offsets.covers(ctx.commit_lsn, -1):
                     self._add_one(self.builder.transaction_begin(ctx), compact=False)
+                    # the BEGIN record is event -1 of its transaction: it may fill the log transaction, which then
+                    # commits before any change of it (_handle), and a restart must find the BEGIN covered
+                    self.offsets.event_stored(ctx.commit_lsn, -1)
                 continue
             if m.kind is Kind.COMMIT:
                 if ctx is None:
