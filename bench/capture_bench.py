@@ -104,6 +104,7 @@ from bench.report import Paired, Result, Section, measured, measured_paired
 from capture import snapshot_readers
 from capture.config import DEFAULT_COMPRESSION, CoreChoice
 from capture.connector import CaptureConfig, Connector, SnapshotMode
+from capture.decoders import decoder_for
 from capture.decoders.wal2json import SLOT_OPTIONS
 from capture.messages import Plugin
 from capture.native import available as native_available
@@ -318,7 +319,7 @@ def slot_options(plugin: Plugin, dsn: str, workdir: Path, publication: str = PUB
     if plugin is Plugin.WAL2JSON:
         return dict(SLOT_OPTIONS)
     config = plugin_config(plugin, dsn, "options", PREFIX, publication=publication)
-    decoder = plugin.decoder(config.decoder_settings(workdir))
+    decoder = decoder_for(plugin, config.decoder_settings(workdir))
     try:
         return dict(decoder.slot_options())
     finally:

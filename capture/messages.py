@@ -5,7 +5,9 @@ more :class:`ChangeMessage` values; everything after it (envelopes, TOAST fillin
 transactions, the log) only sees those. A plugin is a decoder and a :class:`Plugin`
 member whose :class:`Capabilities` say what its stream can and cannot tell; what a
 decoder needs from the connector comes in :class:`DecoderSettings` (pgoutput: the
-publications, the protocol, where streamed transactions spill).
+publications, the protocol, where streamed transactions spill). Its decoder is made by
+``capture.decoders.decoder_for``: this module names the decoder's class, it does not
+import it (the decoders import this module).
 
 Positions: ``lsn`` is the WAL position of the change (``BEGIN`` shares the first
 change's LSN; one statement's rows may share one), so an event is identified by
@@ -47,12 +49,6 @@ class Plugin(enum.Enum):
     @property
     def implemented(self) -> bool:
         return self.capabilities.decoder is not None
-
-    def decoder(self, settings: DecoderSettings | None = None) -> Decoder:
-        """A fresh decoder for one replication stream of this plugin (capture.decoders)."""
-        from capture.decoders import decoder_for  # the decoders import this module
-
-        return decoder_for(self, settings)
 
 
 @dataclass(frozen=True, slots=True)
