@@ -72,7 +72,7 @@ from capture.events import EventBuilder, ToastCache
 from capture.incremental import IncrementalSnapshot
 from capture.keystate import KeyState
 from capture.messages import StreamingAmbiguous
-from capture.native import core_report, native_core_for
+from capture.native.core import core_report, native_core_for
 from capture.offsets import OffsetContext
 from capture.partitions import META_NAME as PARTITION_MAP
 from capture.partitions import PartitionMap
