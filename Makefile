@@ -10,7 +10,7 @@ PG_BIN := /usr/lib/postgresql/15/bin
 WAL2JSON := /usr/lib/postgresql/15/lib/wal2json.so
 APT_PACKAGES := postgresql-15 postgresql-15-wal2json openjdk-17-jdk-headless maven kcat chromium
 JAR_CACHE := .cache/jars
-# The native capture core (native/, Rust + PyO3, capture/native.py): rebuilt when any of its sources changes.
+# The native capture core (native/, Rust + PyO3, driven by capture/native/): rebuilt when any of its sources changes.
 # rustup installs cargo under ~/.cargo/bin, which a non-login shell (CI) may not have on its PATH.
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml native/tideline_native.pyi $(wildcard native/src/*.rs)

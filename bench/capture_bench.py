@@ -104,10 +104,11 @@ from bench.report import Paired, Result, Section, measured, measured_paired
 from capture import snapshot_readers
 from capture.config import DEFAULT_COMPRESSION, CoreChoice
 from capture.connector import CaptureConfig, Connector, SnapshotMode
+from capture.decoders import decoder_for
 from capture.decoders.wal2json import SLOT_OPTIONS
 from capture.kafka_native import ProducerMode
 from capture.messages import Plugin
-from capture.native import available as native_available
+from capture.native.extension import available as native_available
 from capture.publications import PublicationMode
 from capture.sinks.kafka import KafkaLogSink
 from capture.tables import TableFilter
@@ -322,7 +323,7 @@ def slot_options(plugin: Plugin, dsn: str, workdir: Path, publication: str = PUB
     if plugin is Plugin.WAL2JSON:
         return dict(SLOT_OPTIONS)
     config = plugin_config(plugin, dsn, "options", PREFIX, publication=publication)
-    decoder = plugin.decoder(config.decoder_settings(workdir))
+    decoder = decoder_for(plugin, config.decoder_settings(workdir))
     try:
         return dict(decoder.slot_options())
     finally:
@@ -381,7 +382,7 @@ def run_connector(
 
 def native_applies(plugin: Plugin) -> bool:
     """Whether the connector's default (auto) core is the native one for this plugin (capture.native)."""
-    return native_available() and plugin in (Plugin.WAL2JSON, Plugin.PGOUTPUT)
+    return native_available() and plugin.capabilities.native_core
 
 
 def count_kafka_records(bootstrap: str, topic: str) -> int:
@@ -1268,7 +1269,7 @@ def run(ctx: Context, section: Section) -> None:
         f"of the paired runs' ratios (target ≥ {THROUGHPUT_TARGET:g}× pg_recvlogical with the connector's own "
         "options, docs/targets.md), best run over best run an extra column. The connector's per-change core is "
         "its default (`--core auto`): the native core "
-        "(`capture.native`, Rust) for both plugins when `tideline_native` is built; the connector also runs with "
+        "(`capture.native.core`, Rust) for both plugins when `tideline_native` is built; the connector also runs with "
         "`--core python` on the same WAL, interleaved (rows '(Python core)'; not for the pre-filled table).",
         f"Latency: connector in its own process (default settings: 4 MiB / linger 20 ms log transactions, fsync "
         f"per log transaction), a writer process committing {LATENCY_TXN_ROWS}-row INSERTs on a fixed schedule of "

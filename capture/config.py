@@ -4,6 +4,11 @@ Names follow Debezium's PostgreSQL connector where there is an equivalent
 (``snapshot.mode``, ``message.key.columns``, ``provide.transaction.metadata``,
 ``errors.max.retries``/``retriable.restart.connector.wait.ms`` → ``max_retry_time_s``,
 ``publication.name``, ``publication.autocreate.mode``).
+
+Among the checks, ``--core native`` against this process (:meth:`CaptureConfig.native_refusal`): the
+extension must be importable (capture.native.extension, which imports nothing of capture) and must decode
+the plugin and write the value format (their capabilities). The native core itself (capture.native.core)
+imports this module, never the reverse.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from capture.messages import DecoderSettings, Plugin
+from capture.native import extension
 from capture.publications import PublicationMode, Publications
 from capture.signals import split_table_name
 from capture.tables import KeylessPolicy, TableFilter
@@ -22,7 +28,15 @@ from eventstore.errors import ConfigError
 from eventstore.record_batch import Codec
 from eventstore.topic import validate_topic_name
 
-__all__ = ["CaptureConfig", "KeylessPolicy", "OffsetMismatch", "PublicationMode", "SnapshotMode", "ValueFormat"]
+__all__ = [
+    "CaptureConfig",
+    "KeylessPolicy",
+    "NativeUnavailableError",
+    "OffsetMismatch",
+    "PublicationMode",
+    "SnapshotMode",
+    "ValueFormat",
+]
 
 
 E = TypeVar("E", bound=enum.Enum)
@@ -62,12 +76,37 @@ class OffsetMismatch(enum.Enum):
 
 
 class ValueFormat(enum.Enum):
+    """The format of table topics' keys and values (capture.converters.converter_for), with what the compiled
+    code writes of it."""
+
     JSON = "json"
-    AVRO = "avro"
+    AVRO = "avro"  # through the schema registry (capture.avro)
 
     @classmethod
     def parse(cls, text: str) -> ValueFormat:
         return parse_choice(cls, text, "--value-format")
+
+    @property
+    def capabilities(self) -> FormatCapabilities:
+        return _FORMAT_CAPABILITIES[self]
+
+
+@dataclass(frozen=True, slots=True)
+class FormatCapabilities:
+    """What the native code writes of a value format (drives the choice of path, capture.native)."""
+
+    # The native core writes a change's key and envelope in it (capture.native.core; Avro: native/src/avro.rs),
+    # and capture.native.handle maps the member to the extension's tideline_native.ValueFormat
+    native_changes: bool
+    # The compiled snapshot encoder writes a read's after image and key in it (native/src/snapshot.rs; the
+    # connector's own connection and the reader processes, capture.snapshot_readers)
+    native_snapshot_reads: bool
+
+
+_FORMAT_CAPABILITIES = {
+    ValueFormat.JSON: FormatCapabilities(native_changes=True, native_snapshot_reads=True),
+    ValueFormat.AVRO: FormatCapabilities(native_changes=True, native_snapshot_reads=False),
+}
 
 
 DEFAULT_COMPRESSION = "lz4"  # of the record batches capture writes (CaptureConfig.compression)
@@ -77,7 +116,12 @@ MAX_SNAPSHOT_WORKERS = 64  # reader processes of one snapshot, each with its own
 RETAINED_WAL_WARN_BYTES = 1 << 30
 
 
-ENV = "TIDELINE_CAPTURE_CORE"  # the default of CaptureConfig.core (capture.native)
+ENV = "TIDELINE_CAPTURE_CORE"  # the default of CaptureConfig.core (capture.native.core)
+
+
+class NativeUnavailableError(ConfigError):
+    """``--core native`` was asked for, but this process cannot run the native core for the configuration: the
+    extension is not built, or does not cover the plugin, the value format or the value converter."""
 
 
 class CoreChoice(enum.Enum):
@@ -178,7 +222,7 @@ class CaptureConfig:
     # log's topic compression; Kafka's producer default, none).
     compression: str | None = DEFAULT_COMPRESSION
 
-    # The per-change core (capture.native): auto (the native extension when built and applicable), python, native.
+    # The per-change core (capture.native.core): auto (the native extension when built and applicable), python, native.
     core: CoreChoice = field(default_factory=CoreChoice.default)
 
     def validate(self) -> None:
@@ -188,9 +232,9 @@ class CaptureConfig:
         if not self.plugin.implemented:
             raise ConfigError(f"plugin {self.plugin.value} is not implemented yet (wal2json is)")
         if self.core is CoreChoice.NATIVE:
-            from capture.native import check_native  # it imports this module
-
-            check_native(self)
+            refusal = self.native_refusal()
+            if refusal is not None:
+                raise NativeUnavailableError(refusal)
         if self.plugin.capabilities.needs_publication:
             self.publications()  # checks the name
             if self.pgoutput_proto_version not in (1, 2, 3):
@@ -227,6 +271,29 @@ class CaptureConfig:
             if table.count(".") < 1:
                 raise ConfigError(f"topic override for {table!r}: write the table as schema.table")
             validate_topic_name(topic)
+
+    def native_refusal(self) -> str | None:
+        """Why ``--core native`` cannot run with this configuration in this process, as its one-line error (None:
+        it can): the extension not built (capture.native.extension), or a plugin or value format the native core
+        does not handle (their capabilities)."""
+        if not extension.available():
+            reason = extension.unavailable_reason()
+            return (
+                "--core native: the extension tideline_native is not built; run `make native` (cargo and maturin) "
+                f"or use --core auto or python (or unset {ENV}) [{reason}]"
+            )
+        unsupported = self.native_unsupported()
+        if unsupported is not None:
+            return f"--core native: {unsupported}; use --core auto or python (or unset {ENV})"
+        return None
+
+    def native_unsupported(self) -> str | None:
+        """Why the native core does not apply to this plugin and value format, whatever is built (None: it does)."""
+        if not self.plugin.capabilities.native_core:
+            return f"the native core does not decode plugin {self.plugin.value}"
+        if not self.value_format.capabilities.native_changes:
+            return f"the native core does not write --value-format {self.value_format.value}"
+        return None
 
     def publications(self) -> Publications:
         """The publications the slot streams (pgoutput; see capture.publications)."""

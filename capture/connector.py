@@ -57,6 +57,7 @@ import psycopg
 from capture import schema_changes
 from capture.config import CaptureConfig, KeylessPolicy, PublicationMode, SnapshotMode, ValueFormat
 from capture.converters import converter_for
+from capture.decoders import decoder_for
 from capture.errors import (
     PermanentCaptureError,
     RetriesExhaustedError,
@@ -71,7 +72,7 @@ from capture.events import EventBuilder, ToastCache
 from capture.incremental import IncrementalSnapshot
 from capture.keystate import KeyState
 from capture.messages import StreamingAmbiguous
-from capture.native import core_report, native_core_for
+from capture.native.core import core_report, native_core_for
 from capture.offsets import OffsetContext
 from capture.partitions import META_NAME as PARTITION_MAP
 from capture.partitions import PartitionMap
@@ -337,7 +338,7 @@ class Connector:
             settings = self.config.decoder_settings(self.state_path().parent)
             if not self._streaming_allowed:
                 settings = dataclasses.replace(settings, streaming=False)
-            decoder = self.config.plugin.decoder(settings)
+            decoder = decoder_for(self.config.plugin, settings)
             closing.append(decoder.close)
             repl.start(self.config.slot, start_lsn, decoder.slot_options())
             self._streaming_ok = True

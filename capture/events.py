@@ -403,7 +403,7 @@ class EventBuilder(EventEncoder):
 
         ``topic``: the table's topic when the caller has it already (:meth:`topic` otherwise). ``shape``: the
         table's columns at the change (capture.shapes); None: the catalog's (``table``), for a change that has
-        every one of them (the native core's, checked again by capture.native_verify).
+        every one of them (the native core's, checked again by capture.native.verify).
         """
         if topic is None:
             topic = self.topic(table)

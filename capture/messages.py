@@ -3,9 +3,11 @@
 A decoder (:class:`Decoder`) turns one payload of the replication stream into zero or
 more :class:`ChangeMessage` values; everything after it (envelopes, TOAST filling,
 transactions, the log) only sees those. A plugin is a decoder and a :class:`Plugin`
-member whose :class:`Capabilities` say what its stream can and cannot tell; what a
-decoder needs from the connector comes in :class:`DecoderSettings` (pgoutput: the
-publications, the protocol, where streamed transactions spill).
+member whose :class:`Capabilities` say what its stream can and cannot tell, and whether
+the native core decodes it; what a decoder needs from the connector comes in
+:class:`DecoderSettings` (pgoutput: the publications, the protocol, where streamed
+transactions spill). Its decoder is made by ``capture.decoders.decoder_for``: this
+module names the decoder's class, it does not import it (the decoders import this module).
 
 Positions: ``lsn`` is the WAL position of the change (``BEGIN`` shares the first
 change's LSN; one statement's rows may share one), so an event is identified by
@@ -48,12 +50,6 @@ class Plugin(enum.Enum):
     def implemented(self) -> bool:
         return self.capabilities.decoder is not None
 
-    def decoder(self, settings: DecoderSettings | None = None) -> Decoder:
-        """A fresh decoder for one replication stream of this plugin (capture.decoders)."""
-        from capture.decoders import decoder_for  # the decoders import this module
-
-        return decoder_for(self, settings)
-
 
 @dataclass(frozen=True, slots=True)
 class DecoderSettings:
@@ -77,6 +73,13 @@ class Capabilities:
     emits_type_oids: bool
     emits_primary_key: bool
     emits_generated_columns: bool  # stored generated columns in row images (pgoutput 15 leaves them out)
+    # A partition's changes come under the partition's name (wal2json), not its partitioned table's (pgoutput's
+    # publication publishes them as the root's with publish_via_partition_root)
+    names_partitions: bool
+    # The native core (capture.native) decodes its row changes in compiled code: native/src has a reader for its
+    # payloads, and capture.native.handle maps this member to the extension's tideline_native.Plugin (a plugin
+    # without one takes the Python path; --core native refuses it)
+    native_core: bool
 
 
 _CAPABILITIES = {
@@ -88,6 +91,8 @@ _CAPABILITIES = {
         emits_type_oids=True,
         emits_primary_key=True,
         emits_generated_columns=True,
+        names_partitions=True,
+        native_core=True,
     ),
     Plugin.PGOUTPUT: Capabilities(
         decoder="capture.decoders.pgoutput:PgOutputDecoder",
@@ -97,6 +102,8 @@ _CAPABILITIES = {
         emits_type_oids=True,
         emits_primary_key=False,
         emits_generated_columns=False,
+        names_partitions=False,
+        native_core=True,
     ),
 }
 

@@ -28,7 +28,7 @@ import itertools
 import select
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import overload
 
@@ -38,15 +38,10 @@ from psycopg.pq.abc import PGconn
 
 from capture import libpq as pqlib
 from capture.messages import Plugin
+from capture.native.extension import read_xlog as _read_xlog  # None (not built): messages come through psycopg
 from capture.pgtypes import SESSION_OPTIONS
 from capture.slots import FAILOVER_SLOTS_SINCE
 from schemas.position import format_lsn, parse_lsn
-
-_read_xlog: Callable[[int, int, int, int, bytes | None, int, int], tuple[int, bytes, bytes, bytes | None]] | None
-try:
-    from tideline_native import read_xlog as _read_xlog
-except ImportError:  # not built, or built before it had read_xlog: messages come through psycopg
-    _read_xlog = None
 
 __all__ = ["CreatedSlot", "Keepalive", "ReplicationConnection", "XLogData", "XLogRun", "format_lsn", "parse_lsn"]
 
@@ -81,7 +76,7 @@ class XLogRun(Sequence[XLogData]):
     """XLogData messages as they came off the wire ('w', header, payload), in one buffer: ``data``, and where
     each starts in it and the last ends, ``offsets`` (native-endian u32, one more than the messages). A message
     is decoded into an :class:`XLogData` only when asked for: the native core reads the buffer itself
-    (capture.native), so no Python object is made per message it handles."""
+    (capture.native.core), so no Python object is made per message it handles."""
 
     __slots__ = ("_at", "data", "offsets")
 

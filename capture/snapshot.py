@@ -46,10 +46,11 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
-from capture.config import CaptureConfig, CoreChoice, SnapshotMode, ValueFormat
+from capture.config import CaptureConfig, CoreChoice, SnapshotMode
 from capture.errors import PermanentCaptureError
 from capture.events import EventBuilder, TxnContext
 from capture.messages import Column
+from capture.native import extension
 from capture.offsets import OffsetContext
 from capture.pgtypes import SESSION_OPTIONS
 from capture.recovery import Reconciliation
@@ -184,8 +185,9 @@ class SnapshotReads:
     def native_batch(self, table: TableInfo, topic: str, batch: NativeBatch) -> None:
         """A reader's natively encoded batch: its first row, the images between made whole envelopes (their
         indexes joined in, compiled code: no Python object per row), its last row."""
-        from tideline_native import splice_reads  # a reader sends native batches only when it is built
-
+        splice_reads = extension.splice_reads
+        if splice_reads is None:  # a reader sends native batches only when it is built, as it is here
+            raise PermanentCaptureError("a natively encoded snapshot batch came, but this process has no extension")
         self.row(table, batch.first)
         n = batch.between
         if n:
@@ -403,8 +405,8 @@ class SnapshotSource:
 
     def _native_encoder(self, spec: ReaderSpec, table: TableInfo) -> Any | None:
         """The compiled encoder for reading ``table`` on the connector's connection (None: the Python path): as a
-        reader process decides (capture.snapshot_readers.native_encoder), with JSON values."""
-        if self.config.value_format is not ValueFormat.JSON:
+        reader process decides (capture.snapshot_readers.native_encoder), in a value format it writes (JSON)."""
+        if not self.config.value_format.capabilities.native_snapshot_reads:
             return None
         return native_encoder(spec, table)
 

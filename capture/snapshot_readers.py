@@ -124,19 +124,12 @@ from psycopg import pq
 from capture import libpq as pqlib
 from capture.errors import CaptureError, is_connection_error
 from capture.messages import Column
+from capture.native import extension
 from capture.pgtypes import SESSION_OPTIONS, dumps_values, text_converter
 from capture.tables import TableFilter, TableInfo, qualified_name, result_rows, select_columns_sql
 
 if TYPE_CHECKING:  # imported where used: see PythonPath
     from capture.events import EventEncoder, TxnContext
-
-_NativeEncoder: Any
-try:  # None: not built (or built before snapshot reads were native): the Python path
-    import tideline_native
-
-    _NativeEncoder = getattr(tideline_native, "SnapshotEncoder", None)
-except ImportError:
-    _NativeEncoder = None
 
 log = logging.getLogger("capture.connector")
 
@@ -389,14 +382,15 @@ def _read_range(
 def native_encoder(spec: ReaderSpec, table: TableInfo) -> Any | None:
     """The compiled encoder of ``table``'s rows (None: they take the Python path): the extension is built and
     wanted (``spec.native``), no column is excluded or masked, and every column's type is converted natively."""
-    if not spec.native or _NativeEncoder is None or not table.columns:
+    encoder = extension.SnapshotEncoder  # None: not built
+    if not spec.native or encoder is None or not table.columns:
         return None
     if spec.table_filter.exclude_columns or spec.table_filter.mask_columns:
         return None
-    if not all(_NativeEncoder.converts(c.type_oid) for c in table.columns):
+    if not all(extension.converts(c.type_oid) for c in table.columns):
         return None
-    return _NativeEncoder([c.name for c in table.columns], [c.type_oid for c in table.columns], list(table.key),
-                          list(table.toastable_columns))  # fmt: skip
+    return encoder([c.name for c in table.columns], [c.type_oid for c in table.columns], list(table.key),
+                   list(table.toastable_columns))  # fmt: skip
 
 
 def _read_range_native(

@@ -5,7 +5,7 @@ slot's retained WAL is read every :data:`WAL_CHECK_S` and warned about above
 ``retained_wal_warn_bytes``. The same :class:`Stats` feed ``--json`` summaries and the
 Prometheus collector (capture.metrics).
 
-**The core** (:class:`CoreReport`, made by capture.native): which per-change core the connector
+**The core** (:class:`CoreReport`, made by capture.native.core): which per-change core the connector
 runs, per table, and the reason for every table on the Python path. It is in the start log
 lines, the status line, ``--json`` summaries and the metrics, and the connector writes it to
 ``<state dir>/<prefix>.<slot>.core.json`` (:func:`write_core_report`) when it starts and when it
@@ -184,7 +184,7 @@ class Stats:
     partitions_not_followed: list[str] = field(default_factory=list)
     incremental: dict[str, Any] | None = None  # the incremental snapshot under way (capture.incremental)
     incremental_rereads: int = 0  # chunk reads taken again: a transaction the stream had passed was invisible
-    core: CoreReport | None = None  # the per-change core, per table (set at start: capture.native.core_report)
+    core: CoreReport | None = None  # the per-change core, per table (set at start: capture.native.core.core_report)
 
     def batch_stored(self, commit_lsn: int | None) -> None:
         """A log transaction committed; ``commit_lsn``: its position's (None: it carried none)."""

@@ -53,7 +53,7 @@ from capture.config import CaptureConfig, ValueFormat
 from capture.events import Event, EventBuilder, TxnContext
 from capture.incremental import WATERMARK_PREFIX, IncrementalSnapshot
 from capture.messages import ChangeMessage, DecodeError, Decoder, Kind, Plugin
-from capture.native import NativeCore
+from capture.native.core import NativeCore
 from capture.offsets import OffsetContext
 from capture.partitions import META_NAME, Change, PartitionMap, chunks_in
 from capture.replication import Keepalive, ReplicationConnection, XLogData, XLogRun
@@ -85,7 +85,7 @@ class StreamingSource:
     stop: threading.Event
     incremental: IncrementalSnapshot
     signal_table: tuple[str, str] | None  # (schema, table) whose INSERTs are signals (capture.signals); None: none
-    native: NativeCore | None = None  # the native core (capture.native), None: every change takes the Python path
+    native: NativeCore | None = None  # the native core (capture.native.core), None: every change takes the Python path
     partitions: PartitionMap | None = None  # --publish-via-partition-root: the roots' partitions (capture.partitions)
     # the stream's state between messages
     _ctx: TxnContext | None = None

@@ -1,6 +1,7 @@
-"""Type stub of the native capture core (native/src/lib.rs); capture/native.py drives it."""
+"""Type stub of the native capture core (native/src/lib.rs); imported by capture/native/extension.py only,
+driven by capture/native/ (handle.py makes the Core and maps capture's enums to these)."""
 
-from typing import Any
+from typing import Any, ClassVar, final
 
 VERSION: str
 
@@ -11,8 +12,26 @@ Column = tuple[bytes, bytes, bytes | None, int, int]
 KeySet = tuple[bytes, str]
 Output = tuple[int, int, Column, Column, int, KeySet | None, KeySet | None]
 
+@final
+class Plugin:
+    """Whose payloads a Core reads (capture.messages.Plugin's members the core decodes)."""
+
+    WAL2JSON: ClassVar[Plugin]
+    PGOUTPUT: ClassVar[Plugin]
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class ValueFormat:
+    """The format a Core writes keys and values in (capture.config.ValueFormat)."""
+
+    JSON: ClassVar[ValueFormat]
+    AVRO: ClassVar[ValueFormat]
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
 class Core:
-    def __init__(self, prefix: str, db: str, plugin: str = "wal2json", value_format: str = "json") -> None: ...
+    def __init__(self, prefix: str, db: str, plugin: Plugin, value_format: ValueFormat) -> None: ...
     def register_table(
         self,
         table_id: int,

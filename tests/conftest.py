@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from capture import native_verify
+from capture.native import verify as native_verify
 from tideline.faults import FaultUnavailable, SmallFilesystem, small_filesystem
 from tideline.kafkaharness import LocalKafka
 from tideline.pgharness import LocalPostgres
@@ -108,7 +108,7 @@ def server(request: pytest.FixtureRequest) -> LocalPostgres:
 
 @pytest.fixture(scope="session", autouse=True)
 def _native_core_checked() -> Iterator[None]:
-    """Every run of the native capture core is checked against the Python reference (capture.native_verify):
+    """Every run of the native capture core is checked against the Python reference (capture.native.verify):
     every payload the suite's connectors hand the core, in this process and in the ones tests start, goes
     through both paths, and a difference fails the test that captured it. ``TIDELINE_NATIVE_VERIFY=0`` turns it
     off (to time something)."""

@@ -2,10 +2,11 @@
 
 Each plugin has its subpackage (``wal2json/``, ``pgoutput/``), and the
 :class:`capture.messages.Plugin` member names its decoder class in its capabilities
-(:attr:`Capabilities.decoder`) and builds it (:meth:`Plugin.decoder`) from the
-connector's :class:`~capture.messages.DecoderSettings` (the class's ``configured``
-constructor takes what applies to its plugin); the capabilities drive the fallbacks
-elsewhere — nothing outside this seam asks which plugin is in use.
+(:attr:`Capabilities.decoder`); :func:`decoder_for` builds it from the connector's
+:class:`~capture.messages.DecoderSettings` (the class's ``configured`` constructor takes
+what applies to its plugin). Here, not on ``Plugin``: the decoders import capture.messages,
+which imports none of them. The capabilities drive the fallbacks elsewhere — nothing
+outside this seam asks which plugin is in use.
 """
 
 from __future__ import annotations

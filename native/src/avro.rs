@@ -3,7 +3,7 @@
 //! `capture.avro.AvroEncoder` (→ `schemas.pgvalues` → fastavro through `schemas.wire.AvroWire`)
 //! writes them.
 //!
-//! What the encoding needs comes from Python per table ([`AvroTable`], `capture/native_avro.py`): the
+//! What the encoding needs comes from Python per table ([`AvroTable`], `capture/native/avro.py`): the
 //! registered key and value schema ids, per column its Avro kind (`schemas.pgavro.Kind`), its type OID
 //! in the catalog and where `null` and the value sit in its union, and the envelope's, `source`'s and
 //! `transaction`'s field order with their unions. The core re-derives nothing from schema text.

@@ -1,10 +1,10 @@
 //! Tideline's native capture core: wal2json format-version 2 payloads or pgoutput row messages →
-//! change-event envelopes and record keys, a whole run of payloads per call (see `capture/native.py`
+//! change-event envelopes and record keys, a whole run of payloads per call (see `capture/native/core.py`
 //! for how it is driven and `docs/capture.md` for what is native and what falls back).
 //!
 //! Contract: for every payload it handles, the bytes it returns are exactly those the Python
 //! reference path (`capture.decoders.wal2json` or `capture.decoders.pgoutput` → `capture.events` →
-//! `capture.converters.JsonConverter`, or `AvroConverter` with `value_format="avro"`: see `avro.rs`)
+//! `capture.converters.JsonConverter`, or `AvroConverter` with [`ValueFormat::Avro`]: see `avro.rs`)
 //! would produce. Each plugin's reader turns a payload into a plugin-neutral [`Change`] (row images
 //! of columns converted to the core's format); [`build`] makes its events. Anything it is not sure
 //! about — a record that is not an INSERT/UPDATE/DELETE, a
@@ -75,11 +75,32 @@ pub(crate) struct Change<'a> {
     pub identity: Option<Vec<Col<'a>>>,
 }
 
-/// Which plugin's payloads the core reads.
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// Which plugin's payloads the core reads: `tideline_native.Plugin`, the counterpart of
+/// `capture.messages.Plugin`'s members whose capabilities say the core decodes them (mapped in one
+/// place, `capture/native/handle.py`). A Python enum, not a string: a plugin without a member here
+/// cannot reach the core (no string is ever read as wal2json).
+#[pyclass(eq, hash, frozen, module = "tideline_native")]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Plugin {
+    /// wal2json format-version 2 records
+    #[pyo3(name = "WAL2JSON")]
     Wal2json,
+    /// pgoutput protocol messages (row messages decoded with the Relation messages given)
+    #[pyo3(name = "PGOUTPUT")]
     Pgoutput,
+}
+
+/// The format the core writes keys and values in: `tideline_native.ValueFormat`, the counterpart of
+/// `capture.config.ValueFormat` (mapped with [`Plugin`]).
+#[pyclass(eq, hash, frozen, module = "tideline_native")]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum ValueFormat {
+    /// JSON envelopes and keys (capture.converters.JsonConverter)
+    #[pyo3(name = "JSON")]
+    Json,
+    /// Confluent-framed Avro (avro.rs): a table's changes are handled once its layout is registered
+    #[pyo3(name = "AVRO")]
+    Avro,
 }
 
 /// Outputs of one table within one call: its records' keys and values as Arrow binary arrays (no Python
@@ -217,7 +238,7 @@ struct Core {
     by_name: HashMap<(String, String), usize>,
     tables: Vec<Option<Table>>,
     relations: HashMap<u32, Relation>, // pgoutput: relation OID → its Relation message and table
-    avro: bool, // Avro keys and values (tables handled only once their Avro layout is registered)
+    value_format: ValueFormat,         // Avro: tables handled only once their layout is registered
 }
 
 /// The format the core writes a table's values in, with what it needs for it.
@@ -229,39 +250,21 @@ pub(crate) enum Format<'t> {
 
 #[pymethods]
 impl Core {
-    /// ``plugin``: ``"wal2json"`` (format-version 2 records) or ``"pgoutput"`` (protocol messages);
-    /// ``value_format``: ``"json"`` or ``"avro"`` (a table's changes are handled once :meth:`register_avro`
-    /// gave its layout).
+    /// ``plugin``: :class:`Plugin` (whose payloads :meth:`process` reads); ``value_format``:
+    /// :class:`ValueFormat` (Avro: a table's changes are handled once :meth:`register_avro` gave its
+    /// layout). Both required, as members of these enums: anything else is a TypeError.
     #[new]
-    #[pyo3(signature = (prefix, db, plugin="wal2json", value_format="json"))]
-    fn new(prefix: String, db: String, plugin: &str, value_format: &str) -> PyResult<Self> {
-        let avro = match value_format {
-            "json" => false,
-            "avro" => true,
-            other => {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "value_format must be json or avro, not {other:?}"
-                )))
-            }
-        };
-        let plugin = match plugin {
-            "wal2json" => Plugin::Wal2json,
-            "pgoutput" => Plugin::Pgoutput,
-            other => {
-                return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "plugin must be wal2json or pgoutput, not {other:?}"
-                )))
-            }
-        };
-        Ok(Core {
+    #[pyo3(signature = (prefix, db, plugin, value_format))]
+    fn new(prefix: String, db: String, plugin: Plugin, value_format: ValueFormat) -> Self {
+        Core {
             prefix,
             db,
             plugin,
             by_name: HashMap::new(),
             tables: Vec::new(),
             relations: HashMap::new(),
-            avro,
-        })
+            value_format,
+        }
     }
 
     /// pgoutput: the Relation message the Python decoder holds for ``oid`` (column names, type OIDs,
@@ -658,10 +661,10 @@ impl Core {
     /// The format a registered table's values are written in (None: not registered, or Avro without its layout).
     fn format_of(&self, table_id: usize) -> Option<Format<'_>> {
         let table = self.tables.get(table_id)?.as_ref()?;
-        if !self.avro {
-            return Some(Format::Json);
+        match self.value_format {
+            ValueFormat::Json => Some(Format::Json),
+            ValueFormat::Avro => table.avro.as_ref().map(Format::Avro),
         }
-        table.avro.as_ref().map(Format::Avro)
     }
 
     /// A table's `source` for one call (None: a value its Avro schema cannot hold).
@@ -1114,6 +1117,8 @@ fn envelope(
 #[pymodule]
 fn tideline_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Core>()?;
+    m.add_class::<Plugin>()?;
+    m.add_class::<ValueFormat>()?;
     m.add_class::<snapshot::SnapshotEncoder>()?;
     m.add_function(wrap_pyfunction!(snapshot::splice_reads, m)?)?;
     m.add_function(wrap_pyfunction!(stream::read_xlog, m)?)?;

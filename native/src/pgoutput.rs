@@ -11,7 +11,7 @@
 //!
 //! Only the messages of a top-level transaction come here (no `[xid]` prefix: a streamed
 //! transaction's messages are spilled by the Python decoder and replayed through it). The
-//! relation is the one the Python decoder last read for that OID: `capture/native.py` registers
+//! relation is the one the Python decoder last read for that OID: `capture/native/core.py` registers
 //! it (after the Python path handled a change of the table) and forgets it whenever the decoder
 //! reads a new Relation message. Anything the reference would refuse or that this reader is not
 //! sure about — an unknown relation OID, a wrong column count, a truncated or over-long message,

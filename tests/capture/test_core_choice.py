@@ -3,7 +3,7 @@ in the start log lines, ``capture run --json``, ``capture status --json``, the m
 
 Without the extension: ``tideline`` runs in a process whose ``import tideline_native`` fails as it does where the
 extension was never built (a meta-path finder raising the same ``ModuleNotFoundError``), so the real fallback of
-capture.native runs — ``auto`` captures on the Python path and says so once, ``native`` refuses in one line.
+capture.native.core runs — ``auto`` captures on the Python path and says so once, ``native`` refuses in one line.
 With the extension: a table with columns the core does not convert (an array, an enum, an interval) is
 reported per table, with the columns, at start and when a table appears later.
 """
@@ -31,10 +31,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-import capture.native
 from capture.config import CaptureConfig, CoreChoice, SnapshotMode
 from capture.connector import Connector
 from capture.metrics import CaptureCollector
+from capture.native import extension
 from capture.report import capture_status
 from capture.tables import TableFilter
 from eventstore.log import Log
@@ -208,7 +208,7 @@ def test_core_native_without_the_extension_refuses_in_one_line(db: str, tmp_path
 def test_tables_the_native_core_does_not_cover_are_reported_per_table(
     db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    if not capture.native.available():
+    if not extension.available():
         pytest.skip("tideline_native is not built (make native)")
     caplog.set_level(logging.INFO, logger="capture.connector")
     log_dir = tmp_path / "log"
@@ -272,7 +272,7 @@ def test_tables_the_native_core_does_not_cover_are_reported_per_table(
 def test_core_native_warns_per_table_and_core_python_is_said_once(
     db: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    if not capture.native.available():
+    if not extension.available():
         pytest.skip("tideline_native is not built (make native)")
     caplog.set_level(logging.INFO, logger="capture.connector")
     with Log(tmp_path / "log") as log:

@@ -30,6 +30,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from workload import soak
 
+import capture.connector
 from capture.config import CaptureConfig, CoreChoice
 from capture.connector import Connector
 from capture.decoders.pgoutput import PgOutputDecoder
@@ -265,12 +266,12 @@ def test_decode_error_mid_transaction_stops_and_stores_nothing_of_it(
         with psycopg.connect(dsn) as c:
             row = c.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         assert row is not None
-        real = Plugin.decoder
+        real = capture.connector.decoder_for
 
-        def corrupting(self: Plugin, settings: Any = None) -> CorruptingDecoder:
-            return CorruptingDecoder(real(self, settings), nth=4)  # the INSERT of id 4
+        def corrupting(plugin: Plugin, settings: Any = None) -> CorruptingDecoder:
+            return CorruptingDecoder(real(plugin, settings), nth=4)  # the INSERT of id 4
 
-        monkeypatch.setattr(Plugin, "decoder", corrupting)
+        monkeypatch.setattr(capture.connector, "decoder_for", corrupting)  # the connector's decoder
         errors: list[BaseException] = []
         with backend.sink() as (log, _):
             connector = Connector(config, log)
@@ -288,7 +289,7 @@ def test_decode_error_mid_transaction_stops_and_stores_nothing_of_it(
             confirmed = parse((slot.fetchone() or ("0/0",))[0])
         position = backend.position(dsn, "fault")
         assert position is not None and confirmed <= position.confirm_lsn < parse(row[0])
-        monkeypatch.setattr(Plugin, "decoder", real)
+        monkeypatch.setattr(capture.connector, "decoder_for", real)
         backend.run(config)
         ids = [json.loads(v)["after"]["id"] for _, _, v in backend.records("cdc.public.t") if v is not None]
         assert ids == [1, 2, 3, 4, 5], ids

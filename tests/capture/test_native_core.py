@@ -44,9 +44,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from workload import soak
 
-import capture.native
+import capture.native.core
 import capture.streaming
-from capture.config import CaptureConfig, CoreChoice, SnapshotMode
+from capture.config import CaptureConfig, CoreChoice, NativeUnavailableError, SnapshotMode
 from capture.converters import JsonConverter
 from capture.decoders.pgoutput import PgOutputDecoder
 from capture.decoders.wal2json import Wal2JsonDecoder
@@ -54,7 +54,8 @@ from capture.events import EventBuilder, ToastCache
 from capture.incremental import IncrementalSnapshot
 from capture.keystate import KeyState
 from capture.messages import Decoder, Plugin
-from capture.native import NativeCore, native_core_for
+from capture.native import extension
+from capture.native.core import NativeCore, native_core_for
 from capture.offsets import OffsetContext
 from capture.replication import ReplicationConnection, XLogData, XLogRun
 from capture.sinks.embedded import EmbeddedLogSink
@@ -66,7 +67,7 @@ from capture.writer import LogWriter
 from eventstore.log import Log
 from tideline.pgharness import LocalPostgres
 
-pytestmark = pytest.mark.skipif(not capture.native.available(), reason="tideline_native is not built (make native)")
+pytestmark = pytest.mark.skipif(not extension.available(), reason="tideline_native is not built (make native)")
 
 EXAMPLES = 1_000 if soak() else 60
 TIMEOUT_S = 3_600 if soak() else 600  # the suite's 600 s limit is shorter than the soak's examples under load
@@ -218,7 +219,7 @@ def differential(tables: list[TableInfo], payloads: list[bytes], cuts: list[int]
 @pytest.fixture(autouse=True)
 def pinned_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(capture.streaming, "now_ms", lambda: NOW_MS)
-    monkeypatch.setattr(capture.native, "now_ms", lambda: NOW_MS)
+    monkeypatch.setattr(capture.native.core, "now_ms", lambda: NOW_MS)
 
 
 # ---------------------------------------------------------------------------- tables and values
@@ -626,8 +627,8 @@ def test_captured_fixtures_are_identical() -> None:
 
 
 def test_core_native_without_the_extension_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(capture.native, "BUILT", False)
-    with pytest.raises(capture.native.NativeUnavailableError, match="not built; run `make native`"):
+    monkeypatch.setattr(extension, "BUILT", False)
+    with pytest.raises(NativeUnavailableError, match="not built; run `make native`"):
         CaptureConfig(dsn="postgresql://x", core=CoreChoice.NATIVE).validate()
     config = CaptureConfig(dsn="postgresql://x", core=CoreChoice.AUTO)
     config.validate()  # auto: the Python path

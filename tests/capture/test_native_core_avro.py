@@ -53,7 +53,6 @@ from test_native_core import (  # noqa: F401 (pinned_clock: an autouse fixture, 
     transactions,
 )
 
-import capture.native
 from capture.avro import AvroEncoder
 from capture.config import CaptureConfig, CoreChoice, SnapshotMode, ValueFormat
 from capture.converters import AvroConverter
@@ -63,7 +62,8 @@ from capture.events import EventBuilder, ToastCache
 from capture.incremental import IncrementalSnapshot
 from capture.keystate import KeyState
 from capture.messages import Decoder, Plugin
-from capture.native import NativeCore, native_core_for
+from capture.native import extension
+from capture.native.core import NativeCore, native_core_for
 from capture.offsets import OffsetContext
 from capture.publications import PublicationMode
 from capture.sinks.embedded import EmbeddedLogSink
@@ -79,7 +79,7 @@ from schemas.registry import MemorySchemaStore, SchemaRegistry
 from schemas.wire import AvroWire, parse_header
 from tideline.pgharness import LocalPostgres
 
-pytestmark = pytest.mark.skipif(not capture.native.available(), reason="tideline_native is not built (make native)")
+pytestmark = pytest.mark.skipif(not extension.available(), reason="tideline_native is not built (make native)")
 
 
 def retyped(tbl: TableInfo, column: str, type_name: str) -> TableInfo:

@@ -51,16 +51,16 @@ from test_native_core import (  # noqa: F401 (pinned_clock: an autouse fixture, 
     times,
 )
 
-import capture.native
 from capture.config import CaptureConfig, CoreChoice, SnapshotMode, ValueFormat
 from capture.messages import Plugin
-from capture.native import NativeCore
+from capture.native import extension
+from capture.native.core import NativeCore
 from capture.pgtypes import SESSION_SETTINGS
 from capture.publications import PublicationMode
 from capture.tables import TableCatalog, TableFilter, TableInfo
 from tideline.pgharness import LocalPostgres
 
-pytestmark = pytest.mark.skipif(not capture.native.available(), reason="tideline_native is not built (make native)")
+pytestmark = pytest.mark.skipif(not extension.available(), reason="tideline_native is not built (make native)")
 
 PG_EPOCH_US = 946_684_800_000_000
 UNCHANGED = object()  # an unchanged TOAST value ('u')

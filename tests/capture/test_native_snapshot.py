@@ -37,6 +37,7 @@ from capture.config import CoreChoice
 from capture.converters import JsonConverter
 from capture.errors import CaptureError
 from capture.events import EventEncoder, TxnContext
+from capture.native import extension
 from capture.pgtypes import SESSION_OPTIONS, text_converter
 from capture.snapshot import SnapshotSource
 from capture.snapshot_readers import (
@@ -54,9 +55,11 @@ from capture.snapshot_readers import (
 from capture.tables import TableCatalog, TableColumn, TableFilter, TableInfo, result_rows, select_columns_sql
 from tideline.pgharness import LocalPostgres
 
-native_module = pytest.importorskip("tideline_native", reason="tideline_native is not built (make native)")
-SnapshotEncoder = native_module.SnapshotEncoder
-splice_reads = native_module.splice_reads
+if not extension.available():
+    pytest.skip("tideline_native is not built (make native)", allow_module_level=True)
+assert extension.SnapshotEncoder is not None and extension.splice_reads is not None
+SnapshotEncoder = extension.SnapshotEncoder
+splice_reads = extension.splice_reads
 
 NOW = 1_700_000_000_000
 CTX = TxnContext(None, 123_456, 1_700_000_000_000, snapshot="true")

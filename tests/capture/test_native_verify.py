@@ -1,4 +1,4 @@
-"""The native core checked against the Python reference as it runs (capture.native_verify).
+"""The native core checked against the Python reference as it runs (capture.native.verify).
 
 The suite turns the check on for every test (tests/conftest.py): these tests show that it really
 runs on a real server's stream (for both plugins), that it catches a difference (a native result
@@ -16,14 +16,15 @@ import pytest
 from capture_util import capture as capture_into
 from capture_util import drop_slots, fresh_database, records, sql
 
-import capture.native
 from capture.config import CoreChoice, SnapshotMode
 from capture.messages import Plugin
-from capture.native import NativeCore, binary_array
-from capture.native_verify import ENV, NativeMismatchError, ReferenceCheck, enabled
+from capture.native import extension
+from capture.native.core import NativeCore
+from capture.native.handle import binary_array
+from capture.native.verify import ENV, NativeMismatchError, ReferenceCheck, enabled
 from tideline.pgharness import LocalPostgres
 
-pytestmark = pytest.mark.skipif(not capture.native.available(), reason="tideline_native is not built (make native)")
+pytestmark = pytest.mark.skipif(not extension.available(), reason="tideline_native is not built (make native)")
 
 WORKLOAD = [
     "INSERT INTO acct SELECT g, 'owner ' || g, g / 7.0, now(), jsonb_build_object('g', g) "
@@ -102,8 +103,8 @@ class TamperedCore:
 
 
 def test_a_difference_stops_the_connector(db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    TamperedCore.real = capture.native.tideline_native.Core
-    monkeypatch.setattr(capture.native.tideline_native, "Core", TamperedCore)
+    TamperedCore.real = extension.Core
+    monkeypatch.setattr(extension, "Core", TamperedCore)  # what capture.native.handle makes its core with
     with pytest.raises(NativeMismatchError, match=r'cdc\.public\.acct record 0 of the run: value native .*"0wner'):
         capture_workload(db, tmp_path / "log", Plugin.WAL2JSON, "tampered")
     assert records(tmp_path / "log", "cdc.public.acct") == []  # nothing of the stream was committed

@@ -13,7 +13,7 @@ import pytest
 from capture_util import drop_slots, fresh_database
 
 from capture import libpq, replication
-from capture.native import available as native_available
+from capture.native import extension
 from capture.replication import Keepalive, ReplicationConnection, XLogData, XLogRun
 from schemas.position import parse_lsn
 from tideline.pgharness import LocalPostgres
@@ -83,7 +83,7 @@ def through_last_commit(messages: list[bytes], inserts: int) -> list[bytes]:
     raise AssertionError(f"{seen} INSERT records and no COMMIT after the {inserts}th in {len(messages)} messages")
 
 
-@pytest.mark.skipif(not native_available(), reason="the native extension is not built (make native)")
+@pytest.mark.skipif(not extension.available(), reason="the native extension is not built (make native)")
 def test_native_runs_hold_what_psycopg_reads(db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert libpq.functions(libpq.STREAM) is not None, "libpq's stream functions must be found for psycopg here"
     sql(db, "CREATE TABLE t (id int PRIMARY KEY, v text) WITH (autovacuum_enabled = false)")
@@ -127,9 +127,8 @@ def test_run_refuses_offsets_that_do_not_span_its_data() -> None:
         XLogRun(b"w" * 10, array.array("I", [1, 10]).tobytes())
 
 
-@pytest.mark.skipif(not native_available(), reason="the native extension is not built (make native)")
+@pytest.mark.skipif(not extension.available(), reason="the native extension is not built (make native)")
 def test_read_xlog_refuses_null_addresses() -> None:
-    import tideline_native
-
+    assert extension.read_xlog is not None
     with pytest.raises(ValueError, match="null connection or function address"):
-        tideline_native.read_xlog(0, 1, 1, 1, None, 10, 1 << 20)
+        extension.read_xlog(0, 1, 1, 1, None, 10, 1 << 20)

@@ -50,11 +50,11 @@ from capture_util import ConnectorThread, capture, drop_slots, events, fresh_dat
 from readiness import patience, wait_until
 from typer.testing import CliRunner
 
-from capture import native
 from capture.config import CoreChoice, ValueFormat
 from capture.connector import CaptureConfig, Connector
 from capture.events import UNAVAILABLE
 from capture.messages import Plugin
+from capture.native import extension
 from capture.tables import TableFilter
 from eventstore.consumer import Consumer, TopicPartition
 from eventstore.log import Log
@@ -326,8 +326,8 @@ def report(problems: list[str]) -> str:
 def test_row_images_follow_the_schema_at_the_change(db: str, tmp_path: Path, plugin: Plugin, case: Case,
                                                     mode: str, core: CoreChoice) -> None:  # fmt: skip
     """Every event's columns and values are the row image its table had at the change, catalog behind or ahead."""
-    if core is CoreChoice.AUTO and not native.available():
-        pytest.skip(native.unavailable_reason())
+    if core is CoreChoice.AUTO and not extension.available():
+        pytest.skip(extension.unavailable_reason())
     sql(db, *TABLE, *case.setup, *(["ALTER TABLE t REPLICA IDENTITY FULL"] if case.full else []))
     sql(db, "INSERT INTO oracle.snapshot_taken SELECT coalesce(max(seq), 0) FROM oracle.audit")
     workload = BEFORE + case.steps + AFTER
@@ -360,8 +360,8 @@ def test_avro_events_are_written_under_the_schema_at_the_change(db: str, tmp_pat
     field of a column added later, ``n`` an integer before ``ALTER COLUMN n TYPE numeric``; the key state rebuilt
     from the log reads each record with its own schema. The subject's compatibility is NONE here (``ALTER COLUMN
     TYPE`` is refused under BACKWARD: test_avro.py)."""
-    if core is CoreChoice.AUTO and not native.available():
-        pytest.skip(native.unavailable_reason())
+    if core is CoreChoice.AUTO and not extension.available():
+        pytest.skip(extension.unavailable_reason())
     sql(db, *TABLE, *case.setup, *(["ALTER TABLE t REPLICA IDENTITY FULL"] if case.full else []))
     sql(db, "INSERT INTO oracle.snapshot_taken SELECT coalesce(max(seq), 0) FROM oracle.audit")
     log_dir = tmp_path / "log"

@@ -18,7 +18,7 @@ import pytest
 from console_util import PREFIX, Watched, watched_database
 from playwright.sync_api import expect, sync_playwright
 
-import capture.native
+from capture.native import extension
 from tideline.pgharness import LocalPostgres
 
 TIDELINE = str(Path(sys.executable).parent / "tideline")
@@ -40,7 +40,7 @@ from tideline.cli import main
 main()
 """
 
-pytestmark = pytest.mark.skipif(not capture.native.available(), reason="tideline_native is not built (make native)")
+pytestmark = pytest.mark.skipif(not extension.available(), reason="tideline_native is not built (make native)")
 
 
 @pytest.fixture

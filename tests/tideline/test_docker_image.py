@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-import capture.native
+from capture.native import extension
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -77,7 +77,7 @@ def build_plan() -> tuple[str, str, str, str]:
 def test_the_dockerfile_builds_the_wheel_and_installs_what_it_built() -> None:
     out_dir, target, _, check = build_plan()
     assert out_dir == target == "/wheels"
-    assert "capture.native" in check and "BUILT" in check
+    assert "capture.native.extension" in check and "BUILT" in check
     builder = stages()[0]
     (tools,) = [r for r in runs(builder) if "maturin" in r and SCRIPT not in r]
     (dockerfile_maturin,) = re.findall(r'"(maturin[^"]*)"', tools)
@@ -129,7 +129,7 @@ def test_the_script_builds_a_wheel_that_imports_in_a_fresh_venv(tmp_path: Path) 
         "print(tideline_native.__file__)\n"
         "sys.exit(f'missing: {missing}' if missing else 0)\n"
     )
-    imported = subprocess.run([python, "-c", probe, *capture.native.REQUIRED], cwd=tmp_path, env=clean,
+    imported = subprocess.run([python, "-c", probe, *extension.REQUIRED], cwd=tmp_path, env=clean,
                               capture_output=True, text=True, timeout=60)  # fmt: skip
     assert imported.returncode == 0, imported.stderr
     assert Path(imported.stdout.strip()).is_relative_to(venv), "imported from the fresh venv"

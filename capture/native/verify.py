@@ -2,7 +2,7 @@
 
 Issue 16 asks that every payload the test suite captures go through the native core and the
 Python reference path alike, with identical results. With this switch on, after every run the
-native core handles (capture.native), the same payloads go through the reference as well — the
+native core handles (capture.native.core), the same payloads go through the reference as well — the
 decoder (the stream's own for pgoutput, whose Relation messages the core mirrors; a fresh one for
 wal2json, whose payloads stand alone), then ``EventBuilder.change`` with a copy of the transaction
 context, the same clock reading, and the table and topic the core used — and these must be equal:
@@ -36,6 +36,7 @@ from capture.decoders.wal2json import Wal2JsonDecoder
 from capture.errors import CaptureError
 from capture.keystate import DELETE_MARKER, KeySet
 from capture.messages import Kind
+from capture.native.handle import binary_array, changed_keys
 from capture.replication import XLOG_BODY, XLOG_HEADER
 
 if TYPE_CHECKING:
@@ -143,8 +144,6 @@ class ReferenceCheck:
                     index += 1
         finally:
             builder.keystate, builder.toast = saved
-        from capture.native import binary_array, changed_keys  # capture.native imports this module
-
         got: dict[str, tuple[list[bytes | None], list[bytes | None]]] = {}
         changes: dict[tuple[str, bytes], Any] = {}
         dropped: set[tuple[str, bytes]] = set()

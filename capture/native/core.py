@@ -1,7 +1,8 @@
 """The native capture core: wal2json or pgoutput row changes → envelopes and keys in compiled code, a run at a time.
 
 ``tideline_native`` is a Rust extension (PyO3, built by maturin from ``native/``: ``make
-native``). :class:`NativeCore` drives it for the streaming source (capture.streaming): the
+native``; imported by capture.native.extension only, its core made and its registrations kept by
+capture.native.handle). :class:`NativeCore` drives it for the streaming source (capture.streaming): the
 source hands it a run of XLogData messages inside a transaction, as they came off the wire, in
 one buffer (capture.replication.XLogRun, read by the extension's ``read_xlog`` with libpq's own
 calls: no Python object per message; the header's data start is a pgoutput row
@@ -30,7 +31,7 @@ with the Relation the Python decoder would use; a Relation message with other co
 catalog's is not given (the core checks a change against the catalog's columns: capture.shapes).
 
 Avro (``--value-format avro``): the core writes the Confluent-framed Avro keys and envelopes
-itself (native/src/avro.rs). A table's registration carries what capture.native_avro reads from
+itself (native/src/avro.rs). A table's registration carries what capture.native.avro reads from
 the schemas the Python path registered for its current columns (``AvroEncoder.ids``): the key
 and value schema ids, each row field's Avro kind, catalog type OID and union branches, and the
 envelope's, ``source``'s and ``transaction``'s fields in order; it is replaced whenever the
@@ -55,19 +56,23 @@ transaction partly stored before a restart; Avro: a column whose type OID differ
 catalog's, NULL in a key column, a numeric that does not fit its numeric(p,s) or needs more
 than 38 digits, an integer outside its Avro int/long, a real too large for float.
 
-Checked against the reference as it runs when ``TIDELINE_NATIVE_VERIFY=1`` (capture.native_verify:
+Checked against the reference as it runs when ``TIDELINE_NATIVE_VERIFY=1`` (capture.native.verify:
 the test suite does so for every test).
 
 Choice: ``CaptureConfig.core`` (``--core``, default from ``TIDELINE_CAPTURE_CORE``):
-``auto`` uses the extension when it is importable (JSON or Avro values, either plugin),
-``python`` never, ``native`` requires it (a clear error when it is not built).
+``auto`` uses the extension when it is importable and the plugin and value format are the core's
+(their capabilities: ``Capabilities.native_core``, ``FormatCapabilities.native_changes``; today
+both plugins, JSON and Avro), ``python`` never, ``native`` requires it (a clear error otherwise:
+``CaptureConfig.validate``).
 
 Reported (:func:`core_report` → capture.status.CoreReport, kept current by :meth:`NativeCore.sync`): the
 core the connector runs and, per table, ``native`` or ``python`` with the reason — for every table
-at once: ``--core python``, the extension not built (:data:`UNAVAILABLE`: the import's error, or a
-build older than its sources), excluded or masked columns; per table: a column whose type the core does
+at once: ``--core python``, the extension not built (capture.native.extension.UNAVAILABLE: the import's
+error, or a build older than its sources), a plugin or value format the core does not take, excluded or
+masked columns; per table: a column whose type the core does
 not convert (:func:`table_reason`: arrays, interval, enums, domains, extension types), the outbox table,
-an Avro layout it cannot write, and, until the stream reaches it, a catalog at another shape of the table
+an Avro layout it cannot write, a partitioned table whose plugin names its partitions in its changes, and,
+until the stream reaches it, a catalog at another shape of the table
 than the stream's (:data:`SHAPE_REASON`: a DDL between the two; the core checks a change against the catalog's
 columns, capture.shapes). A table's occasional change on the Python path (its first, a TOASTed
 row, an infinite timestamp …) is not a fallback of the table and is not reported.
@@ -80,21 +85,17 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from capture.avro import AvroEncoder, SchemaChangeError
-from capture.config import ENV as ENV  # re-exported: where the choice comes from
-from capture.config import CoreChoice
+from capture.config import ENV, CoreChoice, NativeUnavailableError, ValueFormat
 from capture.converters import AvroConverter, JsonConverter
-from capture.decoders.pgoutput import PgOutputDecoder, Relation
+from capture.decoders.pgoutput import PgOutputDecoder
 from capture.keystate import KeySet
 from capture.messages import Plugin
-from capture.native_avro import layout_of
-from capture.native_verify import ReferenceCheck
-from capture.native_verify import enabled as verify_enabled
+from capture.native import extension
+from capture.native.handle import CoreHandle, binary_array, changed_keys
+from capture.native.verify import ReferenceCheck
+from capture.native.verify import enabled as verify_enabled
 from capture.status import NATIVE, PYTHON, CoreReport, TableCore
-from eventstore.errors import ConfigError
 from eventstore.topic import now_ms
 
 if TYPE_CHECKING:
@@ -108,36 +109,6 @@ if TYPE_CHECKING:
     from capture.writer import LogWriter
     from schemas.tables import TableSchemaIds
 
-# What capture needs of the extension: a build without one of these is older than its sources (`make native`).
-REQUIRED = ("Core.register_avro", "SnapshotEncoder.converts")
-
-
-def missing_attributes(module: object) -> list[str]:
-    """The :data:`REQUIRED` names ``module`` lacks."""
-    missing = []
-    for dotted in REQUIRED:
-        node = module
-        for part in dotted.split("."):
-            node = getattr(node, part, None)
-        if node is None:
-            missing.append(dotted)
-    return missing
-
-
-UNAVAILABLE: str | None  # why the extension cannot be used (None: it can), as the reports say it
-try:
-    import tideline_native
-except ImportError as e:  # not built: the Python path (or a clear error when --core native asks for it)
-    if isinstance(e, ModuleNotFoundError) and e.name == "tideline_native":
-        UNAVAILABLE = f"the extension tideline_native is not built ({e})"
-    else:
-        UNAVAILABLE = f"the extension tideline_native cannot be imported ({e})"
-else:
-    _missing = missing_attributes(tideline_native)
-    UNAVAILABLE = (f"the extension tideline_native is older than its sources (it has no {', '.join(_missing)})"
-                   if _missing else None)  # fmt: skip
-BUILT = UNAVAILABLE is None
-
 log = logging.getLogger("capture.connector")
 
 RUN_LIMIT = 512  # payloads per native call at most (the batch's byte bound is checked after each run)
@@ -147,50 +118,15 @@ SHAPE_REASON = ("the stream is at another shape of the table than the catalog (a
                 "take the Python path until the stream reaches the catalog's shape")  # fmt: skip
 
 
-def binary_array(buffers: tuple[bytes, bytes, bytes | None, int, int]) -> pa.Array:
-    """An Arrow binary array from the core's buffers ``(data, offsets, validity or None, null count, length)``."""
-    data, offsets, validity, nulls, length = buffers
-    bitmap = None if validity is None else pa.py_buffer(validity)
-    return pa.Array.from_buffers(pa.binary(), length, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
-
-
-def changed_keys(keys: pa.Array) -> list[bytes]:
-    """The distinct keys of a run's records (a delete's tombstone repeats its key; a keyless table has none)."""
-    distinct: list[bytes] = pc.unique(keys.drop_null()).to_pylist()
-    return distinct
-
-
-class NativeUnavailableError(ConfigError):
-    """``--core native`` was asked for, but the extension is not built (or does not cover the configuration)."""
-
-
-def available() -> bool:
-    """Whether the extension is importable."""
-    return BUILT
-
-
-def unavailable_reason() -> str:
-    """Why the extension cannot be used (when :data:`BUILT` is false)."""
-    return UNAVAILABLE or "the extension tideline_native is not built"
-
-
-def check_native(config: CaptureConfig) -> None:
-    """``--core native``: raise :class:`NativeUnavailableError` unless the extension is built (it covers both
-    value formats and both plugins)."""
-    if not BUILT:
-        detail = f" [{UNAVAILABLE}]" if UNAVAILABLE else ""
-        raise NativeUnavailableError(
-            "--core native: the extension tideline_native is not built; run `make native` (cargo and maturin) or "
-            f"use --core auto or python (or unset {ENV}){detail}"
-        )
-
-
 def connector_reason(config: CaptureConfig, converter: ValueConverter) -> str | None:
     """Why every table takes the Python path (None: the native core runs)."""
     if config.core is CoreChoice.PYTHON:
         return f"--core python (or {ENV}=python) asks for the Python path"
-    if not BUILT:
-        return unavailable_reason()
+    if not extension.available():
+        return extension.unavailable_reason()
+    unsupported = config.native_unsupported()
+    if unsupported is not None:
+        return unsupported
     if not isinstance(converter, JsonConverter | AvroConverter):
         return f"the value converter {type(converter).__name__} is not covered by the native core (JSON and Avro are)"
     if config.table_filter.exclude_columns or config.table_filter.mask_columns:
@@ -200,16 +136,18 @@ def connector_reason(config: CaptureConfig, converter: ValueConverter) -> str | 
 
 def table_reason(config: CaptureConfig, table: TableInfo) -> str | None:
     """Why ``table``'s changes take the Python path while the native core runs (None: they take the core):
-    the outbox table, or columns of types the core does not convert (their non-NULL values). Needs the
-    extension."""
+    the outbox table, a partitioned table whose plugin names its partitions in their changes, or columns of
+    types the core does not convert (their non-NULL values). Needs the extension."""
     if table.qualified == config.outbox_table:
         return "the outbox table: its rows are routed by the Python path"
-    if table.partitioned and config.plugin is Plugin.WAL2JSON:
-        return ("a partitioned table captured whole with wal2json, which names each partition in its changes "
-                "(the core knows the captured tables' names; pgoutput publishes them as the root's)")
-    converts = tideline_native.SnapshotEncoder.converts  # the core's own test (native/src/convert.rs, kind_of)
+    if table.partitioned and config.plugin.capabilities.names_partitions:
+        return (
+            f"a partitioned table captured whole with {config.plugin.value}, which names each partition in its "
+            "changes (the core knows the captured tables' names; pgoutput publishes them as the root's)"
+        )
+    # the core's own test of a type (native/src/convert.rs, kind_of)
     uncovered = [f"column {c.name}: {c.type_name} not covered by the native core" for c in table.columns
-                 if not converts(c.type_oid)]  # fmt: skip
+                 if not extension.converts(c.type_oid)]  # fmt: skip
     return "; ".join(uncovered) or None
 
 
@@ -235,7 +173,9 @@ def native_core_for(
     """The native core the configuration asks for (None: the Python path). ``decoder``: the stream's
     decoder (pgoutput: the core decodes row messages with the Relation messages it read)."""
     if config.core is CoreChoice.NATIVE:
-        check_native(config)
+        refusal = config.native_refusal()
+        if refusal is not None:
+            raise NativeUnavailableError(refusal)
         if not isinstance(builder.converter, JsonConverter | AvroConverter):
             raise NativeUnavailableError("--core native covers the JSON and Avro value converters only")
     if connector_reason(config, builder.converter) is not None:
@@ -269,22 +209,16 @@ class NativeCore:
         self.avro: AvroEncoder | None = (
             builder.converter.encoder if isinstance(builder.converter, AvroConverter) else None
         )
-        self.core = tideline_native.Core(
-            builder.prefix,
-            builder.db,
-            "wal2json" if pgoutput is None else "pgoutput",
-            "json" if self.avro is None else "avro",
-        )
-        self._relations: dict[int, Relation] = {}  # pgoutput: relation OID → the Relation the core holds
+        if (self.avro is not None) != (config.value_format is ValueFormat.AVRO):
+            raise TypeError(f"the native core for --value-format {config.value_format.value} needs its converter, "
+                            f"not {type(builder.converter).__name__}")  # fmt: skip
+        # the Rust core and every registration it holds, each with the Python side's record of it
+        self.handle = CoreHandle(builder.prefix, builder.db, config.plugin, config.value_format)
         self._relations_read = 0
         self._reasons: dict[str, str | None] = {}  # a registered table → why the Python path keeps it (None: not)
-        self._ids: dict[tuple[str, str], int] = {}
-        self._tables: list[TableInfo] = []
-        self._schema_ids: list[TableSchemaIds | None] = []  # Avro: the ids each registration writes with
-        self._topics: list[str] = []
         self._generation = catalog.generation
         self.changes = 0  # handled natively (status, tests)
-        # TIDELINE_NATIVE_VERIFY: every run checked against the Python reference (capture.native_verify)
+        # TIDELINE_NATIVE_VERIFY: every run checked against the Python reference (capture.native.verify)
         self.verify = ReferenceCheck(builder, pgoutput) if verify_enabled() else None
 
     # ------------------------------------------------------------------ tables
@@ -297,54 +231,28 @@ class NativeCore:
         so the core never frames with an id the Python path would no longer write."""
         if table.qualified == self.config.outbox_table:
             return
-        key = (table.schema, table.name)
-        tid = self._ids.get(key)
+        registered = self.handle.registration(table.schema, table.name)
         if not self._stream_at_catalog(table):
             # the stream is at another shape of the table than the catalog (capture.shapes); the core checks a
             # change against the catalog only, so its changes take the Python path until the stream shows the
             # catalog's shape (nor are the catalog's schemas registered ahead of the stream, with Avro)
-            if tid is not None:
-                self.core.unregister_table(table.schema, table.name)
-                del self._ids[key]
+            self.handle.unregister(table.schema, table.name)
             self._report(table.qualified, table_reason(self.config, table) or SHAPE_REASON)
             return
         ids = self._current_ids(table)
-        if tid is not None and self._tables[tid] is table and self._schema_ids[tid] is ids:
+        if registered is not None and registered.table is table and registered.schema_ids is ids:
             if self.pgoutput is not None:
-                self._sync_relation(tid, table)
+                self._sync_relation(registered.id, table)
             return
-        if tid is None:
-            tid = self._ids[key] = len(self._tables)
-            self._tables.append(table)
-            self._topics.append(self.builder.topic(table))
-            self._schema_ids.append(ids)
-        else:
-            self._tables[tid] = table
-            self._topics[tid] = self.builder.topic(table)
-            self._schema_ids[tid] = ids
-        self.core.register_table(
-            tid,
-            table.schema,
-            table.name,
-            [c.name for c in table.columns],
-            list(table.key),
-            list(table.toastable_columns),
-            table.replica_identity,
-        )  # an Avro layout it had is gone: the core handles the table again once it has the new one
+        # (again: an Avro layout it had is gone, the core handles the table again once it has the new one)
+        registered = self.handle.register(table, self.builder.topic(table), ids)
         reason = table_reason(self.config, table)
-        if ids is not None:
-            layout = layout_of(ids, table)
-            if layout is not None:  # None: a layout the core cannot write; the Python path keeps the table
-                self.core.register_avro(
-                    tid, layout.key_id, layout.value_id, layout.columns, layout.envelope, layout.source,
-                    layout.transaction,
-                )  # fmt: skip
-            elif reason is None:
-                reason = "Avro: the native core cannot write the layout of its registered schemas"
+        if ids is not None and not registered.avro and reason is None:
+            reason = "Avro: the native core cannot write the layout of its registered schemas"
         self._reasons[table.qualified] = reason
         self._report(table.qualified, reason)
         if self.pgoutput is not None:
-            self._sync_relation(tid, table)
+            self._sync_relation(registered.id, table)
 
     def _report(self, table: str, reason: str | None) -> None:
         """Record the core of ``table``'s changes in the connector's report; a new fallback is logged."""
@@ -382,12 +290,12 @@ class NativeCore:
         except SchemaChangeError:
             return None
 
-    def _sync_relation(self, tid: int, table: TableInfo) -> None:
+    def _sync_relation(self, table_id: int, table: TableInfo) -> None:
         """pgoutput: give the core the Relation message the decoder holds for ``table`` (its row messages are
         decoded with it), unless it has it already."""
         assert self.pgoutput is not None
         relation = self.pgoutput.relation_named(table.schema, table.name)
-        if relation is None or self._relations.get(relation.oid) is relation:
+        if relation is None or self.handle.relation(relation.oid) is relation:
             return
         if not self._stream_at_catalog(table):
             # the Relation message in force is another shape of the table than the catalog's, which the core
@@ -395,44 +303,32 @@ class NativeCore:
             # catalog's): its changes take the Python path, which builds them with the Relation message
             # (capture.shapes), until the two agree again (a Relation message after the DDL, or the catalog
             # read again)
-            if relation.oid in self._relations:
-                self.core.forget_relation(relation.oid)
-                del self._relations[relation.oid]
+            self.handle.forget_relation(relation.oid)
             self._report(table.qualified, self._reasons.get(table.qualified) or SHAPE_REASON)
             return
         self._report(table.qualified, self._reasons.get(table.qualified))
-        self._relations[relation.oid] = relation
-        self.core.register_relation(
-            relation.oid,
-            tid,
-            [c.name for c in relation.columns],
-            [c.type_oid for c in relation.columns],
-            [c.is_key for c in relation.columns],
-        )
+        self.handle.give_relation(relation, table_id)
 
     def _resync_relations(self) -> None:
         """pgoutput: the decoder read Relation messages since the last run: forget every relation whose
         message it replaced (the Python path registers the new one with the next change of its table)."""
         assert self.pgoutput is not None
         self._relations_read = self.pgoutput.relations_read
-        for oid, relation in list(self._relations.items()):
-            if self.pgoutput.relation(oid) is not relation:
-                self.core.forget_relation(oid)
-                del self._relations[oid]
+        for relation in self.handle.relations():
+            if self.pgoutput.relation(relation.oid) is not relation:
+                self.handle.forget_relation(relation.oid)
 
     def _resync(self) -> None:
         """The catalog was read again: every registration follows its current table info (or goes)."""
         self._generation = self.catalog.generation
-        for (schema, name), tid in list(self._ids.items()):
+        for registered in self.handle.registrations():
+            schema, name = registered.table.schema, registered.table.name
             current = self.catalog.current(schema, name)
             if current is None:
-                self.core.unregister_table(schema, name)  # its relations too
-                del self._ids[(schema, name)]
+                self.handle.unregister(schema, name)  # its relations too
                 if self.stats.core is not None:
                     self.stats.core.drop_table(f"{schema}.{name}")
-                for oid in [o for o, r in self._relations.items() if (r.schema, r.table) == (schema, name)]:
-                    del self._relations[oid]
-            elif current is not self._tables[tid]:
+            elif current is not registered.table:
                 self.sync(current)
 
     # ------------------------------------------------------------------ runs
@@ -444,7 +340,7 @@ class NativeCore:
         Returns ``(messages handled, next event index)``; the events are in the batch."""
         if self.catalog.generation != self._generation:
             self._resync()
-        if not self._ids:
+        if not self.handle:
             return 0, index
         if self.pgoutput is not None:
             if self.pgoutput.in_stream:
@@ -455,22 +351,25 @@ class NativeCore:
             ctx.per_table = {}
         now = now_ms()
         first = index
-        handled, index, total_order, counts, outputs = self.core.process(
+        handled, index, total_order, counts, outputs = self.handle.process(
             messages.data, messages.offsets, start, RUN_LIMIT, ctx.xid, ctx.commit_lsn, ctx.ts_ms, ctx.snapshot,
             ctx.total_order, ctx.per_table, index, now,
         )  # fmt: skip
         if not handled:
             return 0, index
         if self.verify is not None:
-            registered = {name: (self._tables[tid], self._topics[tid]) for name, tid in self._ids.items()}
-            self.verify.check([messages.message(i) for i in range(start, start + handled)], ctx, first, now, registered,
-                              (index, total_order, counts, outputs), dict(enumerate(self._topics)))  # fmt: skip
+            registrations = self.handle.registrations()
+            table_of = {(r.table.schema, r.table.name): (r.table, r.topic) for r in registrations}
+            topic_of = {r.id: r.topic for r in registrations}
+            self.verify.check([messages.message(i) for i in range(start, start + handled)], ctx, first, now, table_of,
+                              (index, total_order, counts, outputs), topic_of)  # fmt: skip
         ctx.total_order = total_order
         for qualified, n in counts:
             ctx.per_table[qualified] = n
         writer, keystate, toast = self.writer, self.writer.keystate, self.builder.toast
-        for tid, _changes, key_buffers, value_buffers, nbytes, puts, deletes in outputs:
-            table, topic = self._tables[tid], self._topics[tid]
+        for table_id, _changes, key_buffers, value_buffers, nbytes, puts, deletes in outputs:
+            registered = self.handle.registered(table_id)
+            table, topic = registered.table, registered.topic
             keys, values = binary_array(key_buffers), binary_array(value_buffers)
             writer.ensure_table_topic(table, topic)
             writer.add_arrays(topic, keys, values, nbytes)
@@ -482,5 +381,3 @@ class NativeCore:
             self.stats.events += len(values)
         self.changes += handled
         return handled, index
-
-

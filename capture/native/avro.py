@@ -43,7 +43,8 @@ FieldLayout = tuple[str, str, int, int]
 
 @dataclass(frozen=True, slots=True)
 class AvroLayout:
-    """The arguments of ``tideline_native.Core.register_avro`` for one table (after its ``table_id``)."""
+    """The arguments of ``tideline_native.Core.register_avro`` for one table (after its ``table_id``; given by
+    capture.native.handle.CoreHandle.register)."""
 
     key_id: int
     value_id: int
