@@ -106,9 +106,9 @@ from capture.config import DEFAULT_COMPRESSION, CoreChoice
 from capture.connector import CaptureConfig, Connector, SnapshotMode
 from capture.decoders import decoder_for
 from capture.decoders.wal2json import SLOT_OPTIONS
-from capture.kafka_native import ProducerMode
 from capture.messages import Plugin
 from capture.native.extension import available as native_available
+from capture.native.kafka import ProducerMode
 from capture.publications import PublicationMode
 from capture.sinks.kafka import KafkaLogSink
 from capture.tables import TableFilter

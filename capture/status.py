@@ -65,7 +65,7 @@ class CoreReport:
         self.chosen = chosen
         self.tables: dict[str, TableCore] = {}
         self.version = 0  # counts changes: the report file is written again
-        # the Kafka sink's producer (capture.kafka_native.ProducerChoice.to_json(): kafka_producer, its reason
+        # the Kafka sink's producer (capture.native.kafka.ProducerChoice.to_json(): kafka_producer, its reason
         # and what was asked); None with the embedded log
         self.producer: dict[str, Any] | None = None
 

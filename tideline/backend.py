@@ -333,7 +333,7 @@ class KafkaBackend(Backend):
         min_insync_replicas: int | None = None,
         kafka_producer: str | None = None,
     ) -> Iterator[tuple[Log | None, Sink | None]]:
-        from capture.kafka_native import ProducerMode
+        from capture.native.kafka import ProducerMode
         from capture.sinks.kafka import KafkaLogSink
 
         self.check()

@@ -12,7 +12,10 @@ all: every compiled path falls back to its Python one):
   these two);
 * :data:`SnapshotEncoder` and :func:`converts`: the compiled snapshot encoder (capture.snapshot_readers)
   and the core's own test of a column type (native/src/convert.rs, ``kind_of``);
-* :data:`splice_reads` (capture.snapshot) and :data:`read_xlog` (capture.replication).
+* :data:`splice_reads` (capture.snapshot) and :data:`read_xlog` (capture.replication);
+* :data:`KafkaProducer`, :data:`KafkaCallError` and :func:`librdkafka_version`: the Kafka sink's native
+  producer (capture.native.kafka), None with :data:`KAFKA_UNAVAILABLE` saying why when the extension is
+  unavailable or predates it.
 
 It imports nothing of capture and nothing heavy: the replication connection, the configuration's checks
 and the snapshot reader processes (which start lean: capture.snapshot_readers) import it without
@@ -41,12 +44,17 @@ CoreValueFormat: type[tideline_native.ValueFormat] | None = None
 SnapshotEncoder: type[tideline_native.SnapshotEncoder] | None = None
 splice_reads: SpliceReads | None = None
 read_xlog: ReadXlog | None = None
+KafkaProducer: type[tideline_native.KafkaProducer] | None = None
+KafkaCallError: type[tideline_native.KafkaCallError] | None = None
+librdkafka_version: Callable[[], str] | None = None
+# the Kafka producer's own requirement: a build older than it still runs the core
+KAFKA_REQUIRED = ("KafkaProducer.take_delivered", "KafkaCallError", "librdkafka_version")
 
 
-def missing_attributes(module: object) -> list[str]:
-    """The :data:`REQUIRED` names ``module`` lacks."""
+def missing_attributes(module: object, required: tuple[str, ...] = REQUIRED) -> list[str]:
+    """The ``required`` names (default :data:`REQUIRED`) ``module`` lacks."""
     missing = []
-    for dotted in REQUIRED:
+    for dotted in required:
         node = module
         for part in dotted.split("."):
             node = getattr(node, part, None)
@@ -71,6 +79,15 @@ else:
         Core, CorePlugin, CoreValueFormat = _loaded.Core, _loaded.Plugin, _loaded.ValueFormat
         SnapshotEncoder, splice_reads, read_xlog = _loaded.SnapshotEncoder, _loaded.splice_reads, _loaded.read_xlog
 BUILT = UNAVAILABLE is None
+KAFKA_UNAVAILABLE: str | None = UNAVAILABLE  # why the native Kafka producer cannot be used (None: it can)
+if BUILT:
+    _missing_kafka = missing_attributes(_loaded, KAFKA_REQUIRED)
+    if _missing_kafka:
+        KAFKA_UNAVAILABLE = ("the extension tideline_native predates its Kafka producer (it has no "
+                             f"{', '.join(_missing_kafka)}): run `make native`")  # fmt: skip
+    else:
+        KafkaProducer, KafkaCallError = _loaded.KafkaProducer, _loaded.KafkaCallError
+        librdkafka_version = _loaded.librdkafka_version
 
 
 def available() -> bool:

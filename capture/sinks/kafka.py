@@ -58,7 +58,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from capture.kafka_native import NATIVE, NativeKafkaProducer, ProducerMode, choose, librdkafka_version
+from capture.native.kafka import NATIVE, NativeKafkaProducer, ProducerMode, choose, librdkafka_version
 from capture.sinks import Headers, ReadBatch, RoundRobin, TopicRecords, TopicSpec, check_cleanup_policy
 from eventstore.errors import ConfigError, TidelineError, TopicExistsError, UnknownTopicError
 from eventstore.kafka import KafkaAdmin, KafkaProducer, KafkaReader
@@ -309,7 +309,7 @@ class KafkaLogSink:
         self.min_insync_replicas = min_insync_replicas
         self.timeout_s = timeout_s
         self.admin = KafkaAdmin(bootstrap_servers, timeout_s=timeout_s)
-        # the native producer (records as Arrow buffers, capture.kafka_native) or confluent-kafka's, and why
+        # the native producer (records as Arrow buffers, capture.native.kafka) or confluent-kafka's, and why
         self.producer_choice = choose(producer if producer is not None else ProducerMode.default())
         # PRODUCERS of them once open; transactions alternate
         self.producers: list[KafkaProducer | NativeKafkaProducer] = []

@@ -1,6 +1,6 @@
 """Which Kafka producer the sink writes with, and that a fallback is never silent (no Kafka needed).
 
-The native producer (capture.kafka_native) is the default where the extension has it; without it, auto falls
+The native producer (capture.native.kafka) is the default where the extension has it; without it, auto falls
 back to confluent-kafka's per-record producer and says why (the sink's log line, the core report that
 `capture status` and the console read, the metrics), ``--kafka-producer native`` refuses to start, and a
 ``--kafka-producer`` given without ``--kafka`` is one line naming the fix.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import capture.kafka_native as kafka_native
-from capture.kafka_native import NATIVE, PYTHON, ProducerMode, choose
+import capture.native.kafka as kafka_native
+from capture.native.kafka import NATIVE, PYTHON, ProducerMode, choose
 from capture.status import CoreReport, core_warnings
 from eventstore.errors import ConfigError, TidelineError
 

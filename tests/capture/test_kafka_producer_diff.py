@@ -1,6 +1,6 @@
 """The Kafka sink's two producers store byte-identical records (differential test).
 
-The native producer (``capture.kafka_native``: librdkafka driven from the Rust core, records as Arrow
+The native producer (``capture.native.kafka``: librdkafka driven from the Rust core, records as Arrow
 buffers) against confluent-kafka's per-record path (``--kafka-producer python``, the oracle): the same
 WAL captured by two connectors, each into its own fresh single-broker Kafka (so the schema registry of
 each hands out the same Avro schema ids), for both plugins and both value formats. Every data topic
@@ -35,8 +35,8 @@ from test_outbox import issue_commands
 
 import migrations
 from capture.connector import CaptureConfig, Connector, SnapshotMode, ValueFormat
-from capture.kafka_native import NATIVE, PYTHON, ProducerMode
 from capture.messages import Plugin
+from capture.native.kafka import NATIVE, PYTHON, ProducerMode
 from capture.sinks.kafka import KafkaLogSink
 from capture.status import core_warnings, read_core_report
 from eventstore.kafka import KafkaAdmin

@@ -36,18 +36,11 @@ import numpy.typing as npt
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException
 
+from capture.native import extension
 from eventstore.errors import ConfigError, InvalidTxnStateError, ProducerFencedError, RetriableError, TidelineError
 from eventstore.kafka.config import LIBRDKAFKA_LOGGER, client_config, translate
 
-try:
-    import tideline_native as _native
-
-    _UNAVAILABLE: str | None = None if hasattr(_native, "KafkaProducer") else (
-        "the extension tideline_native predates its Kafka producer: run `make native`"
-    )  # fmt: skip
-except ImportError as e:  # pragma: no cover - the extension is part of every install
-    _native = None  # type: ignore[assignment]
-    _UNAVAILABLE = f"the extension tideline_native is not built ({e}): run `make native`"
+_UNAVAILABLE: str | None = extension.KAFKA_UNAVAILABLE  # why the native producer cannot run (None: it can)
 
 ENV = "TIDELINE_KAFKA_PRODUCER"
 NATIVE = "native"
@@ -113,13 +106,20 @@ def choose(mode: ProducerMode) -> ProducerChoice:
 
 
 def librdkafka_version() -> str:
-    return _native.librdkafka_version() if _UNAVAILABLE is None else ""
+    """The version of the librdkafka built into the extension ("" without it)."""
+    return extension.librdkafka_version() if extension.librdkafka_version is not None else ""
 
 
 def _setting(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def _call_error() -> type[Exception]:
+    """The extension's error class (the producer exists only when it does)."""
+    assert extension.KafkaCallError is not None
+    return extension.KafkaCallError
 
 
 def _parts(array: pa.Array) -> tuple[Any, Any, Any, int, int]:
@@ -145,8 +145,8 @@ class NativeKafkaProducer:
         timeout_s: float = 30.0,
         **settings: Any,
     ) -> None:
-        if _UNAVAILABLE is not None:
-            raise ConfigError(_UNAVAILABLE)
+        if _UNAVAILABLE is not None or extension.KafkaProducer is None:
+            raise ConfigError(_UNAVAILABLE or "the native Kafka producer is unavailable")
         if not transactional_id.strip():
             raise ConfigError("transactional_id must not be empty")
         self.bootstrap_servers = bootstrap_servers
@@ -157,8 +157,8 @@ class NativeKafkaProducer:
         config["transactional.id"] = transactional_id
         config["transaction.timeout.ms"] = transaction_timeout_ms
         try:
-            self._producer = _native.KafkaProducer([(k, _setting(v)) for k, v in config.items()])
-        except _native.KafkaCallError as e:
+            self._producer = extension.KafkaProducer([(k, _setting(v)) for k, v in config.items()])
+        except _call_error() as e:
             self._translate(e, "creating a producer")
         self._fenced: ProducerFencedError | None = None
         self._closed = False
@@ -250,7 +250,7 @@ class NativeKafkaProducer:
         try:
             if self._fenced is None:
                 self._producer.flush(self._timeout_ms)
-        except _native.KafkaCallError:
+        except _call_error():
             pass  # closing: what could not be flushed is the transaction's to lose (never committed)
         self._producer.close()
         self._drain_logs()
@@ -287,7 +287,7 @@ class NativeKafkaProducer:
         self._check_usable()
         try:
             return action(*args)
-        except _native.KafkaCallError as e:
+        except _call_error() as e:
             self._translate(e, what, topic)
         finally:
             self._drain_logs()
