@@ -92,7 +92,7 @@ def run(dsn: str, cluster: LocalKafka, mode: ProducerMode, plugin: Plugin, value
     connector.run()
     report = read_core_report(connector.core_report_path())  # what `capture status` and the console read
     assert (report["kafka_producer"], report["kafka_producer_requested"]) == (sink.producer_choice.path, mode.value)
-    assert core_warnings(report) == []  # python was asked for: not warned about
+    assert not [w for w in core_warnings(report) if "Kafka" in w]  # python was asked for: not warned about
 
 
 def topic_records(bootstrap: str, topic: str) -> dict[int, list[Record]]:

@@ -134,7 +134,8 @@ def test_after_a_commit_across_a_paused_broker_the_sink_waits_for_every_batch_th
         sink.begin()
         sink.append({"slow": TopicRecords([b"a", b"b"], [b"v", b"v"])})
         os.kill(pid, signal.SIGSTOP)
-        resume = threading.Timer(SLOW_COMMIT_S + 0.5, os.kill, (pid, signal.SIGCONT))
+        # paused well past SLOW_COMMIT_S: on a loaded machine the commit may start a while after the pause did
+        resume = threading.Timer(SLOW_COMMIT_S + 2.0, os.kill, (pid, signal.SIGCONT))
         resume.start()
         try:
             with caplog.at_level(logging.INFO, logger="capture.sink"):

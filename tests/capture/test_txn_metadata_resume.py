@@ -28,7 +28,7 @@ from capture_util import capture, drop_slots, events, fresh_database, sql, store
 
 from capture.config import CoreChoice
 from capture.messages import Plugin
-from capture.native import available as native_available
+from capture.native.extension import available as native_available
 from tideline.pgharness import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]
