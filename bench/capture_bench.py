@@ -1152,10 +1152,12 @@ def bench_snapshot_kafka(ctx: Context, section: Section, sizes: Sizes, dsn: str)
             f"{paired.spread()}; the last {runs[-1].cpu_note(n)} (the broker's CPU not counted; it shares the 2 CPUs)",
         )
     )
+    execute(dsn, f"DROP TABLE {SNAPSHOT_TABLE}")
 
 
-def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> None:
-    """The connector's initial snapshot of one big table against COPY of the same table (module docstring, 3)."""
+def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str, *, keep_table: bool = False) -> None:
+    """The connector's initial snapshot of one big table against COPY of the same table (module docstring, 3);
+    ``keep_table``: leave the table for :func:`bench_snapshot_kafka`, which drops it."""
     n = sizes.snapshot_rows
     started = time.perf_counter()
     execute(dsn, CREATE_TABLE.replace(f"TABLE {TABLE} ", f"TABLE {SNAPSHOT_TABLE} "))
@@ -1239,7 +1241,8 @@ def bench_snapshot(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> No
                 "the single reader as issue 18 found it (a server-side cursor, a Python object per value), "
                 "compressed as the default"),
     ]
-    execute(dsn, f"DROP TABLE {SNAPSHOT_TABLE}")
+    if not keep_table:
+        execute(dsn, f"DROP TABLE {SNAPSHOT_TABLE}")
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -1301,7 +1304,7 @@ def run(ctx: Context, section: Section) -> None:
         with LocalKafka(ctx.workdir / "kafka", brokers=1) as kafka:
             bench_throughput(ctx, section, sizes, dsn, kafka.bootstrap_servers)
             bench_latency(ctx, section, sizes, dsn, kafka.bootstrap_servers)
-        bench_snapshot(ctx, section, sizes, dsn)
+        bench_snapshot(ctx, section, sizes, dsn, keep_table=True)
         bench_snapshot_kafka(ctx, section, sizes, dsn)
     finally:
         pg.stop()
