@@ -1121,7 +1121,8 @@ def kafka_snapshot_run(ctx: Context, dsn: str, n: int, bootstrap: str, run: int)
         raise AssertionError(f"the snapshot into Kafka read {stats.snapshot_rows:,} rows, stored {stored:,}, not {n:,}")
     from confluent_kafka.admin import AdminClient
 
-    AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(60)
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the answer: a dropped client cancels it
+    admin.delete_topics([topic])[topic].result(60)
     shutil.rmtree(state, ignore_errors=True)
     cpu = [a.ru_utime + a.ru_stime - b.ru_utime - b.ru_stime for a, b in ((own_after, own), (children_after, children))]
     return SnapshotRun(seconds, cpu[0], cpu[1], 0)
