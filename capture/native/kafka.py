@@ -36,6 +36,7 @@ import numpy.typing as npt
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException
 
+from capture.config import parse_choice
 from capture.native import extension
 from eventstore.errors import ConfigError, InvalidTxnStateError, ProducerFencedError, RetriableError, TidelineError
 from eventstore.kafka.config import LIBRDKAFKA_LOGGER, client_config, translate
@@ -59,10 +60,7 @@ class ProducerMode(enum.Enum):
 
     @classmethod
     def parse(cls, text: str, what: str = "--kafka-producer") -> ProducerMode:
-        try:
-            return cls(text.strip().lower())
-        except ValueError:
-            raise ConfigError(f"{what}: {text!r} is not one of auto, native, python") from None
+        return parse_choice(cls, text, what)
 
     @classmethod
     def default(cls) -> ProducerMode:

@@ -50,7 +50,7 @@ def test_the_mode_comes_from_the_environment_and_bad_values_name_the_setting(mon
     monkeypatch.setenv(kafka_native.ENV, "python")
     assert ProducerMode.default() is ProducerMode.PYTHON
     monkeypatch.setenv(kafka_native.ENV, "fast")
-    with pytest.raises(ConfigError, match="TIDELINE_KAFKA_PRODUCER: 'fast' is not one of auto, native, python"):
+    with pytest.raises(ConfigError, match="TIDELINE_KAFKA_PRODUCER must be one of auto, native, python; not 'fast'"):
         ProducerMode.default()
 
 
