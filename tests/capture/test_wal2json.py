@@ -389,6 +389,12 @@ def test_row_changes_transactions_truncate_and_messages(conn: psycopg.Connection
         payloads = changes()
     finished_ms = int(time.time() * 1000)
     messages = decode_all(payloads)
+    # an empty transaction (BEGIN then COMMIT) is the server's own (autovacuum's analyze of the new tables,
+    # writing only catalogs): none of the test's transactions is empty, so it is left out of the comparison
+    empty = {i + d for i in range(len(messages) - 1) for d in (0, 1)
+             if messages[i].kind is Kind.BEGIN and messages[i + 1].kind is Kind.COMMIT}  # fmt: skip
+    payloads = [p for i, p in enumerate(payloads) if i not in empty]
+    messages = [m for i, m in enumerate(messages) if i not in empty]
 
     kinds = "".join(m.kind.value for m in messages)
     # the non-transactional message comes before its transaction's BEGIN; nokey's U and D are skipped
