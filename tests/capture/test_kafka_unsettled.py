@@ -108,6 +108,35 @@ def test_the_batches_a_run_leaves_are_owed_in_the_next_as_committed_long_ago() -
     assert later.lingering(now=3.0, grace_s=2.0) == [T0, ("positions", 0)]  # no grace left to wait for
 
 
+def test_the_batches_file_is_written_in_place_while_small_and_always_reads_as_the_last_save(tmp_path: Path) -> None:
+    """The file a killed run leaves (KafkaLogSink._save): in place (one pwrite inside the first page, padded with
+    spaces) while its text is small, renamed over when it grows past that or shrinks far below the file."""
+    sink = KafkaLogSink("127.0.0.1:9", state_dir=tmp_path)  # no broker needed: the file alone
+    sink._batches_file = path = tmp_path / "me.batches.json"
+
+    def save(batches: int) -> list[list[str | int]]:
+        sink.unsettled = Unsettled()
+        for i in range(batches):
+            sink.unsettled.committed(i % 2, {("topic-with-a-long-name", i): (1000 + i, 3)}, now=1.0)
+        sink._save()
+        saved = json.loads(path.read_text())
+        assert saved == {"version": 1, "batches": sink.unsettled.to_json()}
+        return list(saved["batches"])
+
+    try:
+        assert len(save(40)) == 40
+        inode, size = path.stat().st_ino, path.stat().st_size
+        assert len(save(35)) == 35  # shorter: in place, padded
+        assert (path.stat().st_ino, path.stat().st_size) == (inode, size)
+        assert len(save(100)) == 100  # past one page: written beside and renamed over
+        assert path.stat().st_ino != inode and path.stat().st_size > 4096
+        assert save(1) == [["topic-with-a-long-name", 0, 1000, 1003, 0]]  # far shorter: rewritten small
+        assert path.stat().st_size < 100
+        assert save(0) == []
+    finally:
+        sink.close()
+
+
 # -- against a real broker --------------------------------------------------------------------
 
 
