@@ -804,7 +804,9 @@ def stop_latency_connector(connector: subprocess.Popen[str]) -> None:
         connector.communicate()
 
 
-def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka: str | None) -> None:
+def bench_latency(
+    ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka: str | None, kafka_pids: Sequence[int] = ()
+) -> None:
     env = child_env()
     topic = f"{PREFIX}.public.{TABLE}"
     connector = start_latency_connector(dsn, ctx.workdir / "latency-log", "lat", None)
@@ -834,6 +836,7 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka:
     into_kafka: LatencyRun | None = None
     kafka_fast: LatencyRun | None = None
     three: LatencyRun | None = None
+    fast_cpu = three_cpu = ""
     if kafka is not None:
         connector = start_latency_connector(dsn, ctx.workdir / "latency-kafka-state", "latk", kafka)
         try:
@@ -852,15 +855,18 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka:
                 kafka_tail.close()
             ctx.say(f"latency into Kafka at {LATENCY_RATE:,} changes/s: {into_kafka.describe()}")
             kafka_tail = KafkaTail(kafka, topic)
+            split = CpuSplit(dsn, connector.pid, kafka_pids)
             try:
+                split.start()
                 kafka_fast = measure_latency(kafka_tail, dsn, env, 40_000_000, KAFKA_LATENCY_RATE,
                                              sizes.latency_seconds, sizes, KAFKA_LATENCY_TXN_ROWS)  # fmt: skip
+                fast_cpu = split.stop()
             finally:
                 kafka_tail.close()
-            ctx.say(f"latency into Kafka at {KAFKA_LATENCY_RATE:,} changes/s: {kafka_fast.describe()}")
+            ctx.say(f"latency into Kafka at {KAFKA_LATENCY_RATE:,} changes/s: {kafka_fast.describe()}; {fast_cpu}")
         finally:
             stop_latency_connector(connector)
-        three = kafka_three_brokers_latency(ctx, dsn, env, sizes)
+        three, three_cpu = kafka_three_brokers_latency(ctx, dsn, env, sizes)
     if ctx.writes:
         plot = plot_latency(target, low)
         section.notes.append(f"Latency over time (each point an event): ![capture latency]({plot})")
@@ -916,7 +922,7 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka:
                 f"{KAFKA_LATENCY_RATE // KAFKA_LATENCY_TXN_ROWS:,}/s by one writer process; writer: "
                 f"{kafka_fast.rows:,} rows in {kafka_fast.write_s:.1f} s = {fast_rate:,.0f} changes/s achieved; "
                 f"{kafka_fast.describe()}; Postgres, the writer, the connector, the broker and the reader share the "
-                "2 CPUs",
+                f"2 CPUs: {fast_cpu}",
             )
         )
     if three is not None:
@@ -930,12 +936,83 @@ def bench_latency(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka:
                 note=f"informational: a private 3-broker KRaft cluster on this machine (3 JVMs), topics of replication "
                 f"factor 3 and min.insync.replicas 2, acks=all, the native producer; the same writer and reader as the "
                 f"row above; writer: {three.rows:,} rows in {three.write_s:.1f} s = {three_rate:,.0f} changes/s "
-                f"achieved; {three.describe()}",
+                f"achieved; {three.describe()}; {three_cpu}",
             )
         )
 
 
-def kafka_three_brokers_latency(ctx: Context, dsn: str, env: dict[str, str], sizes: Sizes) -> LatencyRun:
+JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")  # a JVM's just-in-time compilers, as /proc names them
+
+
+def _stat_fields(path: str) -> list[str]:
+    """``/proc/…/stat``'s fields after the command name (field 3 onwards), or [] when it is gone."""
+    try:
+        return Path(path).read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _cpu_s(path: str, *, reaped: bool = False) -> float:
+    """User + system CPU-seconds of ``/proc/…/stat`` (``reaped``: plus its reaped children's)."""
+    f = _stat_fields(path)
+    if not f:
+        return 0.0
+    ticks = int(f[11]) + int(f[12]) + (int(f[13]) + int(f[14]) if reaped else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class CpuSplit:
+    """CPU-seconds of each party of a latency run, from ``start`` to ``stop``: the profile of what bounds it on a
+    machine where they all share the CPUs. The connector and the brokers by PID (a broker's JIT compiler threads
+    apart), Postgres as its postmaster with the children it reaped and those alive (the writer's backend), the
+    writer as this process's reaped children, the reader as this process."""
+
+    def __init__(self, dsn: str, connector: int, brokers: Sequence[int]) -> None:
+        (backend,) = execute(dsn, "SELECT pg_backend_pid()")[0]
+        self.postmaster = int(_stat_fields(f"/proc/{backend}/stat")[1])
+        self.connector, self.brokers = connector, list(brokers)
+        self._started = (0.0, {})
+
+    def _sample(self) -> dict[str, float]:
+        postgres = _cpu_s(f"/proc/{self.postmaster}/stat", reaped=True)
+        for d in os.listdir("/proc"):
+            f = _stat_fields(f"/proc/{d}/stat") if d.isdigit() else []
+            if f and int(f[1]) == self.postmaster:
+                postgres += _cpu_s(f"/proc/{d}/stat")
+        jit = 0.0
+        for b in self.brokers:
+            with contextlib.suppress(OSError):
+                for t in os.listdir(f"/proc/{b}/task"):
+                    with contextlib.suppress(OSError):
+                        if Path(f"/proc/{b}/task/{t}/comm").read_text().strip() in JIT_THREADS:
+                            jit += _cpu_s(f"/proc/{b}/task/{t}/stat")
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return {
+            "connector": _cpu_s(f"/proc/{self.connector}/stat"),
+            "broker": sum(_cpu_s(f"/proc/{b}/stat") for b in self.brokers) - jit,
+            "broker JIT": jit,
+            "Postgres": postgres,
+            "writer": kids.ru_utime + kids.ru_stime,
+            "reader": own.ru_utime + own.ru_stime,
+        }
+
+    def start(self) -> None:
+        self._started = (time.monotonic(), self._sample())
+
+    def stop(self) -> str:
+        """What each party used meanwhile, against what the CPUs had."""
+        t0, before = self._started
+        wall, after = time.monotonic() - t0, self._sample()
+        used = {k: after[k] - before[k] for k in after}
+        cpus = os.cpu_count() or 1
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]))
+        return (f"CPU-seconds over the run's {wall:.1f} s ({cpus} CPUs: {cpus * wall:.1f} available): {parts}; "
+                f"{sum(used.values()) / (cpus * wall):.0%} of the machine")  # fmt: skip
+
+
+def kafka_three_brokers_latency(
+    ctx: Context, dsn: str, env: dict[str, str], sizes: Sizes
+) -> tuple[LatencyRun, str]:
     """Commit → readable at :data:`KAFKA_LATENCY_RATE` into a private 3-broker cluster (KRaft, every broker on this
     machine), topics of replication factor 3 with min.insync.replicas 2, acks=all: informational."""
     topic = f"{PREFIX}.public.{TABLE}"
@@ -950,16 +1027,19 @@ def kafka_three_brokers_latency(ctx: Context, dsn: str, env: dict[str, str], siz
                     raise RuntimeError(f"the connector stored nothing in Kafka: {connector.communicate()[1][-2000:]}")
                 time.sleep(0.1)
             tail = KafkaTail(bootstrap, topic)
+            split = CpuSplit(dsn, connector.pid, [p for i in (1, 2, 3) if (p := cluster.node_pid(i)) is not None])
             try:
+                split.start()
                 run = measure_latency(tail, dsn, env, 50_000_000, KAFKA_LATENCY_RATE, sizes.latency_seconds, sizes,
                                       KAFKA_LATENCY_TXN_ROWS)  # fmt: skip
+                cpu = split.stop()
             finally:
                 tail.close()
         finally:
             stop_latency_connector(connector)
     execute(dsn, "SELECT pg_drop_replication_slot('latk3')")
-    ctx.say(f"latency into 3 Kafka brokers (RF 3) at {KAFKA_LATENCY_RATE:,} changes/s: {run.describe()}")
-    return run
+    ctx.say(f"latency into 3 Kafka brokers (RF 3) at {KAFKA_LATENCY_RATE:,} changes/s: {run.describe()}; {cpu}")
+    return run, cpu
 
 
 def measure_latency(
@@ -1449,7 +1529,7 @@ def run(ctx: Context, section: Section) -> None:
         ctx.say(f"PostgreSQL at {server}")
         with LocalKafka(ctx.workdir / "kafka", brokers=1) as kafka:
             bench_throughput(ctx, section, sizes, dsn, kafka.bootstrap_servers)
-            bench_latency(ctx, section, sizes, dsn, kafka.bootstrap_servers)
+            bench_latency(ctx, section, sizes, dsn, kafka.bootstrap_servers, [p for p in [kafka.node_pid(1)] if p])
         bench_snapshot(ctx, section, sizes, dsn, keep_table=True)
         bench_snapshot_kafka(ctx, section, sizes, dsn)
     finally:
@@ -1556,7 +1636,7 @@ def latency_only() -> None:
             dsn = pg.create_database("latency")
             execute(dsn, CREATE_TABLE)
             with LocalKafka(ctx.workdir / "kafka", brokers=1) as kafka:
-                bench_latency(ctx, section, FULL, dsn, kafka.bootstrap_servers)
+                bench_latency(ctx, section, FULL, dsn, kafka.bootstrap_servers, [p for p in [kafka.node_pid(1)] if p])
         finally:
             pg.stop()
     for r in section.results:
