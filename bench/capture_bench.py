@@ -840,12 +840,7 @@ def bench_latency(
     if kafka is not None:
         connector = start_latency_connector(dsn, ctx.workdir / "latency-kafka-state", "latk", kafka)
         try:
-            execute(dsn, INSERT_RANGE, (5_000_001, 5_000_001))  # the Kafka topic exists afterwards
-            deadline = time.monotonic() + 60
-            while topic not in KafkaAdmin(kafka).topics() or not count_kafka_records(kafka, topic):
-                if connector.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the connector stored nothing in Kafka: {connector.communicate()[1][-2000:]}")
-                time.sleep(0.1)
+            first_row_in_kafka(dsn, connector, kafka, topic, 5_000_001, 60)
             kafka_tail = KafkaTail(kafka, topic)
             try:
                 into_kafka = measure_latency(
@@ -854,15 +849,8 @@ def bench_latency(
             finally:
                 kafka_tail.close()
             ctx.say(f"latency into Kafka at {LATENCY_RATE:,} changes/s: {into_kafka.describe()}")
-            kafka_tail = KafkaTail(kafka, topic)
-            split = CpuSplit(dsn, connector.pid, kafka_pids)
-            try:
-                split.start()
-                kafka_fast = measure_latency(kafka_tail, dsn, env, 40_000_000, KAFKA_LATENCY_RATE,
-                                             sizes.latency_seconds, sizes, KAFKA_LATENCY_TXN_ROWS)  # fmt: skip
-                fast_cpu = split.stop()
-            finally:
-                kafka_tail.close()
+            kafka_fast, fast_cpu = kafka_latency_with_cpu(dsn, env, sizes, kafka, topic, connector.pid, kafka_pids,
+                                                           40_000_000)  # fmt: skip
             ctx.say(f"latency into Kafka at {KAFKA_LATENCY_RATE:,} changes/s: {kafka_fast.describe()}; {fast_cpu}")
         finally:
             stop_latency_connector(connector)
@@ -1010,6 +998,35 @@ class CpuSplit:
                 f"{sum(used.values()) / (cpus * wall):.0%} of the machine")  # fmt: skip
 
 
+def first_row_in_kafka(
+    dsn: str, connector: subprocess.Popen[str], bootstrap: str, topic: str, row_id: int, timeout_s: float
+) -> None:
+    """Write row ``row_id`` and wait until the connector has it in ``topic`` (which exists afterwards)."""
+    execute(dsn, INSERT_RANGE, (row_id, row_id))
+    deadline = time.monotonic() + timeout_s
+    while topic not in KafkaAdmin(bootstrap).topics() or not count_kafka_records(bootstrap, topic):
+        if connector.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the connector stored nothing in Kafka: {connector.communicate()[1][-2000:]}")
+        time.sleep(0.1)
+
+
+def kafka_latency_with_cpu(
+    dsn: str, env: dict[str, str], sizes: Sizes, bootstrap: str, topic: str, connector: int,
+    brokers: Sequence[int], first_id: int,
+) -> tuple[LatencyRun, str]:  # fmt: skip
+    """Commit → readable at :data:`KAFKA_LATENCY_RATE` in :data:`KAFKA_LATENCY_TXN_ROWS`-row transactions, read
+    from ``topic``, with what each party's CPU did meanwhile (:class:`CpuSplit`)."""
+    tail = KafkaTail(bootstrap, topic)
+    split = CpuSplit(dsn, connector, brokers)
+    try:
+        split.start()
+        run = measure_latency(tail, dsn, env, first_id, KAFKA_LATENCY_RATE, sizes.latency_seconds, sizes,
+                              KAFKA_LATENCY_TXN_ROWS)  # fmt: skip
+        return run, split.stop()
+    finally:
+        tail.close()
+
+
 def kafka_three_brokers_latency(
     ctx: Context, dsn: str, env: dict[str, str], sizes: Sizes
 ) -> tuple[LatencyRun, str]:
@@ -1020,21 +1037,9 @@ def kafka_three_brokers_latency(
         bootstrap = cluster.bootstrap_servers
         connector = start_latency_connector(dsn, ctx.workdir / "latency-kafka3-state", "latk3", bootstrap, 3)
         try:
-            execute(dsn, INSERT_RANGE, (5_000_002, 5_000_002))  # the topic exists afterwards
-            deadline = time.monotonic() + 120
-            while topic not in KafkaAdmin(bootstrap).topics() or not count_kafka_records(bootstrap, topic):
-                if connector.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the connector stored nothing in Kafka: {connector.communicate()[1][-2000:]}")
-                time.sleep(0.1)
-            tail = KafkaTail(bootstrap, topic)
-            split = CpuSplit(dsn, connector.pid, [p for i in (1, 2, 3) if (p := cluster.node_pid(i)) is not None])
-            try:
-                split.start()
-                run = measure_latency(tail, dsn, env, 50_000_000, KAFKA_LATENCY_RATE, sizes.latency_seconds, sizes,
-                                      KAFKA_LATENCY_TXN_ROWS)  # fmt: skip
-                cpu = split.stop()
-            finally:
-                tail.close()
+            first_row_in_kafka(dsn, connector, bootstrap, topic, 5_000_002, 120)
+            brokers = [p for i in (1, 2, 3) if (p := cluster.node_pid(i)) is not None]
+            run, cpu = kafka_latency_with_cpu(dsn, env, sizes, bootstrap, topic, connector.pid, brokers, 50_000_000)
         finally:
             stop_latency_connector(connector)
     execute(dsn, "SELECT pg_drop_replication_slot('latk3')")
@@ -1310,6 +1315,8 @@ def kafka_snapshot_killed(ctx: Context, dsn: str, n: int, bootstrap: str) -> Kil
     finally:
         child.communicate()
     committed = sum(admin.stable_offsets(topic).values())  # what read_committed readers could see of it
+    if committed >= n:  # the child committed the whole snapshot before the kill: nothing would be resumed
+        raise RuntimeError(f"the kill landed after the snapshot committed ({committed:,} of {n:,} rows readable)")
     config = CaptureConfig(dsn=dsn, slot="snapk", topic_prefix=prefix, exit_when_caught_up=True,
                            table_filter=TableFilter(include=[f"public.{SNAPSHOT_TABLE}"]))  # fmt: skip
     stats = Connector(config, sink=KafkaLogSink(bootstrap, state_dir=state)).run()

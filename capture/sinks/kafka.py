@@ -52,6 +52,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -452,11 +453,20 @@ class KafkaLogSink:
         self._producer().begin_transaction()
         self._began = time.monotonic()
 
-    def _fenced(self, e: ProducerFencedError) -> ProducerFencedError:
-        """A fencing met by the open transaction: when it had outlived the transaction timeout, Kafka's
-        coordinator aborted it (:func:`timed_out` says so); otherwise another instance took over."""
-        age = time.monotonic() - self._began
-        return timed_out(e, age) if age * 1000 >= TRANSACTION_TIMEOUT_MS else e
+    @contextmanager
+    def _said_as_timeout(self) -> Iterator[None]:
+        """A fencing met by the open transaction (appending, committing, aborting it): when the transaction had
+        outlived its timeout, Kafka's coordinator aborted it, and :func:`timed_out` says so; otherwise another
+        instance took over, as the fencing says."""
+        try:
+            yield
+        except TransactionTimedOutError:
+            raise
+        except ProducerFencedError as e:
+            age = time.monotonic() - self._began
+            if age * 1000 >= TRANSACTION_TIMEOUT_MS:
+                raise timed_out(e, age) from e
+            raise
 
     def append(
         self, batch: Mapping[str, TopicRecords], *, also: Iterable[tuple[str, int]] = ()
@@ -465,12 +475,8 @@ class KafkaLogSink:
         taken at :meth:`commit` (``commit_transaction`` flushes, and fails if a record failed), so
         a batch costs one wait, not two. librdkafka adds the partitions to the transaction as it
         sends: ``also`` needs nothing. Returns ``{}``: the offsets come with the commit."""
-        try:
+        with self._said_as_timeout():
             return self._append(batch)
-        except TransactionTimedOutError:
-            raise
-        except ProducerFencedError as e:
-            raise self._fenced(e) from e
 
     def _append(self, batch: Mapping[str, TopicRecords]) -> dict[tuple[str, int], int]:
         producer = self._producer()
@@ -543,12 +549,8 @@ class KafkaLogSink:
         return n
 
     def commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> dict[tuple[str, int], int]:
-        try:
+        with self._said_as_timeout():
             return self._commit(position_topic, key, value)
-        except TransactionTimedOutError:
-            raise
-        except ProducerFencedError as e:
-            raise self._fenced(e) from e
 
     def _commit(self, position_topic: str, key: bytes | None, value: bytes | None) -> dict[tuple[str, int], int]:
         producer = self._producer()
@@ -738,12 +740,8 @@ class KafkaLogSink:
         return "(either)"
 
     def abort(self) -> None:
-        try:
+        with self._said_as_timeout():
             self._producer().abort_transaction()
-        except TransactionTimedOutError:
-            raise
-        except ProducerFencedError as e:
-            raise self._fenced(e) from e
 
     # ------------------------------------------------------------------ reading
 
