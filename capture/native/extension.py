@@ -78,8 +78,9 @@ else:
     if UNAVAILABLE is None:
         Core, CorePlugin, CoreValueFormat = _loaded.Core, _loaded.Plugin, _loaded.ValueFormat
         SnapshotEncoder, splice_reads, read_xlog = _loaded.SnapshotEncoder, _loaded.splice_reads, _loaded.read_xlog
+BUILT = UNAVAILABLE is None
 KAFKA_UNAVAILABLE: str | None = UNAVAILABLE  # why the native Kafka producer cannot be used (None: it can)
-if UNAVAILABLE is None:
+if BUILT:
     _missing_kafka = missing_attributes(_loaded, KAFKA_REQUIRED)
     if _missing_kafka:
         KAFKA_UNAVAILABLE = ("the extension tideline_native predates its Kafka producer (it has no "
@@ -91,7 +92,7 @@ if UNAVAILABLE is None:
 
 def available() -> bool:
     """Whether the extension is importable and as new as its sources."""
-    return UNAVAILABLE is None
+    return BUILT
 
 
 def unavailable_reason() -> str:

@@ -162,9 +162,23 @@ def test_after_a_commit_across_a_paused_broker_the_sink_waits_for_every_batch_th
         assert sink._turn == 1  # alternating
         sink.begin()
         sink.append({"slow": TopicRecords([b"a", b"b"], [b"v", b"v"])})
+        # paused until the commit has been under way well past SLOW_COMMIT_S: the readiness signal is the commit
+        # itself beginning (a timer from the pause misfired on a loaded machine: the commit began after it resumed)
+        committing = threading.Event()
+        commit = sink._commit
+
+        def marked(*args: bytes | str | None) -> dict[tuple[str, int], int]:
+            committing.set()
+            return commit(*args)  # type: ignore[arg-type]
+
+        def resume_when_slow() -> None:
+            committing.wait(120)
+            time.sleep(SLOW_COMMIT_S + 1.0)
+            os.kill(pid, signal.SIGCONT)
+
+        sink._commit = marked  # type: ignore[method-assign]
         os.kill(pid, signal.SIGSTOP)
-        # paused well past SLOW_COMMIT_S: on a loaded machine the commit may start a while after the pause did
-        resume = threading.Timer(SLOW_COMMIT_S + 2.0, os.kill, (pid, signal.SIGCONT))
+        resume = threading.Thread(target=resume_when_slow)
         resume.start()
         try:
             with caplog.at_level(logging.INFO, logger="capture.sink"):
