@@ -84,6 +84,7 @@ class StartBook:
     def __init__(self) -> None:
         self.stored: set[int] = set()  # value schema ids whose start is in the log
         self._pending: dict[int, SchemaStart] = {}  # noted in the open log transaction, by schema id
+        self._committing: dict[int, SchemaStart] = {}  # written in the log transaction being committed
 
     def load(self, starts: list[SchemaStart]) -> None:
         self.stored = {s.schema_id for s in starts}
@@ -91,7 +92,7 @@ class StartBook:
 
     def note(self, ids: TableSchemaIds, source: dict[str, Any]) -> None:
         """An event is written under ``ids``' value schema, with this ``source`` block."""
-        if ids.value_id in self.stored or ids.value_id in self._pending:
+        if ids.value_id in self.stored or ids.value_id in self._pending or ids.value_id in self._committing:
             return
         snapshot = source.get("snapshot")
         self._pending[ids.value_id] = SchemaStart(
@@ -101,16 +102,20 @@ class StartBook:
             snapshot not in (None, "false"),
         )  # fmt: skip
 
-    def pending(self) -> list[SchemaStart]:
-        """The starts of the open log transaction, to write in it (capture.writer)."""
-        return list(self._pending.values())
+    def committing(self) -> list[SchemaStart]:
+        """The starts of the open log transaction, to write in it as it commits (capture.writer): until
+        :meth:`committed`, the next transaction (decoded while this one commits) notes them no more."""
+        self._committing.update(self._pending)
+        self._pending.clear()
+        return list(self._committing.values())
 
     def committed(self) -> None:
-        self.stored.update(self._pending)
-        self._pending.clear()
+        self.stored.update(self._committing)
+        self._committing.clear()
 
     def aborted(self) -> None:
         self._pending.clear()
+        self._committing.clear()
 
 
 class AvroEncoder:

@@ -253,6 +253,7 @@ class Connector:
             return self.stats
         finally:
             self.stats.key_state_caught_up = self.keystate.records_caught_up
+            self.writer.close()
             self.sink.close()
             self.keystate.close()
 

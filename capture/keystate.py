@@ -81,7 +81,10 @@ the log transaction committed, together with the new checkpoints (the next offse
 sink reported per partition written). A crash in between rolls the SQLite transaction
 back: the checkpoints then lie below the log's end, and :meth:`KeyState.catch_up` applies
 the committed records from the checkpoint on (read_committed, so aborted records never
-count). An aborted log transaction rolls the SQLite one back with it.
+count). An aborted log transaction rolls the SQLite one back with it. When the log's commit runs in the
+background while the next batch is decoded (capture.writer, Kafka), :meth:`KeyState.hold` keeps the next
+batch's changes out of the SQLite transaction still waiting for it: the native core's key sets are staged in
+memory and written after that commit, anything else that needs SQLite first waits for the log's commit.
 
 Rebuild: a topic whose incarnation in the log differs from the stored one (deleted and
 created again), a checkpoint beyond the log's end (the log was replaced), a file of
@@ -193,12 +196,14 @@ class KeyState:
         self.runs_dir = Path(f"{path}.runs")
         self.cache_bytes = cache_bytes
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._held: Callable[[], object] | None = None  # hold(): settles the log commit in flight
+        self._staged: list[tuple[int, KeySet | None, KeySet | None]] = []  # key sets given while held, in order
         try:
-            self.db = self._open()
+            self._db = self._open()
         except (sqlite3.DatabaseError, KeyStateError) as e:
             log.warning("capture: key state %s is unusable (%s): rebuilding it from the log", path, e)
             self._remove_files()
-            self.db = self._open()
+            self._db = self._open()
         self._ids: dict[str, int] = {row[1]: row[0] for row in self.db.execute("SELECT id, name FROM topics")}
         self._keys: dict[tuple[int, bytes], Any] = {}  # buffered: toast bytes | None | _DELETE
         self._streams: dict[tuple[int, bytes], int] = {}
@@ -211,6 +216,14 @@ class KeyState:
         self._run_topics = self._topics_with_runs()  # topics with committed runs (those in this transaction too)
         self._check_runs()
         self.records_caught_up = 0  # records read back from the log by catch_up (0 when the state was current)
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The SQLite connection; while :meth:`hold` is in force, the log commit in flight is settled first (a
+        read or a write of this transaction needs the SQLite transaction before it committed)."""
+        if self._held is not None:
+            self._held()
+        return self._db
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -312,9 +325,10 @@ class KeyState:
         self._end_runs(tid)
 
     def close(self) -> None:
+        self._held = None
         if self._in_txn:
             self.abort()
-        self.db.close()
+        self._db.close()
 
     # ------------------------------------------------------------------ topics
 
@@ -381,8 +395,9 @@ class KeyState:
     # ------------------------------------------------------------------ one transaction
 
     def begin(self) -> None:
+        db = self.db  # first: settling a held commit may begin the next transaction (commit_held)
         if not self._in_txn:
-            self.db.execute("BEGIN")
+            db.execute("BEGIN")
             self._in_txn = True
 
     def put(self, topic: str, key: bytes, toast: dict[str, Any] | None) -> None:
@@ -410,7 +425,13 @@ class KeyState:
         more than the change's whole native path). Each key in at most one of the two sets (the last change
         of each key); the buffered changes are older, and go first."""
         tid = self._id(topic)
+        if self._held is not None and not self._keys:  # nothing buffered is older: staged, no wait (hold)
+            self._staged.append((tid, puts, deletes))
+            return
         self.flush()  # (begins the SQLite transaction)
+        self._write_sets(tid, puts, deletes)
+
+    def _write_sets(self, tid: int, puts: KeySet | None, deletes: KeySet | None) -> None:
         if deletes is not None:
             self.db.execute(f"DELETE FROM keys WHERE topic_id = ?1 AND key IN ({_SET_KEYS})", (tid, *deletes))
             if tid in self._run_topics:
@@ -511,9 +532,33 @@ class KeyState:
             self.db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(self._meta.items()))
             self._meta.clear()
 
+    def hold(self, settle: Callable[[], object]) -> None:
+        """The open transaction's changes are all given (and flushed) and its log transaction is committing in the
+        background: until :meth:`commit_held` (or :meth:`abort`), the next transaction's changes are kept apart.
+        Key sets (:meth:`put_sets`, the native core's) are staged in memory; the other writes are buffered as
+        always and flushed into the next SQLite transaction. Anything that needs SQLite meanwhile (a lookup, a
+        flush) calls ``settle`` first, which waits for the log's commit and calls :meth:`commit_held`."""
+        self.flush()
+        self._held = settle
+
+    def commit_held(self, written: dict[tuple[str, int], int]) -> None:
+        """After the held transaction's log transaction committed: :meth:`commit` of what :meth:`hold` kept, then
+        the staged key sets (older than anything buffered since) begin the next SQLite transaction."""
+        self._held = None
+        self.begin()
+        self._commit(written)
+        staged, self._staged = self._staged, []
+        if staged:
+            self.begin()
+            for tid, puts, deletes in staged:
+                self._write_sets(tid, puts, deletes)
+
     def commit(self, written: dict[tuple[str, int], int]) -> None:
         """After the log transaction committed: its changes and the new checkpoints, in one SQLite commit."""
         self.flush()
+        self._commit(written)
+
+    def _commit(self, written: dict[tuple[str, int], int]) -> None:
         rows = [(self._ids[t], p, o) for (t, p), o in written.items() if t in self._ids]
         if rows:
             self.db.executemany(
@@ -536,7 +581,10 @@ class KeyState:
         self._doomed.clear()
 
     def abort(self) -> None:
-        """The log transaction was aborted (or its outcome is unknown): forget its changes."""
+        """The log transaction was aborted (or its outcome is unknown): forget its changes (and, when held, the
+        next transaction's)."""
+        self._held = None
+        self._staged.clear()
         self._keys.clear()
         self._streams.clear()
         self._shapes.clear()

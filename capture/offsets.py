@@ -6,6 +6,10 @@ projections read the same definition). This module keeps the connector's view of
 * ``stored`` — the position of the last committed log transaction (read at start);
 * ``pending`` — the position the open batch will store when it commits: after the last
   event added to it, ``complete`` once its source transaction's COMMIT was seen;
+* ``committing`` — the position of a batch whose commit is in flight (capture.writer commits
+  behind while the next batch is decoded): the open batch's position starts afresh from it
+  (:meth:`OffsetContext.committing`), and it becomes ``stored`` once that commit returned
+  (:meth:`OffsetContext.settled`);
 * what the replication slot may be confirmed up to: the ``confirm_lsn`` of ``stored``,
   always a commit *end* of a wholly stored transaction (confirming inside a transaction
   would make the server resend all of it anyway, FIELD-NOTES).
@@ -49,6 +53,12 @@ class OffsetContext:
         self._snapshot_done = True
         self._incremental = stored.incremental if stored is not None else None
         self._run: str | None = None  # the connection's run, once its start is recorded (capture.table_history)
+        self._committing: SourcePosition | None = None  # the position of the batch whose commit is in flight
+
+    @property
+    def _latest(self) -> SourcePosition | None:
+        """The last position given to a commit: the one in flight, or else the stored one."""
+        return self._committing if self._committing is not None else self.stored
 
     @property
     def pending(self) -> SourcePosition | None:
@@ -71,7 +81,7 @@ class OffsetContext:
         """The open batch stores this progress (its events, if any, are in the batch already)."""
         self._incremental = progress
         if not self._has_pending:  # nothing else changed since the last commit: the stored position, new progress
-            s = self.stored or SourcePosition(0, -1, False, 0)
+            s = self._latest or SourcePosition(0, -1, False, 0)
             self._set(s.commit_lsn, s.event_index, s.complete, s.confirm_lsn, s.snapshot_done)
 
     @property
@@ -86,7 +96,8 @@ class OffsetContext:
         """The confirm position of positions inside a transaction: the last complete one."""
         if self._has_pending:
             return self._confirm
-        return self.stored.confirm_lsn if self.stored is not None else 0
+        latest = self._latest
+        return latest.confirm_lsn if latest is not None else 0
 
     def _set(self, commit_lsn: int, index: int, complete: bool, confirm: int, snapshot_done: bool = True) -> None:
         self._commit_lsn, self._index, self._complete, self._confirm = commit_lsn, index, complete, confirm
@@ -128,7 +139,7 @@ class OffsetContext:
         between transactions): once stored, the slot may be confirmed up to there. Like a snapshot's
         consistent point, transactions committing at or after ``wal_end`` are not covered. False: the
         open position is there already."""
-        floor = self.pending or self.stored
+        floor = self.pending or self._latest
         if floor is not None and (floor.commit_lsn >= wal_end - 1 or not floor.complete or not floor.snapshot_done):
             return False
         self._set(wal_end - 1, -1, True, max(wal_end, self.confirm_floor()))
@@ -147,6 +158,19 @@ class OffsetContext:
         if position is not None:
             self.stored = position
         self._has_pending = False
+
+    def committing(self, position: SourcePosition | None) -> None:
+        """The batch carrying ``position`` (:meth:`take_pending`'s) is committing behind: the next batch's
+        position starts from it; :meth:`settled` once it is durable."""
+        self._committing = position
+        self._has_pending = False
+
+    def settled(self, position: SourcePosition | None) -> None:
+        """The batch given to :meth:`committing` is durable (the next batch's position is left as it is)."""
+        if position is not None:
+            self.stored = position
+        if self._committing is position:
+            self._committing = None
 
     @property
     def confirm_lsn(self) -> int:

@@ -63,13 +63,14 @@ from capture.status import Stats, StatusReporter
 from capture.tables import Partition, TableCatalog, TableInfo
 from capture.writer import LogWriter
 from eventstore.topic import now_ms
-from schemas.position import format_lsn
+from schemas.position import SourcePosition, format_lsn
 
 log = logging.getLogger("capture.connector")
 
 READ_AHEAD = 1024  # with the native core: messages that have arrived already, read ahead to give it runs
 KEEPALIVE_S = 5.0  # while one payload's messages take long (a replayed streamed transaction)
 IDLE_POSITION_S = 1.0  # idle: a keepalive's WAL end is stored (then confirmed) at most this often
+COMMITTING_POLL_S = 0.002  # while a commit runs behind: the longest wait for a message before looking at it again
 
 
 @dataclass(slots=True)
@@ -96,6 +97,15 @@ class StreamingSource:
 
     def run(self, repl: ReplicationConnection, target: int | None) -> None:
         """Stream until stopped, or until ``target`` (the WAL end at start) is stored when given."""
+        self.writer.on_settled = self._stored
+        try:
+            self._stream(repl, target)
+            self.writer.settle()  # the last commit behind, stored and confirmed before the stream ends
+            self._confirm(repl)
+        finally:
+            self.writer.on_settled = None
+
+    def _stream(self, repl: ReplicationConnection, target: int | None) -> None:
         self.builder.shapes.load()  # the tables' shapes at the stored position, where the stream starts
         self._ctx = None
         self._ctx_next = 0
@@ -110,11 +120,18 @@ class StreamingSource:
                 self._commit()
                 self._confirm(repl)
                 return
+            if writer.committing and writer.settle(wait=False):  # a commit behind returned: confirm it
+                self._confirmed = max(self._confirmed, self._confirm(repl))
             if self._ctx is None and self.incremental.wants_chunk():
                 self.incremental.read_chunk()  # at a transaction boundary: the stream's position is the read's
             linger_left = self.config.linger_ms - writer.age_ms()
             timeout = max(0.001, linger_left / 1000) if writer.in_txn else 0.1
+            if writer.committing:
+                timeout = min(timeout, COMMITTING_POLL_S)
             msg = repl.read(timeout)
+            if msg is None and writer.committing and not writer.in_txn:
+                writer.settle()  # nothing else to do: the commit behind, stored and confirmed now
+                self._confirmed = max(self._confirmed, self._confirm(repl))
             if msg is None and target is not None and self._ctx is None and not writer.in_txn:
                 repl.send_status(self._confirmed, reply=True)  # ask for a keepalive: how far is the server?
             if msg is None or isinstance(msg, Keepalive):
@@ -169,7 +186,7 @@ class StreamingSource:
                     self.stats.server_wal_end = max(self.stats.server_wal_end, batch[p - 1].wal_end)
                     self.offsets.event_stored(ctx.commit_lsn, self._index - 1)
                     if writer.txn_full:
-                        self._commit()  # mid-transaction: bounded memory; the position says how far
+                        self._commit(behind=True)  # mid-transaction: bounded memory; the position says how far
                         self._confirmed = max(self._confirmed, self._confirm(repl))
                     else:
                         writer.append_ahead()
@@ -180,7 +197,7 @@ class StreamingSource:
             if writer.in_txn and (
                 writer.txn_full or (self._ctx is None and self._batch_due(repl, more=p < len(batch)))
             ):
-                self._commit()
+                self._commit(behind=True)
                 self._confirmed = max(self._confirmed, self._confirm(repl))
             elif writer.in_txn:
                 writer.append_ahead()
@@ -511,12 +528,25 @@ class StreamingSource:
             return False
         return age_ms >= self.config.max_linger_ms or not (more or repl.pending())
 
-    def _commit(self) -> None:
-        """Append the batch and its position in the open log transaction, and commit it."""
+    def _commit(self, *, behind: bool = False) -> None:
+        """Append the batch and its position in the open log transaction, and commit it. ``behind``: when the sink
+        commits behind (capture.writer), the commit runs while the next batch is decoded, and the position is
+        stored (:meth:`_stored`) once it returned."""
         position = self.offsets.take_pending()
-        if not self.writer.commit(position):
+        if behind and self.writer.sink.commits_behind:
+            if self.writer.commit_behind(position):
+                self.offsets.committing(position)
             return
-        self.offsets.committed(position)
+        if self.writer.commit(position):
+            self.offsets.committed(position)
+            self._batch_stored(position)
+
+    def _stored(self, position: SourcePosition | None) -> None:
+        """A commit behind returned (capture.writer's ``on_settled``): ``position`` is stored."""
+        self.offsets.settled(position)
+        self._batch_stored(position)
+
+    def _batch_stored(self, position: SourcePosition | None) -> None:
         self.stats.batch_stored(None if position is None else position.commit_lsn)
         self.status.tick()
 

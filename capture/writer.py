@@ -10,8 +10,19 @@ Memory is O(batch): :meth:`LogWriter.send_pending` appends what is buffered with
 committing (a snapshot, a TRUNCATE's tombstones, a huge source transaction), and the
 key state flushes its own buffer into its open SQLite transaction.
 
+Committing behind: with a sink whose commit waits on a broker (Kafka: the flush of the batch's last records, then
+EndTxn), streaming hands the commit to a committer thread (:meth:`LogWriter.commit_behind`) and decodes the next
+batch meanwhile, into memory only: the sink is not touched until that commit returned (the next transaction's
+first record is sent after it, so the positions follow commit order), the key state stages the next batch's
+changes (capture.keystate, :meth:`~capture.keystate.KeyState.hold`), and the position is reported stored (and the
+slot confirmed) only once the commit returned (:attr:`LogWriter.on_settled`). At most one commit is in flight; any
+use of the sink or of the key state's SQLite first waits for it (:meth:`LogWriter.settle`), and its failure is
+raised there, in the connector thread.
+
 Thread-safety: none; owned by the connector thread (during a snapshot one worker thread appends for it, one batch
-at a time, while it does not use the sink: :class:`BackgroundAppends`).
+at a time, while it does not use the sink: :class:`BackgroundAppends`; while streaming into a sink that
+``commits_behind``, one committer thread runs one commit at a time while the connector thread leaves the sink
+alone).
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -37,6 +48,8 @@ from capture.tables import TableInfo
 from eventstore.errors import ProducerFencedError
 from schemas.position import POSITIONS_TOPIC, SourcePosition, connector_key
 from schemas.starts import STARTS_TOPIC, SchemaStart, latest_starts
+
+Settled = Callable[[SourcePosition | None], None]
 
 log = logging.getLogger("capture.writer")
 
@@ -82,6 +95,13 @@ class LogWriter:
         self.appended_events = 0
         self.started = 0.0
         self.commits = 0
+        # committing behind (see the module docstring): the commit in flight, the position and offsets it stores
+        self.on_settled: Settled | None = None  # told each position committed behind, once it is stored
+        self._behind: Future[dict[tuple[str, int], int]] | None = None
+        self._behind_position: SourcePosition | None = None
+        self._behind_written: dict[tuple[str, int], int] = {}
+        self._committer: ThreadPoolExecutor | None = None
+        self._sink_open = False  # the open transaction has begun in the sink (deferred while a commit is in flight)
 
     # ------------------------------------------------------------------ topics
 
@@ -95,6 +115,7 @@ class LogWriter:
         book = self.converter.starts
         if book is None:
             return
+        self.settle()
         if STARTS_TOPIC not in self._known:
             self._ensure(STARTS_TOPIC, TopicSpec(compact=True, partitions=1))
         book.load(list(read_schema_starts(self.sink).values()))
@@ -129,16 +150,19 @@ class LogWriter:
             self._ensure(topic, TopicSpec(compact=compact, partitions=self.config.partitions))
 
     def _ensure(self, topic: str, spec: TopicSpec) -> None:
+        self.settle()
         self.sink.ensure_topic(topic, spec)
         self._known.add(topic)
 
     def _track(self, topic: str, kind: str) -> None:
+        self.settle()
         self.keystate.track(topic, kind, self.sink.topic_incarnation(topic))
         self.keystate.catch_up(self.sink, topic, self.interpret)
         self._caught_up_shape(topic)
 
     def catch_up_tracked(self, tables: Iterable[TableInfo], topic_of: Any) -> None:
         """At start: bring the key state of every known topic up to the log (only what was appended since)."""
+        self.settle()
         for table in tables:
             if not table.keyless:
                 self._tables_by_topic.setdefault(topic_of(table), table)
@@ -213,11 +237,17 @@ class LogWriter:
     # ------------------------------------------------------------------ the batch
 
     def begin(self) -> None:
+        """Open a transaction; while a commit is in flight, in memory only (the sink's begins once it returned)."""
         if not self.in_txn:
-            self.sink.begin()
-            self.keystate.begin()
             self.in_txn = True
             self.started = time.monotonic()
+            if self._behind is None:
+                self._begin_sink()
+
+    def _begin_sink(self) -> None:
+        self.sink.begin()
+        self.keystate.begin()
+        self._sink_open = True
 
     def _records_of(self, topic: str) -> TopicRecords:
         """The open batch's records of ``topic`` (a transaction is begun first if none is open)."""
@@ -281,8 +311,9 @@ class LogWriter:
         Streaming calls it as a log transaction fills: the sink's appends do not wait (the embedded log's
         producer writes and syncs them in its writer thread, Kafka's sends them), so that work overlaps with
         decoding the next changes instead of stalling the connector at the commit, while the walsender,
-        unread, stalls too (docs/capture.md, "The pre-filled table workload")."""
-        if APPEND_AHEAD_BYTES and self.bytes >= APPEND_AHEAD_BYTES:
+        unread, stalls too (docs/capture.md, "The pre-filled table workload"). While a commit runs behind, the
+        batch stays in memory (up to ``batch_bytes``) rather than wait for it."""
+        if APPEND_AHEAD_BYTES and self.bytes >= APPEND_AHEAD_BYTES and self.settle(wait=False):
             self.send_pending()
 
     def send_pending(self, *, also: tuple[tuple[str, int], ...] = ()) -> None:
@@ -301,15 +332,86 @@ class LogWriter:
         """Append events taken with :meth:`take_pending` inside the open transaction (see :class:`BackgroundAppends`
         for the one other thread that may call this)."""
         if records:
+            self.settle()
             for tp, end in self.sink.append(records, also=also).items():
                 self._written[tp] = max(end, self._written.get(tp, 0))
 
     def commit(self, position: SourcePosition | None) -> bool:
         """Append the batch and its position and commit, durably; then the key state. False: nothing open."""
+        self.settle()
         if not self.in_txn:
             return False
+        self._send_all(position)
+        late = self.sink.commit(POSITIONS_TOPIC, self.position_key, None if position is None else position.to_json())
+        self.in_txn = self._sink_open = False
+        self.appended_bytes = self.appended_events = 0
+        written, self._written = self._written, {}
+        self._committed(written, late)
+        self.keystate.commit(written)
+        return True
+
+    def commit_behind(self, position: SourcePosition | None) -> bool:
+        """:meth:`commit`, with the sink's commit left to the committer thread (a sink that ``commits_behind``; the
+        module docstring): returns once it is under way; :attr:`on_settled` is told ``position`` once it is stored
+        (by the next :meth:`settle`). False: nothing open."""
+        if not self.sink.commits_behind:
+            raise ValueError(f"{self.sink.describe()} does not commit behind: commit() it")
+        self.settle()
+        if not self.in_txn:
+            return False
+        self._send_all(position)
+        self.keystate.hold(self.settle)
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capture-commit")
+        self._behind_position = position
+        self._behind_written, self._written = self._written, {}
+        self._behind = self._committer.submit(
+            self.sink.commit, POSITIONS_TOPIC, self.position_key, None if position is None else position.to_json()
+        )
+        self.in_txn = self._sink_open = False
+        self.appended_bytes = self.appended_events = 0
+        return True
+
+    @property
+    def committing(self) -> bool:
+        """A commit is in flight (:meth:`commit_behind`)."""
+        return self._behind is not None
+
+    def settle(self, *, wait: bool = True) -> bool:
+        """Wait for the commit in flight, if any (``wait`` False: only if it returned already), and finish it: the
+        key state's commit, :attr:`on_settled`; then the open transaction, if any, begins in the sink. Its failure
+        is raised here, the key state rolled back: the caller aborts, as after a failed :meth:`commit`. True:
+        nothing is in flight now."""
+        behind = self._behind
+        if behind is None:
+            return True
+        if not wait and not behind.done():
+            return False
+        self._behind = None
+        try:
+            late = behind.result()
+        except BaseException:
+            self._sink_open = True  # the failed commit's transaction is the sink's to abort (abort())
+            self.keystate.abort()
+            raise
+        self._settled(late)
+        if self.in_txn and not self._sink_open:
+            self._begin_sink()
+        return True
+
+    def _settled(self, late: dict[tuple[str, int], int]) -> None:
+        """The commit in flight returned: the key state commits what it held, and the position is stored."""
+        written, self._behind_written = self._behind_written, {}
+        position, self._behind_position = self._behind_position, None
+        self._committed(written, late)
+        self.keystate.commit_held(written)
+        if self.on_settled is not None:
+            self.on_settled(position)
+
+    def _send_all(self, position: SourcePosition | None) -> None:
+        """The batch's last part appended, with the starts of value schema versions it holds the first events of."""
         book = self.converter.starts
-        starts = book.pending() if book is not None else []
+        starts = book.committing() if book is not None else []
         if starts:  # the first events of value schema versions are in this transaction: their starts too
             if STARTS_TOPIC not in self._known:
                 self._ensure(STARTS_TOPIC, TopicSpec(compact=True, partitions=1))
@@ -319,18 +421,17 @@ class LogWriter:
                 records.values.append(start.to_json())
                 if records.headers is not None:
                     records.headers.append(None)
+        if not self._sink_open:  # nothing appended yet: the transaction begins in the sink now
+            self._begin_sink()
         self.send_pending(also=((POSITIONS_TOPIC, 0),) if position is not None else ())  # one coordinator write
-        late = self.sink.commit(POSITIONS_TOPIC, self.position_key, None if position is None else position.to_json())
+
+    def _committed(self, written: dict[tuple[str, int], int], late: dict[tuple[str, int], int]) -> None:
+        """A commit returned: ``written`` gets the offsets it reported (``late``)."""
         for tp, end in late.items():
-            self._written[tp] = max(end, self._written.get(tp, 0))
-        self.in_txn = False
-        if book is not None:
-            book.committed()
-        self.appended_bytes = self.appended_events = 0
-        self.keystate.commit(self._written)
-        self._written = {}
+            written[tp] = max(end, written.get(tp, 0))
+        if self.converter.starts is not None:
+            self.converter.starts.committed()
         self.commits += 1
-        return True
 
     def abort(self) -> None:
         """Forget the open transaction (the sink aborts it; a failed abort is left to the next start).
@@ -338,6 +439,17 @@ class LogWriter:
         Raises :class:`ProducerFencedError` when the abort finds this instance fenced: another instance
         took over, and opening the sink again would fence that one in turn (the two would take turns).
         """
+        behind, self._behind = self._behind, None
+        if behind is not None:  # the sink is one thread's at a time: the commit in flight ends first
+            try:
+                late = behind.result()
+            except Exception as e:
+                log.warning("capture: the log commit in flight failed as well: %s", e)
+                self._sink_open = True  # its transaction is aborted below
+            else:
+                self._settled(late)  # stored: the key state keeps it
+        self._behind_position = None
+        self._behind_written = {}
         self._records = {}
         self.bytes = self.events = self.appended_bytes = self.appended_events = 0
         self._written = {}
@@ -345,14 +457,22 @@ class LogWriter:
             self.converter.starts.aborted()
         self.keystate.abort()
         self._known.clear()  # topics first tracked in the aborted transaction are tracked again on next sight
-        if self.in_txn:
-            self.in_txn = False
+        self.in_txn = False
+        if self._sink_open:
+            self._sink_open = False
             try:
                 self.sink.abort()
             except ProducerFencedError:
                 raise
             except Exception as e:  # the log may be gone or its disk full: the next open aborts it
                 log.warning("capture: abort after failure failed (%s); the next start aborts it", e)
+
+
+    def close(self) -> None:
+        """Stop the committer thread (after the last commit, or an abort)."""
+        if self._committer is not None:
+            self._committer.shutdown(wait=True)
+            self._committer = None
 
 
 class BackgroundAppends:

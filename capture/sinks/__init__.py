@@ -127,6 +127,10 @@ class ReadBatch:
 class Sink(Protocol):
     """One log backend, as capture uses it (see the module docstring for the contract)."""
 
+    # True: :meth:`commit` may run in a worker thread while the connector thread decodes the next batch into memory
+    # (capture.writer.LogWriter.commit_behind); no other method is called until it returned.
+    commits_behind: bool
+
     def describe(self) -> str:
         """For log lines: which log this is (a directory, a bootstrap list)."""
         ...

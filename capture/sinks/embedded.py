@@ -58,6 +58,8 @@ log = logging.getLogger("capture.sink")
 class EmbeddedLogSink:
     """Capture's sink over an open :class:`eventstore.log.Log`."""
 
+    commits_behind = False  # committed in line (its producer's writer thread writes and syncs the appends meanwhile)
+
     def __init__(self, log: Log) -> None:
         self.log = log
         self.producer: Producer | None = None

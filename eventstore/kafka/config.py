@@ -80,7 +80,11 @@ LEADERSHIP_CODES = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LE
                               KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH,
                               KafkaError.REPLICA_NOT_AVAILABLE, KafkaError.OFFSET_NOT_AVAILABLE})  # fmt: skip
 T = TypeVar("T")
-LEADERSHIP_RETRY_S = 0.1  # the wait before asking again
+# The wait before asking again: LEADERSHIP_FIRST_RETRY_S, doubled after each failure up to LEADERSHIP_RETRY_S. A new
+# topic's leaders are usually known a few milliseconds after CreateTopics answered (one broker: 2-10 ms here); a
+# fixed 100 ms wait made every topic's creation cost at least that.
+LEADERSHIP_FIRST_RETRY_S = 0.005
+LEADERSHIP_RETRY_S = 0.1
 
 
 def client_config(bootstrap_servers: str, **settings: Any) -> dict[str, Any]:
@@ -203,9 +207,11 @@ def translate(error: KafkaException | KafkaError, *, what: str, bootstrap: str, 
 
 
 def while_leadership_moves(action: Callable[[], T], *, timeout_s: float, also: frozenset[int] = frozenset()) -> T:
-    """Run ``action``, again (every LEADERSHIP_RETRY_S) while it fails with a KafkaException of
-    :data:`LEADERSHIP_CODES` (or ``also``), for up to ``timeout_s``; any other failure, or the last one, raised."""
+    """Run ``action``, again (after :data:`LEADERSHIP_FIRST_RETRY_S`, doubling up to :data:`LEADERSHIP_RETRY_S`)
+    while it fails with a KafkaException of :data:`LEADERSHIP_CODES` (or ``also``), for up to ``timeout_s``; any
+    other failure, or the last one, raised."""
     deadline = time.monotonic() + timeout_s
+    wait = LEADERSHIP_FIRST_RETRY_S
     while True:
         try:
             return action()
@@ -214,7 +220,8 @@ def while_leadership_moves(action: Callable[[], T], *, timeout_s: float, also: f
             moving = isinstance(err, KafkaError) and (err.code() in LEADERSHIP_CODES or err.code() in also)
             if not moving or time.monotonic() >= deadline:
                 raise
-        time.sleep(LEADERSHIP_RETRY_S)
+        time.sleep(wait)
+        wait = min(2 * wait, LEADERSHIP_RETRY_S)
 
 
 def watermarks(consumer: Any, tp: Any, *, timeout_s: float, cached: bool = False) -> tuple[int, int]:

@@ -19,6 +19,7 @@ released by ``close()``; one ``read_to_end`` at a time (it reassigns the consume
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,9 @@ from eventstore.offsets import TopicPartition
 DEFAULT_TIMEOUT_S = 30.0
 CONSUME_BATCH = 10_000
 FETCH_WAIT_MAX_MS = 20  # the broker's wait for more data: reads stop at the end, long-polling there only delays it
-POLL_SECONDS = 0.05  # consume() waits this long unless CONSUME_BATCH records arrive first
+# consume() waits this long unless CONSUME_BATCH records arrive first: a partition smaller than that costs one such
+# wait (its end comes with its records), so it is short (a 300-record partition read in 87 ms with 50 ms, 35 ms now)
+POLL_SECONDS = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +121,7 @@ class KafkaReader:
     # -- internals -----------------------------------------------------------
 
     def _until_eof(self, consumer: Consumer, tp: TopicPartition) -> Iterator[PartitionChunk]:
-        quiet_polls = 0
+        quiet_since: float | None = None  # when the polls began to return nothing
         while True:
             try:
                 messages = consumer.consume(CONSUME_BATCH, POLL_SECONDS)
@@ -126,14 +129,15 @@ class KafkaReader:
                 translate(e, what=f"reading {tp.topic}-{tp.partition}", bootstrap=self.bootstrap_servers,
                           topic=tp.topic)  # fmt: skip
             if not messages:
-                quiet_polls += 1
-                if quiet_polls * POLL_SECONDS > self.timeout_s:
+                now = time.monotonic()
+                quiet_since = now if quiet_since is None else quiet_since
+                if now - quiet_since > self.timeout_s:
                     raise TidelineError(
                         f"Kafka at {self.bootstrap_servers}: no data and no end of {tp.topic}-{tp.partition} "
                         f"within {self.timeout_s:.0f}s"
                     )
                 continue
-            quiet_polls = 0
+            quiet_since = None
             errors = [msg.error() for msg in messages]
             at_end = False
             if any(errors):

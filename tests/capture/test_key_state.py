@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -498,3 +499,73 @@ def test_a_truncate_lists_keys_in_key_order_whatever_holds_them(sink: EmbeddedLo
     assert [k for c in rows.truncated_keys(TOPIC) for k in c] == expected
     rows.abort()
     rows.close()
+
+
+def committed_keys(path: Path) -> set[bytes]:
+    """The keys of ``keys`` another connection sees: what the key state's SQLite has committed."""
+    with sqlite3.connect(path) as other:
+        return {r[0] for r in other.execute("SELECT key FROM keys")}
+
+
+def test_a_held_transaction_keeps_the_next_batchs_key_sets_apart(sink: EmbeddedLogSink, tmp_path: Path) -> None:
+    """KeyState.hold (the log's commit running behind while the next batch is decoded, capture.writer): the next
+    batch's key sets are staged, not written into the SQLite transaction that waits for the log's commit;
+    commit_held commits that transaction alone, then writes the staged sets into the next one; a lookup while
+    held settles the commit first (the callback) and sees the staged sets; changes keep their order across the
+    hold; an abort while held forgets both transactions."""
+    path = tmp_path / "ks.sqlite"
+    state = opened(path, sink)
+    write(sink, state, {b"a": b"small", b"b": b"big:" + b"x" * 2000})
+    settles: list[int] = []
+
+    def settle() -> None:  # what LogWriter.settle does once the log's commit returned
+        settles.append(1)
+        state.commit_held({})
+
+    # batch N puts c and deletes a, then commits behind; batch N+1 (decoded meanwhile) puts d and deletes c
+    state.begin()
+    state.put_sets(TOPIC, key_set([b"c"]), key_set([b"a"]))
+    state.hold(settle)
+    state.put_sets(TOPIC, key_set([b"d"]), key_set([b"c"]))
+    assert settles == [] and committed_keys(path) == {b"a", b"b"}  # nothing waited, nothing committed
+    state.commit_held({})  # N's log commit returned: N alone is committed
+    assert committed_keys(path) == {b"b", b"c"}
+    assert live(state) == {b"b", b"d"}  # N+1's sets are in the open transaction, after N's
+    state.abort()  # N+1's log transaction failed
+    assert live(state) == {b"b", b"c"} and committed_keys(path) == {b"b", b"c"}
+
+    # a lookup while held settles first, then sees the staged sets
+    state.begin()
+    state.put_sets(TOPIC, key_set([b"e"]), None)
+    state.hold(settle)
+    state.put_sets(TOPIC, None, key_set([b"e"]))  # staged
+    state.put_sets(TOPIC, key_set([b"f"]), None)  # staged
+    state.put(TOPIC, b"f", {"doc": "later"})  # buffered: newer than the staged sets
+    assert settles == []
+    assert state.toast(TOPIC, b"b") == {"doc": "x" * 2000}
+    assert settles == [1] and committed_keys(path) == {b"b", b"c", b"e"}
+    assert state.toast(TOPIC, b"f") == {"doc": "later"}  # the buffered (later) put wins over the staged set
+    state.commit({})
+    assert committed_keys(path) == {b"b", b"c", b"f"}
+
+    # a buffered change before a key set while held: the set waits for the commit (the change is older)
+    state.begin()
+    state.put_sets(TOPIC, key_set([b"g"]), None)
+    state.hold(settle)
+    state.put(TOPIC, b"h", {"doc": "big"})
+    state.put_sets(TOPIC, key_set([b"h"]), None)  # later than the buffered put: wins, after settling
+    assert settles == [1, 1] and state.toast(TOPIC, b"h") is None
+    state.commit({})
+    assert committed_keys(path) == {b"b", b"c", b"f", b"g", b"h"}
+
+    # an abort while held (the log's commit failed): the held transaction and the staged sets are gone
+    state.begin()
+    state.put_sets(TOPIC, key_set([b"i"]), None)
+    state.hold(settle)
+    state.put_sets(TOPIC, key_set([b"j"]), None)
+    state.abort()
+    assert settles == [1, 1] and live(state) == {b"b", b"c", b"f", b"g", b"h"}
+    state.close()
+    reopened = opened(path, sink)
+    assert live(reopened) == {b"b", b"c", b"f", b"g", b"h"}
+    reopened.close()

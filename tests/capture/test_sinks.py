@@ -54,6 +54,7 @@ class Namespaced:
 
     def __init__(self, inner: Sink, namespace: str) -> None:
         self.inner, self.ns = inner, namespace
+        self.commits_behind = inner.commits_behind
 
     def describe(self) -> str:
         return self.inner.describe()
