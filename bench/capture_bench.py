@@ -23,9 +23,12 @@ measured; logical decoding still reads only flushed WAL), stopped by PID at the 
      same connector once more with ``--core python`` (every change through the Python reference
      path): the rows "(Python core)", and the speed-up of the native core in paired runs;
    * the same connector into Apache Kafka (a private single-broker KRaft cluster,
-     ``tideline.kafkaharness.LocalKafka``; ``capture.sinks.kafka.KafkaLogSink``: one
-     transactional producer, acks=all, one Kafka transaction per log batch with the
-     position record); the topic must then hold exactly ``changes`` committed records.
+     ``tideline.kafkaharness.LocalKafka``; ``capture.sinks.kafka.KafkaLogSink``: two
+     transactional producers taking turns, acks=all, one Kafka transaction per log batch with the
+     position record, each committed behind while the next batch is decoded); the topic must then
+     hold exactly ``changes`` committed records. The cluster has committed one transaction before the
+     runs (``warm_transactions``: its ``__transaction_state`` topic exists, as on any cluster that has
+     served transactions). Each native-producer run notes the CPU each party used (``CpuSplit``).
 
    Changes/s = row changes / seconds. Each figure is the **median of the paired runs' ratios** (run ``i`` of
    the connector over run ``i`` of its peer, taken back to back on copies of one slot), its values the
@@ -437,6 +440,7 @@ class Workload:
     rows: int = 0  # the pre-filled table's rows before the slot
     server: int = 15  # PostgreSQL's major version: 15 is the section's default (its figures' names say none)
     python_core: bool = True  # also the connector with --core python, where the native core is the default
+    brokers: tuple[int, ...] = ()  # the Kafka cluster's broker PIDs: the CPU split of the runs into it (CpuSplit)
 
     @property
     def on(self) -> str:
@@ -446,7 +450,7 @@ class Workload:
 
 def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kafka: str | None,
                      workloads: Sequence[str] = tuple(WORKLOADS), *, plugins: Sequence[Plugin] = PLUGINS,
-                     server: int = 15, python_core: bool = True) -> None:  # fmt: skip
+                     server: int = 15, python_core: bool = True, brokers: Sequence[int] = ()) -> None:  # fmt: skip
     """Each workload's WAL once; per plugin, pg_recvlogical and the connector on copies of one slot
     (Kafka, when given: the bench workload; pg_recvlogical with minimal options too: the pre-filled table
     workload). ``server``: the source's major version (its own pg_recvlogical decodes); ``python_core``: also
@@ -480,7 +484,7 @@ def bench_throughput(ctx: Context, section: Section, sizes: Sizes, dsn: str, kaf
                             deletes, end_lsn,
                             kafka if name == "bench" else None, minimal=prefilled,
                             rows=sizes.prefilled_rows if prefilled else 0, server=server,
-                            python_core=python_core)  # fmt: skip
+                            python_core=python_core, brokers=tuple(brokers))  # fmt: skip
         for plugin in plugins:
             series = throughput_of(ctx, section, dsn, plugin, workload)
             if name == "bench" and plugin is Plugin.WAL2JSON and server == 15:
@@ -516,6 +520,7 @@ def throughput_of(
     conn_s: list[float] = []
     kafka_s: list[float] = []
     kafka_py_s: list[float] = []  # into Kafka with confluent-kafka's per-record producer (--kafka-producer python)
+    kafka_cpu: list[str] = []  # each native-producer run's CPU split (CpuSplit)
     python_s: list[float] = []  # the Python core, where the native one runs by default (the comparison)
     minimal_s: list[float] = []  # pg_recvlogical with minimal options
     best_series: list[tuple[float, int]] = []
@@ -553,7 +558,11 @@ def throughput_of(
                 prefix = f"{slot}{plugin.value}{i}"
                 state = ctx.workdir / f"kafka-state-{slot}-{plugin.value}-{i}"
                 config = plugin_config(plugin, dsn, f"{slot}_{i}", prefix, publication=workload.publication)
+                split = CpuSplit(dsn, None, workload.brokers)
+                split.start()
                 times.append(run_connector(config, state, kafka=kafka, producer=producer))
+                if producer is ProducerMode.AUTO:
+                    kafka_cpu.append(split.stop())
                 stored = count_kafka_records(kafka, f"{prefix}.public.{workload.table}")
                 if stored != expected:
                     raise AssertionError(
@@ -627,6 +636,7 @@ def throughput_of(
         )
     if kafka_s:
         into_kafka = Paired([n / s for s in kafka_s], peer)
+        median_cpu = kafka_cpu[sorted(range(len(kafka_s)), key=kafka_s.__getitem__)[len(kafka_s) // 2]]
         section.results.append(
             measured_paired(
                 f"{figure}, WAL → Kafka (1 broker, exactly once; {core}, native producer)",
@@ -638,7 +648,9 @@ def throughput_of(
                 "(`--kafka-producer auto`: librdkafka driven from the native core, records as Arrow buffers): "
                 "transactional producers, acks=all, one Kafka transaction per log batch with the position; "
                 f"{into_kafka.spread()}; {statistics.median(k / c for k, c in zip(kafka_s, conn_s, strict=True)):.2f}× "
-                "the embedded log's time (median of the pairs)",
+                f"the embedded log's time (median of the pairs). What bounds it, the median run's {median_cpu} (the "
+                "connector's process: its thread, librdkafka's threads and its committer thread; Postgres: the "
+                "walsender decoding)",
             )
         )
         python_producer = Paired([n / s for s in kafka_py_s], peer)
@@ -962,16 +974,17 @@ def _cpu_s(path: str, *, reaped: bool = False) -> float:
 
 
 class CpuSplit:
-    """CPU-seconds of each party of a latency run, from ``start`` to ``stop``: the profile of what bounds it on a
-    machine where they all share the CPUs. The connector and the brokers by PID (a broker's JIT compiler threads
-    apart), Postgres as its postmaster with the children it reaped and those alive (the writer's backend), the
-    writer as this process's reaped children, the reader as this process."""
+    """CPU-seconds of each party of a latency run (or a throughput run), from ``start`` to ``stop``: the profile of
+    what bounds it on a machine where they all share the CPUs. The connector and the brokers by PID (a broker's JIT
+    compiler threads apart), Postgres as its postmaster with the children it reaped and those alive (the writer's
+    backend, a walsender), the writer as this process's reaped children, the reader as this process."""
 
-    def __init__(self, dsn: str, connector: int, brokers: Sequence[int]) -> None:
+    def __init__(self, dsn: str, connector: int | None, brokers: Sequence[int]) -> None:
+        """``connector`` None: this process is the connector (a throughput run), with no writer or reader."""
         (backend,) = execute(dsn, "SELECT pg_backend_pid()")[0]
         self.postmaster = int(_stat_fields(f"/proc/{backend}/stat")[1])
         self.connector, self.brokers = connector, list(brokers)
-        self._started = (0.0, {})
+        self._started: tuple[float, dict[str, float]] = (0.0, {})
 
     def _sample(self) -> dict[str, float]:
         postgres = _cpu_s(f"/proc/{self.postmaster}/stat", reaped=True)
@@ -987,11 +1000,15 @@ class CpuSplit:
                         if Path(f"/proc/{b}/task/{t}/comm").read_text().strip() in JIT_THREADS:
                             jit += _cpu_s(f"/proc/{b}/task/{t}/stat")
         own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        return {
-            "connector": _cpu_s(f"/proc/{self.connector}/stat"),
+        parties = {
             "broker": sum(_cpu_s(f"/proc/{b}/stat") for b in self.brokers) - jit,
             "broker JIT": jit,
             "Postgres": postgres,
+        }
+        if self.connector is None:
+            return parties | {"connector": own.ru_utime + own.ru_stime}
+        return parties | {
+            "connector": _cpu_s(f"/proc/{self.connector}/stat"),
             "writer": kids.ru_utime + kids.ru_stime,
             "reader": own.ru_utime + own.ru_stime,
         }
@@ -1548,7 +1565,8 @@ def run(ctx: Context, section: Section) -> None:
         ctx.say(f"PostgreSQL at {server}")
         with LocalKafka(ctx.workdir / "kafka", brokers=1) as kafka:
             warm_transactions(kafka.bootstrap_servers)
-            bench_throughput(ctx, section, sizes, dsn, kafka.bootstrap_servers)
+            bench_throughput(ctx, section, sizes, dsn, kafka.bootstrap_servers,
+                             brokers=[p for p in [kafka.node_pid(1)] if p])  # fmt: skip
             bench_latency(ctx, section, sizes, dsn, kafka.bootstrap_servers, [p for p in [kafka.node_pid(1)] if p])
         bench_snapshot(ctx, section, sizes, dsn, keep_table=True)
         bench_snapshot_kafka(ctx, section, sizes, dsn)

@@ -467,7 +467,6 @@ class LogWriter:
             except Exception as e:  # the log may be gone or its disk full: the next open aborts it
                 log.warning("capture: abort after failure failed (%s); the next start aborts it", e)
 
-
     def close(self) -> None:
         """Stop the committer thread (after the last commit, or an abort)."""
         if self._committer is not None:

@@ -805,12 +805,21 @@ class KafkaLogSink:
     def read_last(self, topic: str, partition: int, key: bytes) -> bytes | None:
         if topic not in self.admin.topics():
             return None
-        found: bytes | None = None
-        for chunk in self._reader_().read_chunks_to_end(TopicPartition(topic, partition)):
-            for k, v in zip(chunk.keys, chunk.values, strict=True):
-                if k == key:
-                    found = v
-        return found
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            found: bytes | None = None
+            try:
+                for chunk in self._reader_().read_chunks_to_end(TopicPartition(topic, partition)):
+                    for k, v in zip(chunk.keys, chunk.values, strict=True):
+                        if k == key:
+                            found = v
+                return found
+            except UnknownTopicError:
+                # a topic this sink just created may be unknown for a moment to the reader's metadata request (as
+                # to the admin's: _topic), seen once under load (the positions topic, read just after its creation)
+                if topic not in self._partitions or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
 
     def schema_store(self) -> SchemaStore:
         """The cluster's ``_schemas`` topic (Confluent's layout: ``tideline schemas serve --kafka`` serves it)."""
