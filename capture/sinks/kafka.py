@@ -12,6 +12,13 @@ machinery instead of Kafka Connect's offsets topic:
   order. Appends do not wait; :meth:`KafkaLogSink.commit` flushes, and returns only after
   Kafka's commit returned (``acks=all``, idempotence, and the topics'
   ``min.insync.replicas``); only then does the connector confirm the flush LSN to Postgres.
+  Streaming runs that commit in the writer's committer thread while it decodes the next batch into
+  memory (:attr:`KafkaLogSink.commits_behind`, capture.writer): the next transaction's first record
+  is still sent only after it returned.
+- **Starting.** Both producers' ``init_transactions`` run side by side, and the producers and the
+  reader connect to every broker the metadata names at once (``enable.sparse.connections=false``):
+  a restart reaches its first change in about 0.2 s (it took 0.8 s, most of it librdkafka's waits
+  for on-demand connections).
 - **Commit markers Kafka skipped.** Kafka's transaction coordinator skips the markers of a
   partition that has no leader when it writes them and completes the transaction anyway (a
   one-broker cluster restarted just after a commit; a partition's only replica lost): the batch
