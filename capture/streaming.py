@@ -135,10 +135,13 @@ class StreamingSource:
             if msg is None and target is not None and self._ctx is None and not writer.in_txn:
                 repl.send_status(self._confirmed, reply=True)  # ask for a keepalive: how far is the server?
             if msg is None or isinstance(msg, Keepalive):
-                if writer.in_txn and self._ctx is None and (msg is None or self._batch_due(repl)):
-                    # idle (a read timed out) or the batch is due. A keepalive alone is no sign
-                    # of idleness: under load the server sends one after nearly every transaction.
-                    self._commit()
+                # idle: a read timed out (while a commit runs behind, reads give up every COMMITTING_POLL_S:
+                # idleness only once the batch is linger_ms old)
+                idle = msg is None and (not writer.committing or writer.age_ms() >= self.config.linger_ms)
+                if writer.in_txn and self._ctx is None and (idle or (msg is not None and self._batch_due(repl))):
+                    # idle, or the batch is due. A keepalive alone is no sign of idleness: under load the
+                    # server sends one after nearly every transaction.
+                    self._commit(behind=True)
                 now = time.monotonic()
                 if isinstance(msg, Keepalive):
                     self.stats.server_wal_end = max(self.stats.server_wal_end, msg.wal_end)

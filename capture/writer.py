@@ -246,8 +246,8 @@ class LogWriter:
 
     def _begin_sink(self) -> None:
         self.sink.begin()
+        self._sink_open = True  # (before the key state's begin: a failure there still aborts the sink's)
         self.keystate.begin()
-        self._sink_open = True
 
     def _records_of(self, topic: str) -> TopicRecords:
         """The open batch's records of ``topic`` (a transaction is begun first if none is open)."""
@@ -387,13 +387,16 @@ class LogWriter:
             return True
         if not wait and not behind.done():
             return False
-        self._behind = None
         try:
             late = behind.result()
         except BaseException:
+            if not behind.done():  # interrupted while waiting: the commit still runs, and abort() waits for it
+                raise
+            self._behind = None
             self._sink_open = True  # the failed commit's transaction is the sink's to abort (abort())
             self.keystate.abort()
             raise
+        self._behind = None
         self._settled(late)
         if self.in_txn and not self._sink_open:
             self._begin_sink()
