@@ -337,7 +337,9 @@ def test_slot_dropped_between_the_start_checks_and_streaming_is_the_same_loud_st
         finally:
             connector.stop()
             thread.join(60)
-    assert len(checks) >= 2, checks  # the drop happened after the reconnect's checks
+    # the drop happened after the reconnect's checks (once, under a full -n 2 run, the reconnect's checks never
+    # came: the connector's errors and counters say why, next time)
+    assert len(checks) >= 2, (checks, errors, connector.stats.reconnects, connector.stats.events)
     assert len(errors) == 1 and isinstance(errors[0], SlotLostError), errors
     assert "racy" in str(errors[0]) and "when_needed" in str(errors[0]), errors[0]
 
